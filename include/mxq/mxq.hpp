@@ -1,0 +1,6 @@
+#pragma once
+// The whole public C++ API of mxq.
+#include <mxq/ops.hpp>
+#include <mxq/presets.hpp>
+#include <mxq/types.hpp>
+#include <mxq/version.hpp>

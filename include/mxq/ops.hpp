@@ -1,0 +1,78 @@
+#pragma once
+// mxq operations on 2-D row-major views. Every entry validates its arguments and throws
+// mxq::Error naming the offending argument; nothing is written when validation fails.
+#include <mxq/types.hpp>
+
+namespace mxq {
+
+// ---- format facts ------------------------------------------------------------------------------------
+struct FormatInfo {
+  Format format;
+  ElemType elem;
+  int elem_bits;         // 4, 6 or 8
+  int default_group;     // 32 for MX, 16 for NVFP4
+  float max_elem;        // largest finite element value
+  int emax_elem;         // exponent of the largest binade
+  int mbits;             // mantissa bits (6 for INT8)
+  bool e8m0_scale;       // true for MX (E8M0 scale), false for NVFP4 (E4M3 scale)
+};
+FormatInfo format_info(Format);
+int group_size(const QuantOptions&);  // the effective group size
+
+struct Shape2 {
+  std::int64_t rows = 0, cols = 0;
+  bool operator==(const Shape2&) const = default;
+};
+// Bytes per row of packed codes: ceil(K/2) for FP4, K for 6- and 8-bit elements.
+std::int64_t code_cols(Format, std::int64_t K);
+// Shape of the scale tensor (bytes) for the options' layout and group size.
+Shape2 scale_shape(const QuantOptions&, std::int64_t rows, std::int64_t K);
+// Clip mask: one bit per element, LSB first, [rows, ceil(K/8)] bytes.
+Shape2 clip_mask_shape(std::int64_t rows, std::int64_t K);
+
+// ---- quantize ----------------------------------------------------------------------------------------
+struct QuantizedOut {
+  Tensor codes;         // u8 [rows, code_cols(format, K)]
+  Tensor scales;        // u8 scale_shape(opt, rows, K); swizzled layout must be dense
+  Tensor clip_mask;     // optional (data == nullptr: not written); u8 clip_mask_shape(rows, K)
+  float* tensor_scale = nullptr;  // NVFP4: receives the encode scale S used (host memory); optional
+};
+void quantize(const Tensor& x, const QuantizedOut& out, const QuantOptions& opt);
+
+// ---- dequantize --------------------------------------------------------------------------------------
+struct QuantizedIn {
+  Tensor codes;   // u8 [rows, code_cols(format, K)]
+  Tensor scales;  // u8 scale_shape(opt, rows, K)
+};
+// y: [rows, K] in f32, f16 or bf16; K is taken from y. NVFP4 needs opt.tensor_scale.
+void dequantize(const QuantizedIn& q, const Tensor& y, const QuantOptions& opt);
+
+// ---- fused quantize-dequantize -----------------------------------------------------------------------
+// y has x's dtype and shape; y may be x itself (same data and stride) but may not partially overlap.
+// For NVFP4 without opt.tensor_scale the tensor scale is computed from x (an extra pass).
+void qdq(const Tensor& x, const Tensor& y, const QuantOptions& opt);
+
+// ---- scale layouts -----------------------------------------------------------------------------------
+// linear: u8 [rows, C]; swizzled: u8 [ceil(rows/128)*128, ceil(C/4)*4], dense. Padding written as 0.
+void swizzle_scales(const Tensor& linear, const Tensor& swizzled, Backend backend = Backend::automatic);
+void unswizzle_scales(const Tensor& swizzled, const Tensor& linear, Backend backend = Backend::automatic);
+// Byte offset of linear scale (r, c) inside the swizzled layout with padded column count Cp.
+constexpr std::int64_t swizzled_offset(std::int64_t r, std::int64_t c, std::int64_t Cp) {
+  return ((r / 128) * (Cp / 4) + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + c % 4;
+}
+
+// ---- NVFP4 tensor scale ------------------------------------------------------------------------------
+// S = (448 * 6) / amax, clamped to the largest finite float; 1 when amax is 0 or not finite.
+float nvfp4_tensor_scale_from_amax(float amax);
+// amax over a tensor (NaN if any element is NaN, +Inf if any is infinite).
+float tensor_amax(const Tensor& x, Backend backend = Backend::automatic);
+
+// ---- backend selection --------------------------------------------------------------------------------
+// Which backend an operation with these arguments would run on, and why (for verbose output).
+struct BackendChoice {
+  Backend backend;
+  std::string reason;
+};
+BackendChoice choose_backend(Backend requested, Device data_device);
+
+}  // namespace mxq

@@ -1,0 +1,129 @@
+#pragma once
+// mxq public types: formats, scale rules, options, tensor views and the error type.
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace mxq {
+
+// ---- element types and formats ------------------------------------------------------------------
+enum class ElemType : std::uint8_t { e2m1, e2m3, e3m2, e4m3, e5m2, int8 };
+
+enum class Format : std::uint8_t {
+  mxfp4,       // E2M1 elements, E8M0 scale per 32
+  mxfp6_e2m3,  // E2M3 elements, E8M0 scale per 32
+  mxfp6_e3m2,  // E3M2 elements, E8M0 scale per 32
+  mxfp8_e4m3,  // E4M3 elements, E8M0 scale per 32
+  mxfp8_e5m2,  // E5M2 elements, E8M0 scale per 32
+  mxint8,      // INT8 elements (value = int * 2^-6), E8M0 scale per 32
+  nvfp4,       // E2M1 elements, E4M3 scale per 16, fp32 tensor scale
+};
+
+// How the per-block scale is chosen (docs/numerics.md section 2).
+enum class ScaleRule : std::uint8_t {
+  floor,           // floor(log2 amax) - emax_elem   (OCP MX v1.0)
+  ceil,            // ceil(log2 amax) - emax_elem
+  even,            // floor(log2 RNE_mbits(amax)) - emax_elem
+  rceil,           // ceil(log2(amax / max_elem))    (cuBLAS / TransformerEngine MXFP8)
+  quest,           // floor(log2(sigma * 2.92247856 / 6 + 1e-8))   (QuTLASS quest)
+  qutlass_absmax,  // floor(log2(amax + 1e-8)); elements E(3 * x * 2^-e)   (QuTLASS abs_max)
+  nvfp4,           // the NVFP4 recipe (E4M3 block scale, fp32 tensor scale); only with Format::nvfp4
+};
+
+enum class Rounding : std::uint8_t { nearest_even, stochastic };
+
+// Scale tensor layout: linear [rows, ceil(K/g)] row-major, or the 128x4 swizzled layout of
+// cuBLAS / CUTLASS block-scaled GEMMs (rows padded to 128, columns padded to 4, padding zero).
+enum class ScaleLayout : std::uint8_t { linear, swizzled };
+
+enum class DType : std::uint8_t { f32, f16, bf16, u8 };
+
+enum class Device : std::uint8_t { cpu, cuda };
+
+// Which implementation runs an operation.
+//   automatic: the fastest backend that supports the request for the data's device;
+//   reference: the plain scalar CPU reference (slow, the definition of the numerics);
+//   cpu:       the fast multi-threaded CPU path;
+//   cuda:      the CUDA kernels (data on the GPU).
+enum class Backend : std::uint8_t { automatic, reference, cpu, cuda };
+
+// ---- errors -----------------------------------------------------------------------------------------
+class Error : public std::runtime_error {
+ public:
+  enum class Code { invalid_argument, unsupported, backend_unavailable, internal };
+  Error(Code code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  Code code() const noexcept { return code_; }
+
+ private:
+  Code code_;
+};
+
+// ---- tensor views ---------------------------------------------------------------------------------
+// A non-owning 2-D row-major view: `rows` rows of `cols` elements, consecutive elements of a row
+// contiguous, rows `row_stride` elements apart (0 means `cols`, i.e. dense). Batched tensors are
+// flattened to rows by the caller.
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::int64_t row_stride = 0;
+  Device device = Device::cpu;
+
+  std::int64_t stride() const noexcept { return row_stride ? row_stride : cols; }
+
+  template <class T>
+  static Tensor of(T* data, DType dtype, std::int64_t rows, std::int64_t cols,
+                   std::int64_t row_stride = 0, Device device = Device::cpu) {
+    // NOTE: views are used for inputs and outputs alike; constness is the caller's contract.
+    return Tensor{const_cast<void*>(static_cast<const void*>(data)), dtype, rows, cols, row_stride,
+                  device};
+  }
+};
+
+// ---- options ------------------------------------------------------------------------------------------
+struct QuantOptions {
+  Format format = Format::mxfp4;
+  ScaleRule rule = ScaleRule::floor;
+  int group_size = 0;  // 0: the format's default (32 for MX, 16 for NVFP4); else a power of two in [2, 256]
+  Rounding rounding = Rounding::nearest_even;
+  std::uint64_t seed = 0;    // stochastic rounding: Philox4x32-10 key
+  std::uint64_t offset = 0;  // stochastic rounding: added to each element's linear index
+  ScaleLayout scale_layout = ScaleLayout::linear;
+  // NVFP4 only: the tensor ENCODE scale S (448 * 6 / amax). When absent, quantize computes it from
+  // the tensor's amax; dequantize requires it.
+  std::optional<float> tensor_scale;
+  Backend backend = Backend::automatic;
+
+  static QuantOptions mx(Format f, ScaleRule r) {
+    QuantOptions o;
+    o.format = f;
+    o.rule = r;
+    return o;
+  }
+  static QuantOptions nvfp4(std::optional<float> tensor_scale = std::nullopt) {
+    QuantOptions o;
+    o.format = Format::nvfp4;
+    o.rule = ScaleRule::nvfp4;
+    o.tensor_scale = tensor_scale;
+    return o;
+  }
+};
+
+// ---- names --------------------------------------------------------------------------------------------
+std::string_view to_string(Format);
+std::string_view to_string(ScaleRule);
+std::string_view to_string(Rounding);
+std::string_view to_string(ScaleLayout);
+std::string_view to_string(DType);
+std::string_view to_string(Backend);
+std::string_view to_string(ElemType);
+// Parse a name as printed by to_string; throws Error(invalid_argument) listing the valid names.
+Format parse_format(std::string_view);
+ScaleRule parse_rule(std::string_view);
+DType parse_dtype(std::string_view);
+Backend parse_backend(std::string_view);
+
+}  // namespace mxq

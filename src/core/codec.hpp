@@ -1,0 +1,434 @@
+#pragma once
+// The scalar codec shared by every backend: element encode/decode, scale-exponent rules, the NVFP4
+// block arithmetic and the conversions to and from bf16/fp16/fp32. Everything here is integer
+// arithmetic on bit patterns, or single IEEE fp32 operations written out one at a time, so that the
+// host compiler and nvcc produce the same bits (docs/numerics.md). Tested exhaustively in
+// tests/codec_test.cc against an independent formulation.
+#include <cstdint>
+#include <cstring>
+
+#include <mxq/types.hpp>
+
+#if defined(__CUDACC__)
+#define MXQ_HD __host__ __device__ __forceinline__
+#else
+#define MXQ_HD inline
+#endif
+
+namespace mxq::core {
+
+// ---- bit casts and single IEEE operations --------------------------------------------------------------
+MXQ_HD std::uint32_t f2u(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+MXQ_HD float u2f(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+// NOTE: explicit round-to-nearest operations so that nvcc cannot contract them into FMAs; the host
+// build uses -ffp-contract=off for the same reason.
+MXQ_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+MXQ_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+MXQ_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+MXQ_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+MXQ_HD float sqrt_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return __builtin_sqrtf(a);
+#endif
+}
+
+MXQ_HD int clz64(std::uint64_t v) {  // v != 0
+#if defined(__CUDA_ARCH__)
+  return __clzll(static_cast<long long>(v));
+#else
+  return __builtin_clzll(v);
+#endif
+}
+
+MXQ_HD bool is_finite_bits(std::uint32_t u) { return (u & 0x7F800000u) != 0x7F800000u; }
+
+// ---- binary floating-point format descriptions -----------------------------------------------------------
+// A sign-magnitude binary format with `mbits` stored mantissa bits, smallest normal exponent `emin`
+// (unbiased), largest finite exponent `emax`, and `maxcode` the magnitude code of the largest finite
+// value. Codes are ((E - emin) << mbits) + n for the rounded significand n (see round_magnitude).
+// INT8 fits the same scheme as a fixed-point grid: mbits 6, emin 0, so every value is n * 2^-6.
+struct FloatSpec {
+  int bits;        // storage width of a code, sign included
+  int mbits;       // stored mantissa bits
+  int emin;        // exponent of the smallest normal binade (subnormals below share its quantum)
+  int emax;        // exponent of the largest finite binade
+  std::uint32_t maxcode;  // magnitude code of the largest finite value
+  bool twos_complement;   // INT8: negative codes are two's complement, no negative zero
+};
+
+constexpr FloatSpec kE2M1{4, 1, 0, 2, 0x7, false};
+constexpr FloatSpec kE2M3{6, 3, 0, 2, 0x1F, false};
+constexpr FloatSpec kE3M2{6, 2, -2, 4, 0x1F, false};
+constexpr FloatSpec kE4M3{8, 3, -6, 8, 0x7E, false};
+constexpr FloatSpec kE5M2{8, 2, -14, 15, 0x7B, false};
+constexpr FloatSpec kINT8{8, 6, 0, 0, 0x7F, true};
+constexpr FloatSpec kBF16{16, 7, -126, 127, 0x7F7F, false};
+constexpr FloatSpec kF16{16, 10, -14, 15, 0x7BFF, false};
+constexpr FloatSpec kF32{32, 23, -126, 127, 0x7F7FFFFFu, false};
+
+MXQ_HD constexpr FloatSpec elem_spec(ElemType t) {
+  switch (t) {
+    case ElemType::e2m1: return kE2M1;
+    case ElemType::e2m3: return kE2M3;
+    case ElemType::e3m2: return kE3M2;
+    case ElemType::e4m3: return kE4M3;
+    case ElemType::e5m2: return kE5M2;
+    case ElemType::int8: return kINT8;
+  }
+  return kE2M1;
+}
+
+// Element traits for compile-time dispatch (the kernels and the fast CPU path).
+template <ElemType T>
+struct Elem {
+  static constexpr ElemType type = T;
+  static constexpr FloatSpec spec = elem_spec(T);
+  static constexpr int emax = spec.emax;
+  static constexpr int mbits = spec.mbits;
+};
+
+// Largest finite element value as an fp32 bit pattern.
+MXQ_HD constexpr std::uint32_t max_value_bits(const FloatSpec& f) {
+  if (f.twos_complement) return 0x3FFE0000u;  // 127 * 2^-6 = 1.984375
+  // significand (2^mbits + mantissa) * 2^(emax - mbits)
+  const std::uint32_t mant = f.maxcode & ((1u << f.mbits) - 1u);
+  return (std::uint32_t(f.emax + 127) << 23) | (mant << (23 - f.mbits));
+}
+
+// ---- rounding an exact value sig * 2^exp onto a format's grid ----------------------------------------
+// Returns the magnitude code of |value| rounded to nearest-even (stochastic = false) or rounded up
+// with probability frac when stochastic (see below), saturating to maxcode. sig > 0.
+//
+// NOTE: the stochastic comparison is exact fixed-point arithmetic: with `shift` dropped bits and
+// remainder rem (0 <= rem < 2^shift), the value rounds up iff rnd < t, t = rem * 2^(32-shift) when
+// shift <= 32 (probability exactly rem / 2^shift), else t = floor(rem / 2^(shift-32)) (probability
+// truncated to 32 fractional bits; only values far below the grid's quantum get here).
+MXQ_HD std::uint32_t round_magnitude(std::uint64_t sig, int exp, const FloatSpec& f,
+                                     bool stochastic = false, std::uint32_t rnd = 0) {
+  const int E = exp + (63 - clz64(sig));  // floor(log2(value))
+  if (E > f.emax) return f.maxcode;
+  const int Ec = E < f.emin ? f.emin : E;
+  const int shift = (Ec - f.mbits) - exp;  // bits of sig below the grid's quantum
+  std::uint64_t n;
+  if (shift <= 0) {
+    n = sig << (-shift);
+  } else {
+    const std::uint64_t kept = shift >= 64 ? 0 : (sig >> shift);
+    const std::uint64_t rem = shift >= 64 ? sig : (sig & ((std::uint64_t(1) << shift) - 1));
+    n = kept;
+    if (!stochastic) {
+      if (shift <= 64) {
+        const std::uint64_t half = std::uint64_t(1) << (shift - 1);
+        if (rem > half || (rem == half && (kept & 1))) ++n;
+      }
+    } else {
+      std::uint64_t t;
+      if (shift <= 32) {
+        t = rem << (32 - shift);
+      } else {
+        t = (shift - 32) >= 64 ? 0 : (rem >> (shift - 32));
+      }
+      if (std::uint64_t(rnd) < t) ++n;
+    }
+  }
+  const std::uint64_t code = (std::uint64_t(Ec - f.emin) << f.mbits) + n;
+  return code > f.maxcode ? f.maxcode : static_cast<std::uint32_t>(code);
+}
+
+// Split a finite fp32 bit pattern into (sign, sig, exp) with |value| = sig * 2^exp. sig == 0 for zero.
+struct Split {
+  std::uint32_t sign;
+  std::uint32_t sig;
+  int exp;
+};
+MXQ_HD Split split_f32(std::uint32_t u) {
+  const std::uint32_t e = (u >> 23) & 0xFF;
+  const std::uint32_t m = u & 0x7FFFFF;
+  if (e == 0) return {u >> 31, m, -149};
+  return {u >> 31, m | 0x800000u, int(e) - 150};
+}
+
+// Apply the sign to a magnitude code.
+MXQ_HD std::uint32_t signed_code(std::uint32_t mag, std::uint32_t sign, const FloatSpec& f) {
+  if (f.twos_complement) return sign ? ((0u - mag) & ((1u << f.bits) - 1u)) : mag;
+  return mag | (sign << (f.bits - 1));
+}
+
+// Element encode of x * 2^-scale_exp for finite x (exact scaling: the exponent is adjusted, nothing
+// is rounded before the one rounding onto the element grid). Signed zero is kept (except INT8).
+MXQ_HD std::uint32_t encode_scaled(std::uint32_t xbits, int scale_exp, const FloatSpec& f,
+                                   bool stochastic = false, std::uint32_t rnd = 0) {
+  const Split s = split_f32(xbits);
+  const std::uint32_t mag = s.sig ? round_magnitude(s.sig, s.exp - scale_exp, f, stochastic, rnd) : 0u;
+  return signed_code(mag, s.sign, f);
+}
+
+// Encode an fp32 value directly (scale 1). Infinities saturate; NaN becomes the format's NaN (E4M3:
+// S.1111.111, E5M2: S.11111.10) or 0 for formats without one. Block operations never pass NaN here.
+MXQ_HD std::uint32_t encode_f32(std::uint32_t xbits, const FloatSpec& f, bool stochastic = false,
+                                std::uint32_t rnd = 0) {
+  if ((xbits & 0x7FFFFFFFu) > 0x7F800000u) {
+    const std::uint32_t sign = xbits >> 31;
+    if (f.bits == 8 && !f.twos_complement && f.emin == -6) return (sign << 7) | 0x7F;
+    if (f.bits == 8 && !f.twos_complement && f.emin == -14) return (sign << 7) | 0x7E;
+    if (f.bits == 16 && f.mbits == 7) return 0x7FC0;
+    if (f.bits == 16) return 0x7E00;
+    if (f.bits == 32) return 0x7FC00000u;
+    return 0;
+  }
+  if ((xbits & 0x7FFFFFFFu) == 0x7F800000u) return signed_code(f.maxcode, xbits >> 31, f);
+  return encode_scaled(xbits, 0, f, stochastic, rnd);
+}
+
+// Decode a code to (sign, n, p) with |value| = n * 2^p. Returns false for NaN/Inf codes.
+MXQ_HD bool decode_parts(std::uint32_t code, const FloatSpec& f, std::uint32_t& sign, std::uint32_t& n,
+                         int& p) {
+  if (f.twos_complement) {
+    const int v = static_cast<int>(static_cast<std::int8_t>(static_cast<std::uint8_t>(code)));
+    sign = v < 0;
+    n = static_cast<std::uint32_t>(v < 0 ? -v : v);
+    p = -f.mbits;
+    return true;
+  }
+  sign = (code >> (f.bits - 1)) & 1u;
+  const std::uint32_t mag = code & ((1u << (f.bits - 1)) - 1u);
+  if (mag > f.maxcode) return false;  // E4M3 NaN, E5M2 Inf/NaN, fp Inf/NaN
+  const std::uint32_t ef = mag >> f.mbits;
+  const std::uint32_t mant = mag & ((1u << f.mbits) - 1u);
+  if (ef == 0) {
+    n = mant;
+    p = f.emin - f.mbits;
+  } else {
+    n = mant | (1u << f.mbits);
+    p = f.emin + int(ef) - 1 - f.mbits;
+  }
+  return true;
+}
+
+// Exact fp32 value of an element code (all element values are exact in fp32). NaN for NaN/Inf codes
+// of E4M3/E5M2 (E5M2 infinities decode to infinity).
+MXQ_HD float decode_f32(std::uint32_t code, const FloatSpec& f) {
+  std::uint32_t sign = 0, n = 0;
+  int p = 0;
+  if (!decode_parts(code, f, sign, n, p)) {
+    const std::uint32_t mag = code & ((1u << (f.bits - 1)) - 1u);
+    const bool inf = f.mbits == 2 && f.bits == 8 && (mag & 3u) == 0;  // E5M2 S.11111.00
+    return u2f((sign << 31) | (inf ? 0x7F800000u : 0x7FC00000u));
+  }
+  if (n == 0) return u2f(sign << 31);
+  const std::uint32_t bits = (sign << 31) | round_magnitude(n, p, kF32);  // exact: n has few bits
+  return u2f(bits);
+}
+
+// ---- input and output dtypes -------------------------------------------------------------------------------
+MXQ_HD float bf16_to_f32(std::uint16_t h) { return u2f(std::uint32_t(h) << 16); }
+
+MXQ_HD float f16_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t(h >> 15) << 31;
+  const std::uint32_t e = (h >> 10) & 0x1F;
+  const std::uint32_t m = h & 0x3FF;
+  if (e == 0x1F) return u2f(sign | 0x7F800000u | (m << 13));
+  if (e == 0) {
+    if (m == 0) return u2f(sign);
+    return u2f(sign | round_magnitude(m, -24, kF32));  // subnormal: exact m * 2^-24
+  }
+  return u2f(sign | ((e + 112) << 23) | (m << 13));
+}
+
+// Round a finite fp32 value to bf16 / fp16 with RNE, saturating to the largest finite value; NaN stays
+// NaN; infinities stay infinities (a finite input never becomes Inf).
+MXQ_HD std::uint16_t f32_to_bf16_sat(std::uint32_t u) {
+  if ((u & 0x7FFFFFFFu) >= 0x7F800000u) return (u & 0x7FFFFFFFu) > 0x7F800000u ? std::uint16_t(0x7FC0) : std::uint16_t(u >> 16);
+  const Split s = split_f32(u);
+  const std::uint32_t mag = s.sig ? round_magnitude(s.sig, s.exp, kBF16) : 0u;
+  return static_cast<std::uint16_t>(mag | (s.sign << 15));
+}
+MXQ_HD std::uint16_t f32_to_f16_sat(std::uint32_t u) {
+  if ((u & 0x7FFFFFFFu) >= 0x7F800000u)
+    return (u & 0x7FFFFFFFu) > 0x7F800000u ? std::uint16_t(0x7E00) : std::uint16_t(((u >> 16) & 0x8000u) | 0x7C00u);
+  const Split s = split_f32(u);
+  const std::uint32_t mag = s.sig ? round_magnitude(s.sig, s.exp, kF16) : 0u;
+  return static_cast<std::uint16_t>(mag | (s.sign << 15));
+}
+
+// Round the exact value (-1)^sign * n * 2^p (n < 2^32) to an output dtype, saturating.
+MXQ_HD std::uint32_t round_exact_to(std::uint32_t sign, std::uint32_t n, int p, const FloatSpec& out) {
+  const std::uint32_t mag = n ? round_magnitude(n, p, out) : 0u;
+  return mag | (sign << (out.bits - 1));
+}
+
+// ---- E8M0 scale exponents ---------------------------------------------------------------------------------
+// floor(log2(a)) for finite a > 0 (fp32 bits, subnormals included).
+MXQ_HD int floor_log2_bits(std::uint32_t a) {
+  const std::uint32_t e = (a >> 23) & 0xFF;
+  if (e != 0) return int(e) - 127;
+  return (63 - clz64(a & 0x7FFFFF)) - 149;
+}
+// The 24-bit normalized significand (1.m as an integer in [2^23, 2^24)) of finite a > 0.
+MXQ_HD std::uint32_t norm_sig24(std::uint32_t a) {
+  const std::uint32_t e = (a >> 23) & 0xFF;
+  const std::uint32_t m = a & 0x7FFFFF;
+  if (e != 0) return m | 0x800000u;
+  return static_cast<std::uint32_t>(std::uint64_t(m) << (23 - (63 - clz64(m))));
+}
+
+constexpr int kE8M0Bias = 127;
+constexpr std::uint8_t kE8M0NaN = 0xFF;
+constexpr std::uint8_t kE4M3NaN = 0x7F;
+
+MXQ_HD int clamp_scale_exp(int e) { return e < -127 ? -127 : (e > 127 ? 127 : e); }
+
+// Sum of g values in the fixed pairwise order S(v, g) = S(v, g/2) + S(v + g/2, g/2): the order of a
+// shuffle reduction where each lane holds a contiguous chunk. g is a power of two, g <= 256.
+MXQ_HD float pairwise_sum(const float* v, int g) {
+  float buf[256];
+  for (int i = 0; i < g; ++i) buf[i] = v[i];
+  for (int w = g; w > 1; w >>= 1)
+    for (int i = 0; i < w / 2; ++i) buf[i] = add_rn(buf[2 * i], buf[2 * i + 1]);
+  return buf[0];
+}
+
+// The quest rule's argument t = sigma * 2.92247856 / 6 + 1e-8 for one block (zeros padded in),
+// sigma the population standard deviation: mean = S(x) / g, var = S((x - mean)^2) / g, all fp32,
+// each operation rounded on its own, sums in pairwise_sum's order.
+MXQ_HD float quest_arg(const float* x, int g) {
+  const float mean = div_rn(pairwise_sum(x, g), float(g));
+  float d2[256];
+  for (int i = 0; i < g; ++i) {
+    const float d = sub_rn(x[i], mean);
+    d2[i] = mul_rn(d, d);
+  }
+  const float var = div_rn(pairwise_sum(d2, g), float(g));
+  const float sigma = sqrt_rn(var);
+  return add_rn(div_rn(mul_rn(sigma, 2.92247856f), 6.0f), 1e-8f);
+}
+
+// E8M0 scale exponent for a finite, non-zero block (amax > 0). `quest` is quest_arg of the block
+// (only read by ScaleRule::quest). The result is clamped to [-127, 127].
+MXQ_HD int mx_scale_exp(ScaleRule rule, float amax, float quest, const FloatSpec& f) {
+  const std::uint32_t a = f2u(amax);
+  const int fl = floor_log2_bits(a);
+  int e = 0;
+  switch (rule) {
+    case ScaleRule::floor: e = fl - f.emax; break;
+    case ScaleRule::ceil: e = fl + (norm_sig24(a) != 0x800000u ? 1 : 0) - f.emax; break;
+    case ScaleRule::even: {
+      // round amax's significand to mbits (RNE); a carry out of the binade bumps the exponent
+      const std::uint32_t sig = norm_sig24(a);
+      const int drop = 23 - f.mbits;
+      const std::uint32_t kept = sig >> drop, rem = sig & ((1u << drop) - 1u), half = 1u << (drop - 1);
+      const std::uint32_t r = kept + ((rem > half || (rem == half && (kept & 1u))) ? 1u : 0u);
+      e = fl + (r >> (f.mbits + 1)) - f.emax;
+      break;
+    }
+    case ScaleRule::rceil: {
+      // ceil(log2(amax / max)) exactly: compare the normalized significands
+      const std::uint32_t mx = max_value_bits(f);
+      e = fl - floor_log2_bits(mx) + (norm_sig24(a) > norm_sig24(mx) ? 1 : 0);
+      break;
+    }
+    case ScaleRule::quest: e = floor_log2_bits(f2u(quest)); break;
+    case ScaleRule::qutlass_absmax: e = floor_log2_bits(f2u(add_rn(amax, 1e-8f))); break;
+    case ScaleRule::nvfp4: break;
+  }
+  return clamp_scale_exp(e);
+}
+
+// ---- NVFP4 ---------------------------------------------------------------------------------------------------
+// Encode scale S from the tensor amax (numerics.md section 3).
+MXQ_HD float nvfp4_encode_scale(float amax_tensor) {
+  const std::uint32_t a = f2u(amax_tensor) & 0x7FFFFFFFu;
+  if (a == 0 || !is_finite_bits(a)) return 1.0f;
+  const float s = div_rn(448.0f * 6.0f, u2f(a));
+  return is_finite_bits(f2u(s)) ? s : u2f(0x7F7FFFFFu);
+}
+// E4M3 block-scale code for a finite block: E4M3_RN_satfinite((amax_block * S) / 6).
+MXQ_HD std::uint32_t nvfp4_block_scale_code(float amax_block, float S) {
+  const float t = div_rn(mul_rn(amax_block, S), 6.0f);
+  return encode_f32(f2u(t), kE4M3);  // t >= 0; an overflow to +Inf saturates to 448
+}
+// Element multiplier m = S / float(s), 0 when s is zero.
+MXQ_HD float nvfp4_multiplier(std::uint32_t scale_code, float S) {
+  const float s = decode_f32(scale_code, kE4M3);
+  return s == 0.0f ? 0.0f : div_rn(S, s);
+}
+// Element code E2M1_RNE_sat(x * m); a zero x keeps its sign (0 * Inf never reaches the rounding).
+MXQ_HD std::uint32_t nvfp4_encode(std::uint32_t xbits, float m, bool stochastic = false, std::uint32_t rnd = 0) {
+  if ((xbits & 0x7FFFFFFFu) == 0) return (xbits >> 31) << 3;
+  return encode_f32(f2u(mul_rn(u2f(xbits), m)), kE2M1, stochastic, rnd);
+}
+// Dequantized fp32 value (e2m1 * float(s)) / S.
+MXQ_HD float nvfp4_decode(std::uint32_t code, std::uint32_t scale_code, float S) {
+  if ((scale_code & 0x7F) == kE4M3NaN) return u2f(0x7FC00000u);
+  return div_rn(mul_rn(decode_f32(code, kE2M1), decode_f32(scale_code, kE4M3)), S);
+}
+
+// ---- Philox4x32-10 (stochastic rounding) ---------------------------------------------------------------------
+struct U32x4 {
+  std::uint32_t v[4];
+};
+MXQ_HD U32x4 philox4x32_10(U32x4 c, std::uint32_t k0, std::uint32_t k1) {
+  constexpr std::uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+  for (int r = 0; r < 10; ++r) {
+    const std::uint64_t p0 = std::uint64_t(M0) * c.v[0];
+    const std::uint64_t p1 = std::uint64_t(M1) * c.v[2];
+    const std::uint32_t hi0 = std::uint32_t(p0 >> 32), lo0 = std::uint32_t(p0);
+    const std::uint32_t hi1 = std::uint32_t(p1 >> 32), lo1 = std::uint32_t(p1);
+    c = U32x4{{hi1 ^ c.v[1] ^ k0, lo1, hi0 ^ c.v[3] ^ k1, lo0}};
+    k0 += W0;
+    k1 += W1;
+  }
+  return c;
+}
+// The 32 random bits for logical element j (= offset + linear index): word j % 4 of Philox at
+// counter (j / 4) keyed by the seed.
+MXQ_HD std::uint32_t sr_bits(std::uint64_t seed, std::uint64_t j) {
+  const std::uint64_t c = j >> 2;
+  const U32x4 r = philox4x32_10(U32x4{{std::uint32_t(c), std::uint32_t(c >> 32), 0u, 0u}},
+                                std::uint32_t(seed), std::uint32_t(seed >> 32));
+  return r.v[j & 3];
+}
+
+}  // namespace mxq::core

@@ -1,0 +1,81 @@
+#pragma once
+// What the validated entry points hand to a backend: the request with every derived quantity
+// computed once (group size, block count, element spec, layout geometry).
+#include <cstdint>
+
+#include <mxq/ops.hpp>
+
+#include "core/codec.hpp"
+
+namespace mxq::core {
+
+struct Problem {
+  QuantOptions opt;
+  FormatInfo info;
+  FloatSpec elem;           // element format
+  std::int64_t rows = 0;
+  std::int64_t K = 0;       // logical columns
+  int g = 32;               // group size
+  std::int64_t nblocks = 0; // ceil(K / g) scale columns
+  std::int64_t scale_rows_padded = 0, scale_cols_padded = 0;  // swizzled geometry
+  bool stochastic = false;
+  bool fp4 = false;         // two codes per byte
+  float S = 1.0f;           // NVFP4 encode scale in use
+
+  bool nvfp4() const { return opt.format == Format::nvfp4; }
+  // Byte offset of scale (r, b) in the scale tensor.
+  std::int64_t scale_offset(std::int64_t r, std::int64_t b, std::int64_t linear_stride) const {
+    return opt.scale_layout == ScaleLayout::swizzled ? swizzled_offset(r, b, scale_cols_padded)
+                                                     : r * linear_stride + b;
+  }
+};
+
+inline std::int64_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f16:
+    case DType::bf16: return 2;
+    case DType::u8: return 1;
+  }
+  return 1;
+}
+
+inline const FloatSpec& out_spec(DType t) {
+  static constexpr FloatSpec f32 = kF32, f16 = kF16, bf16 = kBF16;
+  return t == DType::f32 ? f32 : (t == DType::f16 ? f16 : bf16);
+}
+
+// Element (r, c) of a floating view as fp32 (exact).
+inline float load_f32(const Tensor& t, std::int64_t r, std::int64_t c) {
+  const std::int64_t i = r * t.stride() + c;
+  switch (t.dtype) {
+    case DType::f32: return static_cast<const float*>(t.data)[i];
+    case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(t.data)[i]);
+    case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(t.data)[i]);
+    case DType::u8: break;
+  }
+  return 0.0f;
+}
+
+// Store a value given as bits of the view's dtype (low 16 bits for bf16/f16).
+inline void store_bits(const Tensor& t, std::int64_t r, std::int64_t c, std::uint32_t bits) {
+  const std::int64_t i = r * t.stride() + c;
+  if (t.dtype == DType::f32)
+    static_cast<std::uint32_t*>(t.data)[i] = bits;
+  else
+    static_cast<std::uint16_t*>(t.data)[i] = static_cast<std::uint16_t>(bits);
+}
+
+// fp32 value -> bits of an output dtype, RNE, saturating finite values.
+MXQ_HD std::uint32_t f32_to_dtype_bits(float v, DType t) {
+  const std::uint32_t u = f2u(v);
+  if (t == DType::bf16) return f32_to_bf16_sat(u);
+  if (t == DType::f16) return f32_to_f16_sat(u);
+  return u;
+}
+
+inline std::uint32_t nan_bits(DType t) {
+  return t == DType::f32 ? 0x7FC00000u : (t == DType::bf16 ? 0x7FC0u : 0x7E00u);
+}
+
+}  // namespace mxq::core

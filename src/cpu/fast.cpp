@@ -1,0 +1,459 @@
+// The fast CPU path.
+//
+// Work is split into tiles of (one row, up to kTileBlocks blocks) and spread over OpenMP threads;
+// every tile is independent, so results do not depend on the thread count. Inside a block the MX
+// round-to-nearest-even path is branch-free fp32/int32 code that the compiler vectorises (an AVX2
+// clone is selected at run time where the CPU has it):
+//   a = |x| * 2^-e                       exact, or an underflow far below the element grid
+//   r = (a + C) - C, C = 1.5 * 2^(q+23)  RNE onto the grid of quantum 2^q (q from a's binade)
+//   r = min(r, max_elem)                 saturation
+// Stochastic rounding, NVFP4 and blocks holding NaN/Inf element codes use the shared scalar codec.
+#include "cpu/fast.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#if defined(MXQ_HAVE_OPENMP)
+#include <omp.h>
+#endif
+
+namespace mxq::cpu {
+namespace {
+
+using namespace mxq::core;
+
+constexpr std::int64_t kTileBlocks = 64;
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define MXQ_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define MXQ_CLONES
+#endif
+#define MXQ_INLINE [[gnu::always_inline]] inline
+
+template <class F>
+void parallel_tiles(std::int64_t rows, std::int64_t nblocks, F&& f) {
+  const std::int64_t per_row = (nblocks + kTileBlocks - 1) / kTileBlocks;
+  const std::int64_t n = rows * per_row;
+#if defined(MXQ_HAVE_OPENMP)
+#pragma omp parallel for schedule(static) if (n > 1)
+#endif
+  for (std::int64_t t = 0; t < n; ++t) {
+    const std::int64_t r = t / per_row, b0 = (t % per_row) * kTileBlocks;
+    f(r, b0, std::min(nblocks, b0 + kTileBlocks));
+  }
+}
+
+// ---- loads and stores ----------------------------------------------------------------------------------
+MXQ_INLINE void load_block(const Tensor& x, std::int64_t r, std::int64_t k0, std::int64_t K, int g, float* xf) {
+  const std::int64_t n = std::min<std::int64_t>(g, K - k0);
+  const std::int64_t base = r * x.stride() + k0;
+  if (x.dtype == DType::bf16) {
+    const std::uint16_t* s = static_cast<const std::uint16_t*>(x.data) + base;
+    if (n == g)
+      for (int i = 0; i < g; ++i) xf[i] = u2f(std::uint32_t(s[i]) << 16);
+    else
+      for (int i = 0; i < g; ++i) xf[i] = i < n ? u2f(std::uint32_t(s[i]) << 16) : 0.0f;
+  } else if (x.dtype == DType::f32) {
+    const float* s = static_cast<const float*>(x.data) + base;
+    for (int i = 0; i < g; ++i) xf[i] = i < n ? s[i] : 0.0f;
+  } else {
+    const std::uint16_t* s = static_cast<const std::uint16_t*>(x.data) + base;
+    for (int i = 0; i < g; ++i) xf[i] = i < n ? f16_to_f32(s[i]) : 0.0f;
+  }
+}
+
+// Max of |x| as bits: >= 0x7F800000 means the block holds a NaN or Inf.
+MXQ_INLINE std::uint32_t amax_bits(const float* xf, int g) {
+  std::uint32_t m = 0;
+  for (int i = 0; i < g; ++i) m = std::max(m, f2u(xf[i]) & 0x7FFFFFFFu);
+  return m;
+}
+
+// Magnitude bits of an fp32 value (finite, or +Inf after an overflow) in an output dtype, RNE,
+// saturated; branch-free.
+template <DType OUT>
+MXQ_INLINE std::uint32_t out_mag_bits(float v) {
+  const std::uint32_t b = f2u(v);
+  if constexpr (OUT == DType::f32) {
+    return std::min(b, 0x7F7FFFFFu);
+  } else if constexpr (OUT == DType::bf16) {
+    return std::min((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16, 0x7F7Fu);
+  } else {
+    const std::uint32_t normal = ((b - (112u << 23)) + 0xFFFu + ((b >> 13) & 1u)) >> 13;
+    const std::uint32_t sub = f2u(v + 0.5f) - 0x3F000000u;  // v < 2^-14: RNE onto multiples of 2^-24
+    return std::min(b >= 0x38800000u ? normal : sub, 0x7BFFu);
+  }
+}
+
+template <DType OUT>
+MXQ_INLINE void store_out(void* row, std::int64_t k0, std::int64_t n, const std::uint32_t* bits) {
+  if constexpr (OUT == DType::f32) {
+    std::memcpy(static_cast<std::uint32_t*>(row) + k0, bits, n * 4);
+  } else {
+    std::uint16_t* d = static_cast<std::uint16_t*>(row) + k0;
+    for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<std::uint16_t>(bits[i]);
+  }
+}
+
+MXQ_INLINE void* row_ptr(const Tensor& t, std::int64_t r) {
+  return static_cast<char*>(t.data) + r * t.stride() * dtype_size(t.dtype);
+}
+
+// ---- the MX block scale -----------------------------------------------------------------------------------
+// Returns the scale exponent, or 128 for a non-finite block. Applies the abs_max pre-multiplier.
+MXQ_INLINE int mx_block_exp(const Problem& p, float* xf) {
+  const std::uint32_t am = amax_bits(xf, p.g);
+  if (am >= 0x7F800000u) return 128;
+  int e = -127;
+  if (am != 0) {
+    const float q = p.opt.rule == ScaleRule::quest ? quest_arg(xf, p.g) : 0.0f;
+    e = mx_scale_exp(p.opt.rule, u2f(am), q, p.elem);
+  }
+  if (p.opt.rule == ScaleRule::qutlass_absmax)
+    for (int i = 0; i < p.g; ++i) xf[i] = 3.0f * xf[i];
+  return e;
+}
+
+MXQ_INLINE float pow2f(int e) {  // exact for e in [-149, 127]
+  return e >= -126 ? u2f(std::uint32_t(e + 127) << 23) : u2f(1u << (e + 149));
+}
+
+// Branch-free RNE of a = |x| * 2^-e onto the element grid, saturated. Returns the rounded magnitude.
+template <ElemType ET>
+MXQ_INLINE float rne_mag(float x, float inv_scale) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  const float a = std::fabs(x) * inv_scale;
+  int E = int(f2u(a) >> 23) - 127;
+  E = std::max(E, f.emin);
+  E = std::min(E, f.emax + 1);
+  const float C = u2f((std::uint32_t(E - f.mbits + 150) << 23) | 0x400000u);
+  const float r = (a + C) - C;
+  return std::min(r, u2f(max_value_bits(f)));
+}
+
+// Element code from a rounded magnitude r and the sign bit.
+template <ElemType ET>
+MXQ_INLINE std::uint32_t code_of(float r, std::uint32_t sign) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  if constexpr (f.twos_complement) {
+    const std::uint32_t n = static_cast<std::uint32_t>(static_cast<std::int32_t>(r * 64.0f));
+    return (sign ? (0u - n) : n) & 0xFFu;
+  } else {
+    const std::uint32_t rb = f2u(r);
+    const std::uint32_t normal =
+        ((((rb >> 23) - 127u - std::uint32_t(f.emin) + 1u) << f.mbits) | ((rb >> (23 - f.mbits)) & ((1u << f.mbits) - 1u)));
+    const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(r * pow2f(f.mbits - f.emin)));
+    const std::uint32_t mag = rb >= (std::uint32_t(f.emin + 127) << 23) ? normal : sub;
+    return mag | (sign << (f.bits - 1));
+  }
+}
+
+// ---- per-tile workers ---------------------------------------------------------------------------------------
+struct Outs {
+  std::uint8_t* codes_row;
+  std::uint8_t* scales;
+  std::int64_t scale_stride;
+  std::uint8_t* mask_row;
+};
+
+// Scalar-codec block quantizer (stochastic rounding, NVFP4): exactly the reference's arithmetic.
+MXQ_INLINE void quantize_block_scalar(const Problem& p, std::int64_t r, std::int64_t b, float* xf, std::uint32_t* codes,
+                                      std::uint8_t& scale_byte, std::uint32_t* keep) {
+  const int g = p.g;
+  const std::uint32_t am = amax_bits(xf, g);
+  if (am >= 0x7F800000u) {
+    scale_byte = p.nvfp4() ? kE4M3NaN : kE8M0NaN;
+    for (int i = 0; i < g; ++i) codes[i] = keep[i] = 0;
+    return;
+  }
+  const std::int64_t j0 = p.opt.offset + r * p.K + b * g;
+  if (p.nvfp4()) {
+    const std::uint32_t sc = nvfp4_block_scale_code(u2f(am), p.S);
+    const float m = nvfp4_multiplier(sc, p.S);
+    scale_byte = static_cast<std::uint8_t>(sc);
+    for (int i = 0; i < g; ++i) {
+      const std::uint32_t rnd = p.stochastic ? sr_bits(p.opt.seed, j0 + i) : 0u;
+      codes[i] = nvfp4_encode(f2u(xf[i]), m, p.stochastic, rnd);
+      keep[i] = std::fabs(xf[i] * m) < 6.0f;
+    }
+    return;
+  }
+  const int e = mx_block_exp(p, xf);
+  scale_byte = static_cast<std::uint8_t>(e + kE8M0Bias);
+  const float inv = pow2f(-e), maxv = u2f(max_value_bits(p.elem));
+  for (int i = 0; i < g; ++i) {
+    const std::uint32_t rnd = p.stochastic ? sr_bits(p.opt.seed, j0 + i) : 0u;
+    codes[i] = encode_scaled(f2u(xf[i]), e, p.elem, p.stochastic, rnd);
+    keep[i] = std::fabs(xf[i]) * inv < maxv;
+  }
+}
+
+template <ElemType ET>
+MXQ_INLINE void quantize_block_rne(const Problem& p, float* xf, std::uint32_t* codes, std::uint8_t& scale_byte,
+                                   std::uint32_t* keep) {
+  const int g = p.g;
+  const int e = mx_block_exp(p, xf);
+  if (e == 128) {
+    scale_byte = kE8M0NaN;
+    for (int i = 0; i < g; ++i) codes[i] = keep[i] = 0;
+    return;
+  }
+  scale_byte = static_cast<std::uint8_t>(e + kE8M0Bias);
+  const float inv = pow2f(-e), maxv = u2f(max_value_bits(Elem<ET>::spec));
+  for (int i = 0; i < g; ++i) {
+    const float r = rne_mag<ET>(xf[i], inv);
+    codes[i] = code_of<ET>(r, f2u(xf[i]) >> 31);
+    keep[i] = std::fabs(xf[i]) * inv < maxv;
+  }
+}
+
+MXQ_INLINE void store_codes(const Problem& p, std::uint8_t* row, std::int64_t k0, std::int64_t n, const std::uint32_t* codes) {
+  if (p.fp4) {
+    std::uint8_t* d = row + k0 / 2;
+    for (std::int64_t i = 0; i < (n + 1) / 2; ++i)
+      d[i] = static_cast<std::uint8_t>((codes[2 * i] & 0xF) | ((codes[2 * i + 1] & 0xF) << 4));
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) row[k0 + i] = static_cast<std::uint8_t>(codes[i]);
+  }
+}
+
+MXQ_INLINE void store_mask(std::uint8_t* row, std::int64_t k0, std::int64_t n, const std::uint32_t* keep) {
+  // k0 is a multiple of g >= 2; bits are ORed in because small groups share a byte.
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t k = k0 + i;
+    if (keep[i]) row[k / 8] |= static_cast<std::uint8_t>(1u << (k % 8));
+  }
+}
+
+template <ElemType ET>
+MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, std::int64_t r, std::int64_t b0,
+                              std::int64_t b1) {
+  alignas(64) float xf[256];
+  alignas(64) std::uint32_t codes[256], keep[256];
+  const bool vec = !p.stochastic && !p.nvfp4();
+  for (std::int64_t b = b0; b < b1; ++b) {
+    const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
+    load_block(x, r, k0, p.K, p.g, xf);
+    std::uint8_t sb;
+    if (vec)
+      quantize_block_rne<ET>(p, xf, codes, sb, keep);
+    else
+      quantize_block_scalar(p, r, b, xf, codes, sb, keep);
+    o.scales[p.scale_offset(r, b, o.scale_stride)] = sb;
+    store_codes(p, o.codes_row, k0, n, codes);
+    if (o.mask_row) store_mask(o.mask_row, k0, n, keep);
+  }
+}
+
+template <ElemType ET, DType DT>
+MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, std::int64_t r, std::int64_t b0,
+                         std::int64_t b1) {
+  alignas(64) float xf[256];
+  alignas(64) std::uint32_t out[256], codes[256], keep[256];
+  void* yrow = row_ptr(y, r);
+  const bool vec = !p.stochastic && !p.nvfp4();
+  for (std::int64_t b = b0; b < b1; ++b) {
+    const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
+    load_block(x, r, k0, p.K, p.g, xf);
+    if (vec) {
+      const int e = mx_block_exp(p, xf);
+      if (e == 128) {
+        for (int i = 0; i < p.g; ++i) out[i] = nan_bits(DT);
+      } else {
+        const float inv = pow2f(-e), scale = pow2f(e);
+        for (int i = 0; i < p.g; ++i) {
+          const float v = rne_mag<ET>(xf[i], inv) * scale;  // exact, or +Inf past FLT_MAX
+          out[i] = out_mag_bits<DT>(v) | ((f2u(xf[i]) >> 31) << (DT == DType::f32 ? 31 : 15));
+        }
+      }
+    } else {
+      std::uint8_t sb;
+      quantize_block_scalar(p, r, b, xf, codes, sb, keep);
+      const FloatSpec& os = out_spec(DT);
+      for (int i = 0; i < n; ++i) {
+        if (p.nvfp4()) {
+          out[i] = f32_to_dtype_bits(nvfp4_decode(codes[i], sb, p.S), DT);
+        } else if (sb == kE8M0NaN) {
+          out[i] = nan_bits(DT);
+        } else {
+          std::uint32_t sign = 0, m = 0;
+          int pe = 0;
+          decode_parts(codes[i], p.elem, sign, m, pe);
+          out[i] = round_exact_to(sign, m, pe + int(sb) - kE8M0Bias, os);
+        }
+      }
+    }
+    store_out<DT>(yrow, k0, n, out);
+  }
+}
+
+// Element decode table: exact fp32 value of every code, and whether the code is NaN/Inf.
+struct DecodeLut {
+  float v[256];
+  bool special[256];
+};
+DecodeLut make_lut(const FloatSpec& f) {
+  DecodeLut l{};
+  const int n = f.bits == 4 ? 16 : (f.bits == 6 ? 64 : 256);
+  for (int c = 0; c < n; ++c) {
+    std::uint32_t s = 0, m = 0;
+    int pe = 0;
+    l.special[c] = !decode_parts(std::uint32_t(c), f, s, m, pe);
+    l.v[c] = l.special[c] ? 0.0f : decode_f32(std::uint32_t(c), f);
+  }
+  for (int c = n; c < 256; ++c) l.special[c] = true;  // stray high bits of a 6-bit code
+  return l;
+}
+
+template <ElemType ET, DType DT>
+MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Tensor& y, const DecodeLut& lut,
+                                std::int64_t r, std::int64_t b0, std::int64_t b1) {
+  alignas(64) std::uint32_t codes[256], out[256];
+  const std::uint8_t* crow = static_cast<const std::uint8_t*>(q.codes.data) + r * q.codes.stride();
+  const std::uint8_t* scales = static_cast<const std::uint8_t*>(q.scales.data);
+  void* yrow = row_ptr(y, r);
+  const FloatSpec& os = out_spec(DT);
+  for (std::int64_t b = b0; b < b1; ++b) {
+    const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
+    if (p.fp4) {
+      for (std::int64_t i = 0; i < n; ++i) codes[i] = (crow[(k0 + i) / 2] >> (4 * ((k0 + i) & 1))) & 0xF;
+    } else {
+      for (std::int64_t i = 0; i < n; ++i) codes[i] = crow[k0 + i];
+    }
+    const std::uint8_t sb = scales[p.scale_offset(r, b, q.scales.stride())];
+    bool special = false;
+    for (std::int64_t i = 0; i < n; ++i) special |= lut.special[codes[i]];
+    if (p.nvfp4()) {
+      for (std::int64_t i = 0; i < n; ++i) out[i] = f32_to_dtype_bits(nvfp4_decode(codes[i], sb, p.S), DT);
+    } else if (sb == kE8M0NaN) {
+      for (std::int64_t i = 0; i < n; ++i) out[i] = nan_bits(DT);
+    } else if (special) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::uint32_t sign = 0, m = 0;
+        int pe = 0;
+        out[i] = decode_parts(codes[i], p.elem, sign, m, pe)
+                     ? round_exact_to(sign, m, pe + int(sb) - kE8M0Bias, os)
+                     : f32_to_dtype_bits(decode_f32(codes[i], p.elem), DT);
+      }
+    } else {
+      const float scale = pow2f(int(sb) - kE8M0Bias);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float v = lut.v[codes[i]] * scale;
+        out[i] = out_mag_bits<DT>(std::fabs(v)) | ((f2u(v) >> 31) << (DT == DType::f32 ? 31 : 15));
+      }
+    }
+    store_out<DT>(yrow, k0, n, out);
+  }
+}
+
+// ---- dispatch: runtime enums -> template parameters ------------------------------------------------------------
+template <class F>
+void dispatch_elem(ElemType t, F&& f) {
+  switch (t) {
+    case ElemType::e2m1: return f(std::integral_constant<ElemType, ElemType::e2m1>{});
+    case ElemType::e2m3: return f(std::integral_constant<ElemType, ElemType::e2m3>{});
+    case ElemType::e3m2: return f(std::integral_constant<ElemType, ElemType::e3m2>{});
+    case ElemType::e4m3: return f(std::integral_constant<ElemType, ElemType::e4m3>{});
+    case ElemType::e5m2: return f(std::integral_constant<ElemType, ElemType::e5m2>{});
+    case ElemType::int8: return f(std::integral_constant<ElemType, ElemType::int8>{});
+  }
+}
+template <class F>
+void dispatch_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: return f(std::integral_constant<DType, DType::f32>{});
+    case DType::f16: return f(std::integral_constant<DType, DType::f16>{});
+    case DType::bf16: return f(std::integral_constant<DType, DType::bf16>{});
+    case DType::u8: return;
+  }
+}
+
+}  // namespace
+
+int max_threads() {
+#if defined(MXQ_HAVE_OPENMP)
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+void quantize(const Problem& p, const Tensor& x, const QuantizedOut& out) {
+  if (p.opt.scale_layout == ScaleLayout::swizzled)
+    std::memset(out.scales.data, 0, p.scale_rows_padded * p.scale_cols_padded);
+  if (out.clip_mask.data)
+    for (std::int64_t r = 0; r < p.rows; ++r)
+      std::memset(static_cast<std::uint8_t*>(out.clip_mask.data) + r * out.clip_mask.stride(), 0, out.clip_mask.cols);
+  dispatch_elem(p.info.elem, [&](auto et) {
+    parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
+      Outs o{static_cast<std::uint8_t*>(out.codes.data) + r * out.codes.stride(), static_cast<std::uint8_t*>(out.scales.data),
+             out.scales.stride(),
+             out.clip_mask.data ? static_cast<std::uint8_t*>(out.clip_mask.data) + r * out.clip_mask.stride() : nullptr};
+      quantize_tile<decltype(et)::value>(p, x, o, r, b0, b1);
+    });
+  });
+}
+
+void qdq(const Problem& p, const Tensor& x, const Tensor& y) {
+  dispatch_elem(p.info.elem, [&](auto et) {
+    dispatch_dtype(x.dtype, [&](auto dt) {
+      parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
+        qdq_tile<decltype(et)::value, decltype(dt)::value>(p, x, y, r, b0, b1);
+      });
+    });
+  });
+}
+
+void dequantize(const Problem& p, const QuantizedIn& q, const Tensor& y) {
+  const DecodeLut lut = make_lut(p.elem);
+  dispatch_elem(p.info.elem, [&](auto et) {
+    dispatch_dtype(y.dtype, [&](auto dt) {
+      parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
+        dequantize_tile<decltype(et)::value, decltype(dt)::value>(p, q, y, lut, r, b0, b1);
+      });
+    });
+  });
+}
+
+void swizzle_scales(const Tensor& linear, const Tensor& swizzled) {
+  std::uint8_t* d = static_cast<std::uint8_t*>(swizzled.data);
+  const std::uint8_t* s = static_cast<const std::uint8_t*>(linear.data);
+  const std::int64_t R = swizzled.rows, C = swizzled.cols;
+#if defined(MXQ_HAVE_OPENMP)
+#pragma omp parallel for schedule(static) if (R > 512)
+#endif
+  for (std::int64_t r = 0; r < R; ++r)
+    for (std::int64_t c = 0; c < C; ++c)
+      d[swizzled_offset(r, c, C)] = (r < linear.rows && c < linear.cols) ? s[r * linear.stride() + c] : 0;
+}
+
+void unswizzle_scales(const Tensor& swizzled, const Tensor& linear) {
+  const std::uint8_t* s = static_cast<const std::uint8_t*>(swizzled.data);
+  std::uint8_t* d = static_cast<std::uint8_t*>(linear.data);
+#if defined(MXQ_HAVE_OPENMP)
+#pragma omp parallel for schedule(static) if (linear.rows > 512)
+#endif
+  for (std::int64_t r = 0; r < linear.rows; ++r)
+    for (std::int64_t c = 0; c < linear.cols; ++c) d[r * linear.stride() + c] = s[swizzled_offset(r, c, swizzled.cols)];
+}
+
+float tensor_amax(const Tensor& x) {
+  std::uint32_t m = 0;
+  const std::int64_t K = x.cols;
+#if defined(MXQ_HAVE_OPENMP)
+#pragma omp parallel for schedule(static) reduction(max : m)
+#endif
+  for (std::int64_t r = 0; r < x.rows; ++r) {
+    alignas(64) float xf[256];
+    for (std::int64_t k0 = 0; k0 < K; k0 += 256) {
+      load_block(x, r, k0, K, 256, xf);
+      m = std::max(m, amax_bits(xf, 256));
+    }
+  }
+  // NaN bits compare above +Inf bits, so a NaN anywhere gives NaN, else an Inf gives Inf.
+  return u2f(m);
+}
+
+}  // namespace mxq::cpu
