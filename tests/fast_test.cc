@@ -1,1 +1,205 @@
+// The fast CPU path against the reference, byte for byte: every format x rule x rounding, every
+// input dtype, both scale layouts, awkward shapes, strided rows, several thread counts.
+#include <algorithm>
+#include <tuple>
+
 #include <gtest/gtest.h>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "helpers.hpp"
+
+using namespace mxq;
+using th::HostTensor;
+using th::Quantized;
+
+namespace {
+
+struct Case {
+  Format format;
+  ScaleRule rule;
+  Rounding rounding;
+  int group;  // 0 = default
+};
+
+std::string case_name(const testing::TestParamInfo<Case>& i) {
+  std::string n = std::string(to_string(i.param.format)) + "_" + std::string(to_string(i.param.rule)) + "_" +
+                  std::string(to_string(i.param.rounding));
+  if (i.param.group) n += "_g" + std::to_string(i.param.group);
+  return n;
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> v;
+  const Format mx[] = {Format::mxfp4, Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::mxint8};
+  const ScaleRule rules[] = {ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::quest};
+  for (Rounding rd : {Rounding::nearest_even, Rounding::stochastic}) {
+    for (Format f : mx)
+      for (ScaleRule r : rules) v.push_back({f, r, rd, 0});
+    v.push_back({Format::mxfp4, ScaleRule::qutlass_absmax, rd, 0});
+    v.push_back({Format::nvfp4, ScaleRule::nvfp4, rd, 0});
+    v.push_back({Format::mxfp4, ScaleRule::even, rd, 16});
+    v.push_back({Format::mxfp8_e4m3, ScaleRule::floor, rd, 64});
+    v.push_back({Format::nvfp4, ScaleRule::nvfp4, rd, 32});
+  }
+  return v;
+}
+
+struct Shape {
+  std::int64_t rows, cols, stride;
+};
+
+std::vector<Shape> shapes_for(int g) {
+  return {{1, 1, 0}, {1, g - 1, 0}, {1, g, 0}, {1, g + 1, 0}, {3, 97, 0}, {130, 65, 80}, {2, 4103, 0}, {16, 1024, 0}};
+}
+
+class FastVsReference : public testing::TestWithParam<Case> {};
+
+void set_threads(int n) {
+#if defined(_OPENMP)
+  omp_set_num_threads(n);
+#else
+  (void)n;
+#endif
+}
+
+TEST_P(FastVsReference, QuantizeDequantizeQdqBitExact) {
+  const Case c = GetParam();
+  QuantOptions o = c.format == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(c.format, c.rule);
+  o.rounding = c.rounding;
+  o.group_size = c.group;
+  o.seed = 0xC0FFEE;
+  o.offset = 12345;
+  const int g = group_size(o);
+  int seed = 1;
+  for (const Shape& s : shapes_for(g)) {
+    for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+      HostTensor x = th::llm_like(dt, s.rows, s.cols, seed++, s.stride);
+      if (s.rows >= 3) {  // a NaN block and an Inf block
+        x.set(1, 0, NAN);
+        x.set(2, s.cols - 1, -INFINITY);
+      }
+      for (ScaleLayout layout : {ScaleLayout::linear, ScaleLayout::swizzled}) {
+        o.scale_layout = layout;
+        const std::string what = th::name_of(o) + " " + std::string(to_string(dt)) + " [" + std::to_string(s.rows) +
+                                 ", " + std::to_string(s.cols) + "] stride " + std::to_string(s.stride);
+        SCOPED_TRACE(what);
+        QuantOptions oref = o, ofast = o;
+        oref.backend = Backend::reference;
+        ofast.backend = Backend::cpu;
+        Quantized qr(oref, s.rows, s.cols, true);
+        quantize(x.view(), qr.out(), oref);
+        for (int threads : {1, 2, 3}) {
+          set_threads(threads);
+          Quantized qf(ofast, s.rows, s.cols, true);
+          quantize(x.view(), qf.out(), ofast);
+          th::expect_same_bytes(qr.codes, qf.codes, "codes, threads=" + std::to_string(threads));
+          th::expect_same_bytes(qr.scales, qf.scales, "scales, threads=" + std::to_string(threads));
+          th::expect_same_bytes(qr.mask, qf.mask, "clip mask, threads=" + std::to_string(threads));
+          EXPECT_EQ(qr.S, qf.S);
+        }
+        set_threads(2);
+        // Dequantize to every dtype.
+        QuantOptions dref = oref, dfast = ofast;
+        if (c.format == Format::nvfp4) dref.tensor_scale = dfast.tensor_scale = qr.S;
+        for (DType ot : {DType::f32, DType::bf16, DType::f16}) {
+          HostTensor yr(ot, s.rows, s.cols), yf(ot, s.rows, s.cols);
+          dequantize(qr.in(), yr.view(), dref);
+          dequantize(qr.in(), yf.view(), dfast);
+          th::expect_same_bytes(yr, yf, "dequantize to " + std::string(to_string(ot)));
+        }
+        // QDQ, out of place and in place.
+        if (layout == ScaleLayout::linear) {
+          HostTensor yr(dt, s.rows, s.cols, s.stride), yf(dt, s.rows, s.cols, s.stride);
+          qdq(x.view(), yr.view(), oref);
+          qdq(x.view(), yf.view(), ofast);
+          th::expect_same_bytes(yr, yf, "qdq");
+          HostTensor z = x;
+          qdq(z.view(), z.view(), ofast);
+          th::expect_same_bytes(yr, z, "in-place qdq");
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFormatsRulesRoundings, FastVsReference, testing::ValuesIn(all_cases()), case_name);
+
+TEST(FastDequantize, ArbitraryCodeBytesIncludingNaNCodes) {
+  // Dequantize random code and scale bytes (NaN/Inf element codes, stray FP6 high bits, NaN scales).
+  std::mt19937 rng(3);
+  for (Format f : {Format::mxfp4, Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::mxint8, Format::nvfp4}) {
+    QuantOptions o = f == Format::nvfp4 ? QuantOptions::nvfp4(3.0f) : QuantOptions::mx(f, ScaleRule::floor);
+    Quantized q(o, 7, 300);
+    for (auto& b : q.codes.bytes) b = std::uint8_t(rng());
+    for (auto& b : q.scales.bytes) b = std::uint8_t(rng());
+    for (DType ot : {DType::f32, DType::bf16, DType::f16}) {
+      HostTensor yr(ot, 7, 300), yf(ot, 7, 300);
+      o.backend = Backend::reference;
+      dequantize(q.in(), yr.view(), o);
+      o.backend = Backend::cpu;
+      dequantize(q.in(), yf.view(), o);
+      th::expect_same_bytes(yr, yf, std::string(to_string(f)) + " random bytes to " + std::string(to_string(ot)));
+    }
+  }
+}
+
+TEST(FastAmax, MatchesReferenceWithSpecials) {
+  HostTensor x = th::llm_like(DType::bf16, 33, 1000, 4);
+  EXPECT_EQ(tensor_amax(x.view(), Backend::cpu), tensor_amax(x.view(), Backend::reference));
+  x.set(5, 5, -INFINITY);
+  EXPECT_TRUE(std::isinf(tensor_amax(x.view(), Backend::cpu)));
+  x.set(7, 999, NAN);
+  EXPECT_TRUE(std::isnan(tensor_amax(x.view(), Backend::cpu)));
+  EXPECT_TRUE(std::isnan(tensor_amax(x.view(), Backend::reference)));
+}
+
+}  // namespace
+
+namespace {
+
+// Every bf16 bit pattern through quantize and QDQ on both CPU backends: once in shuffled blocks
+// (mixed magnitudes, NaN/Inf blocks), once as the small member of a block whose amax is fixed, so
+// each pattern is converted at many different scales.
+TEST(FastVsReferenceExhaustive, AllBf16PatternsThroughQuantizeAndQdq) {
+  std::vector<std::uint16_t> pats(65536);
+  for (std::uint32_t i = 0; i < 65536; ++i) pats[i] = std::uint16_t(i);
+  std::shuffle(pats.begin(), pats.end(), std::mt19937(5));
+  HostTensor shuffled(DType::bf16, 2048, 32);
+  std::memcpy(shuffled.bytes.data(), pats.data(), 65536 * 2);
+  HostTensor anchored(DType::bf16, 65536, 2);  // group 2: [pattern, anchor]
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    const std::uint16_t p = std::uint16_t(i), a = std::uint16_t(0x3F80 + ((i * 37) % 0x0F00));  // anchors in [1, 2^31)
+    std::memcpy(&anchored.bytes[i * 4], &p, 2);
+    std::memcpy(&anchored.bytes[i * 4 + 2], &a, 2);
+  }
+  std::vector<QuantOptions> opts;
+  for (Format f : {Format::mxfp4, Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::mxint8})
+    for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::quest})
+      opts.push_back(QuantOptions::mx(f, r));
+  opts.push_back(QuantOptions::nvfp4());
+  opts.push_back(QuantOptions::nvfp4(1.0f));
+  for (QuantOptions o : opts) {
+    for (const HostTensor* x : {&shuffled, &anchored}) {
+      o.group_size = x == &anchored ? 2 : 0;
+      SCOPED_TRACE(th::name_of(o) + (x == &anchored ? " anchored" : " shuffled"));
+      QuantOptions oref = o, ofast = o;
+      oref.backend = Backend::reference;
+      ofast.backend = Backend::cpu;
+      Quantized qr(oref, x->rows, x->cols, true), qf(ofast, x->rows, x->cols, true);
+      quantize(x->view(), qr.out(), oref);
+      quantize(x->view(), qf.out(), ofast);
+      th::expect_same_bytes(qr.codes, qf.codes, "codes");
+      th::expect_same_bytes(qr.scales, qf.scales, "scales");
+      th::expect_same_bytes(qr.mask, qf.mask, "clip mask");
+      HostTensor yr(DType::bf16, x->rows, x->cols), yf(DType::bf16, x->rows, x->cols);
+      qdq(x->view(), yr.view(), oref);
+      qdq(x->view(), yf.view(), ofast);
+      th::expect_same_bytes(yr, yf, "qdq");
+    }
+  }
+}
+
+}  // namespace

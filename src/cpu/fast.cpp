@@ -264,8 +264,11 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, std
       } else {
         const float inv = pow2f(-e), scale = pow2f(e);
         for (int i = 0; i < p.g; ++i) {
-          const float v = rne_mag<ET>(xf[i], inv) * scale;  // exact, or +Inf past FLT_MAX
-          out[i] = out_mag_bits<DT>(v) | ((f2u(xf[i]) >> 31) << (DT == DType::f32 ? 31 : 15));
+          const float r = rne_mag<ET>(xf[i], inv);
+          const float v = r * scale;  // exact, or +Inf past FLT_MAX
+          std::uint32_t sign = f2u(xf[i]) >> 31;
+          if constexpr (Elem<ET>::spec.twos_complement) sign &= r != 0.0f;  // INT8 has no -0
+          out[i] = out_mag_bits<DT>(v) | (sign << (DT == DType::f32 ? 31 : 15));
         }
       }
     } else {
