@@ -1,1 +1,214 @@
+// Bad input at the API boundary: every error names the argument and what was expected, and nothing
+// is written when validation fails.
+#include <cstdlib>
+
 #include <gtest/gtest.h>
+
+#include "helpers.hpp"
+
+using namespace mxq;
+using th::HostTensor;
+using th::Quantized;
+
+namespace {
+
+// Runs f, expects an mxq::Error with the given code whose message contains every fragment.
+template <class F>
+void expect_error(F&& f, Error::Code code, std::initializer_list<const char*> fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an mxq::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(int(e.code()), int(code)) << e.what();
+    for (const char* s : fragments) EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << "'" << s << "' not in: " << e.what();
+  }
+}
+
+struct Fixture {
+  HostTensor x = th::llm_like(DType::bf16, 4, 64, 1);
+  QuantOptions o = QuantOptions::mx(Format::mxfp4, ScaleRule::floor);
+  Quantized q{o, 4, 64, true};
+};
+
+}  // namespace
+
+TEST(Api, WrongOutputShapesNameTheArgument) {
+  Fixture f;
+  QuantizedOut out = f.q.out();
+  out.codes.cols = 31;
+  expect_error([&] { quantize(f.x.view(), out, f.o); }, Error::Code::invalid_argument,
+               {"mxq::quantize", "'codes'", "[4, 31]", "expected [4, 32]"});
+  out = f.q.out();
+  out.scales.rows = 3;
+  expect_error([&] { quantize(f.x.view(), out, f.o); }, Error::Code::invalid_argument, {"'scales'", "expected [4, 2]"});
+  out = f.q.out();
+  out.clip_mask.cols = 7;
+  expect_error([&] { quantize(f.x.view(), out, f.o); }, Error::Code::invalid_argument, {"'clip_mask'", "expected [4, 8]"});
+  // Swizzled scales must be padded to [128, 4].
+  QuantOptions sw = f.o;
+  sw.scale_layout = ScaleLayout::swizzled;
+  expect_error([&] { quantize(f.x.view(), f.q.out(), sw); }, Error::Code::invalid_argument, {"'scales'", "expected [128, 4]"});
+}
+
+TEST(Api, WrongDtypesAndStrides) {
+  Fixture f;
+  QuantizedOut out = f.q.out();
+  out.codes.dtype = DType::f32;
+  expect_error([&] { quantize(f.x.view(), out, f.o); }, Error::Code::invalid_argument, {"'codes'", "dtype f32", "expected u8"});
+  Tensor xu = f.x.view();
+  xu.dtype = DType::u8;
+  expect_error([&] { quantize(xu, f.q.out(), f.o); }, Error::Code::invalid_argument, {"'x'", "expected f32, f16 or bf16"});
+  Tensor xs = f.x.view();
+  xs.row_stride = 10;
+  expect_error([&] { quantize(xs, f.q.out(), f.o); }, Error::Code::invalid_argument, {"'x'", "row_stride 10", ">= cols (64)"});
+  HostTensor y(DType::f32, 4, 64);
+  expect_error([&] { qdq(f.x.view(), y.view(), f.o); }, Error::Code::invalid_argument, {"mxq::qdq", "'y'", "dtype f32", "expected bf16"});
+  Tensor neg = f.x.view();
+  neg.rows = -1;
+  expect_error([&] { qdq(neg, neg, f.o); }, Error::Code::invalid_argument, {"negative shape"});
+}
+
+TEST(Api, NullAndOverlappingBuffers) {
+  Fixture f;
+  QuantizedOut out = f.q.out();
+  out.codes.data = nullptr;
+  expect_error([&] { quantize(f.x.view(), out, f.o); }, Error::Code::invalid_argument, {"'codes'", "null"});
+  Tensor xn = f.x.view();
+  xn.data = nullptr;
+  expect_error([&] { quantize(xn, f.q.out(), f.o); }, Error::Code::invalid_argument, {"'x'", "null"});
+  // codes placed inside x
+  out = f.q.out();
+  out.codes.data = f.x.bytes.data() + 8;
+  expect_error([&] { quantize(f.x.view(), out, f.o); }, Error::Code::invalid_argument, {"'codes' overlaps input 'x'"});
+  // scales inside codes
+  out = f.q.out();
+  out.scales.data = f.q.codes.bytes.data();
+  expect_error([&] { quantize(f.x.view(), out, f.o); }, Error::Code::invalid_argument, {"'codes'", "'scales'", "overlap"});
+  // qdq: partial overlap refused, exact aliasing allowed
+  HostTensor big(DType::bf16, 5, 64);
+  Tensor a = Tensor::of(big.bytes.data(), DType::bf16, 4, 64), b = Tensor::of(big.bytes.data() + 128, DType::bf16, 4, 64);
+  expect_error([&] { qdq(a, b, f.o); }, Error::Code::invalid_argument, {"'y' overlaps input 'x'"});
+  EXPECT_NO_THROW(qdq(a, a, f.o));
+}
+
+TEST(Api, OptionsAreValidated) {
+  Fixture f;
+  auto q = [&](QuantOptions o) { quantize(f.x.view(), f.q.out(), o); };
+  QuantOptions o = f.o;
+  o.group_size = 24;
+  expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'group_size'", "24", "power of two"});
+  o.group_size = 512;
+  expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'group_size'"});
+  o = f.o;
+  o.rule = ScaleRule::nvfp4;
+  expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'rule'", "needs format nvfp4"});
+  o = QuantOptions::nvfp4();
+  o.rule = ScaleRule::even;
+  expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'rule'", "format nvfp4 uses rule 'nvfp4'"});
+  o = QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::qutlass_absmax);
+  expect_error([&] { q(o); }, Error::Code::invalid_argument, {"qutlass_absmax", "mxfp4 only"});
+  o = f.o;
+  o.tensor_scale = 2.0f;
+  expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'tensor_scale'", "only used by format nvfp4"});
+  for (float bad : {0.0f, -1.0f, INFINITY, NAN}) {
+    QuantOptions n = QuantOptions::nvfp4(bad);
+    Quantized qn(n, 4, 64);
+    expect_error([&] { quantize(f.x.view(), qn.out(), n); }, Error::Code::invalid_argument, {"'tensor_scale'", "finite value > 0"});
+  }
+  // NVFP4 dequantize needs S.
+  QuantOptions n = QuantOptions::nvfp4();
+  Quantized qn(n, 4, 64);
+  HostTensor y(DType::f32, 4, 64);
+  expect_error([&] { dequantize(qn.in(), y.view(), n); }, Error::Code::invalid_argument, {"mxq::dequantize", "'tensor_scale'"});
+  o = f.o;
+  o.format = static_cast<Format>(42);
+  expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'format'", "invalid value 42"});
+}
+
+TEST(Api, NothingIsWrittenWhenValidationFails) {
+  Fixture f;
+  const auto before = f.q.codes.bytes;
+  QuantizedOut out = f.q.out();
+  out.scales.cols = 99;
+  EXPECT_THROW(quantize(f.x.view(), out, f.o), Error);
+  EXPECT_EQ(f.q.codes.bytes, before);
+}
+
+TEST(Api, BackendSelection) {
+  Fixture f;
+  QuantOptions o = f.o;
+  o.backend = Backend::cuda;
+  expect_error([&] { quantize(f.x.view(), f.q.out(), o); }, Error::Code::backend_unavailable, {"cuda"});
+  // Data on a CUDA device is never silently copied to the host.
+  Tensor xd = f.x.view();
+  xd.device = Device::cuda;
+  expect_error([&] { tensor_amax(xd); }, Error::Code::backend_unavailable, {"CUDA device"});
+  o.backend = Backend::cpu;
+  expect_error([&] { tensor_amax(xd, Backend::cpu); }, Error::Code::backend_unavailable, {"needs data on the CPU"});
+  // Views on different devices.
+  QuantizedOut out = f.q.out();
+  out.codes.device = Device::cuda;
+  expect_error([&] { quantize(f.x.view(), out, f.o); }, Error::Code::invalid_argument, {"'codes' is on cuda"});
+  // The environment variable forces a backend for automatic requests.
+  EXPECT_EQ(choose_backend(Backend::automatic, Device::cpu).backend, Backend::cpu);
+  setenv("MXQ_BACKEND", "reference", 1);
+  EXPECT_EQ(choose_backend(Backend::automatic, Device::cpu).backend, Backend::reference);
+  EXPECT_NE(choose_backend(Backend::automatic, Device::cpu).reason.find("MXQ_BACKEND"), std::string::npos);
+  setenv("MXQ_BACKEND", "gpu", 1);
+  expect_error([&] { choose_backend(Backend::automatic, Device::cpu); }, Error::Code::invalid_argument, {"unknown backend 'gpu'", "reference"});
+  unsetenv("MXQ_BACKEND");
+}
+
+TEST(Api, EmptyTensorsAreNoOps) {
+  QuantOptions o = QuantOptions::mx(Format::mxfp4, ScaleRule::floor);
+  Tensor x = Tensor::of(static_cast<float*>(nullptr), DType::f32, 0, 64);
+  QuantizedOut out;
+  out.codes = Tensor::of(static_cast<std::uint8_t*>(nullptr), DType::u8, 0, 32);
+  out.scales = Tensor::of(static_cast<std::uint8_t*>(nullptr), DType::u8, 0, 2);
+  EXPECT_NO_THROW(quantize(x, out, o));
+  EXPECT_NO_THROW(qdq(x, x, o));
+}
+
+TEST(Api, ShapeHelpersAndNames) {
+  QuantOptions o = QuantOptions::mx(Format::mxfp4, ScaleRule::floor);
+  EXPECT_EQ(code_cols(Format::mxfp4, 33), 17);
+  EXPECT_EQ(code_cols(Format::mxfp6_e2m3, 33), 33);
+  EXPECT_EQ(scale_shape(o, 3, 33), (Shape2{3, 2}));
+  o.scale_layout = ScaleLayout::swizzled;
+  EXPECT_EQ(scale_shape(o, 130, 33), (Shape2{256, 4}));
+  EXPECT_EQ(scale_shape(QuantOptions::nvfp4(), 2, 64), (Shape2{2, 4}));
+  EXPECT_EQ(clip_mask_shape(2, 9), (Shape2{2, 2}));
+  EXPECT_EQ(parse_format("mxfp8_e4m3"), Format::mxfp8_e4m3);
+  EXPECT_EQ(parse_rule("rceil"), ScaleRule::rceil);
+  expect_error([] { parse_format("fp4"); }, Error::Code::invalid_argument, {"unknown format 'fp4'", "mxfp4", "nvfp4"});
+  EXPECT_EQ(format_info(Format::mxfp8_e5m2).max_elem, 57344.0f);
+  EXPECT_EQ(format_info(Format::mxint8).max_elem, 127.0f / 64.0f);
+  EXPECT_EQ(nvfp4_tensor_scale_from_amax(2688.0f), 1.0f);
+}
+
+TEST(Api, PresetsMatchTheirDocumentedRules) {
+  EXPECT_EQ(presets::vllm_mxfp4_qdq().rule, ScaleRule::even);
+  EXPECT_EQ(presets::vllm_mxfp4_qdq().format, Format::mxfp4);
+  EXPECT_EQ(presets::vllm_mxfp8_qdq().rule, ScaleRule::floor);
+  EXPECT_EQ(presets::vllm_mxfp8_qdq().format, Format::mxfp8_e4m3);
+  EXPECT_EQ(presets::ocp_mx(Format::mxint8).rule, ScaleRule::floor);
+  EXPECT_EQ(presets::mxfp8_rceil().rule, ScaleRule::rceil);
+  EXPECT_EQ(presets::qutlass_mx_quest().scale_layout, ScaleLayout::swizzled);
+  EXPECT_EQ(presets::qutlass_mx_absmax().rule, ScaleRule::qutlass_absmax);
+  EXPECT_EQ(*presets::qutlass_nv(3.0f).tensor_scale, 3.0f);
+  EXPECT_EQ(presets::torchao_mx(Format::mxfp8_e5m2, ScaleRule::ceil).rule, ScaleRule::ceil);
+  expect_error([] { presets::torchao_mx(Format::mxfp4, ScaleRule::quest); }, Error::Code::invalid_argument, {"'rule'", "quest"});
+  // The vLLM MXFP4 preset's scale bump: a block with amax 7 gets e = 1 (floor would give 0).
+  HostTensor x(DType::bf16, 1, 32);
+  for (int k = 0; k < 32; ++k) x.set(0, k, k == 0 ? 7.0f : 0.5f);
+  const QuantOptions o = presets::vllm_mxfp4_qdq();
+  Quantized q(o, 1, 32);
+  quantize(x.view(), q.out(), o);
+  EXPECT_EQ(q.scale(0, 0), 128);
+  // QuTLASS abs_max: dequantized values are 3x the input scale (its GEMM multiplies by 1/9).
+  HostTensor y(DType::bf16, 1, 32);
+  HostTensor ones(DType::bf16, 1, 32);
+  for (int k = 0; k < 32; ++k) ones.set(0, k, 1.0f);
+  qdq(ones.view(), y.view(), presets::qutlass_mx_absmax());
+  EXPECT_EQ(y.get(0, 0), 3.0f);
+}

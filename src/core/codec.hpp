@@ -11,8 +11,10 @@
 
 #if defined(__CUDACC__)
 #define MXQ_HD __host__ __device__ __forceinline__
+#define MXQ_HD_HOT __host__ __device__ __forceinline__
 #else
 #define MXQ_HD inline
+#define MXQ_HD_HOT [[gnu::always_inline]] inline  // per-block code the fast paths inline with constant specs
 #endif
 
 namespace mxq::core {
@@ -74,7 +76,7 @@ MXQ_HD float sqrt_rn(float a) {
 #endif
 }
 
-MXQ_HD int clz64(std::uint64_t v) {  // v != 0
+MXQ_HD_HOT int clz64(std::uint64_t v) {  // v != 0
 #if defined(__CUDA_ARCH__)
   return __clzll(static_cast<long long>(v));
 #else
@@ -130,7 +132,7 @@ struct Elem {
 };
 
 // Largest finite element value as an fp32 bit pattern.
-MXQ_HD constexpr std::uint32_t max_value_bits(const FloatSpec& f) {
+MXQ_HD_HOT constexpr std::uint32_t max_value_bits(const FloatSpec& f) {
   if (f.twos_complement) return 0x3FFE0000u;  // 127 * 2^-6 = 1.984375
   // significand (2^mbits + mantissa) * 2^(emax - mbits)
   const std::uint32_t mant = f.maxcode & ((1u << f.mbits) - 1u);
@@ -301,13 +303,13 @@ MXQ_HD std::uint32_t round_exact_to(std::uint32_t sign, std::uint32_t n, int p, 
 
 // ---- E8M0 scale exponents ---------------------------------------------------------------------------------
 // floor(log2(a)) for finite a > 0 (fp32 bits, subnormals included).
-MXQ_HD int floor_log2_bits(std::uint32_t a) {
+MXQ_HD_HOT int floor_log2_bits(std::uint32_t a) {
   const std::uint32_t e = (a >> 23) & 0xFF;
   if (e != 0) return int(e) - 127;
   return (63 - clz64(a & 0x7FFFFF)) - 149;
 }
 // The 24-bit normalized significand (1.m as an integer in [2^23, 2^24)) of finite a > 0.
-MXQ_HD std::uint32_t norm_sig24(std::uint32_t a) {
+MXQ_HD_HOT std::uint32_t norm_sig24(std::uint32_t a) {
   const std::uint32_t e = (a >> 23) & 0xFF;
   const std::uint32_t m = a & 0x7FFFFF;
   if (e != 0) return m | 0x800000u;
@@ -318,7 +320,7 @@ constexpr int kE8M0Bias = 127;
 constexpr std::uint8_t kE8M0NaN = 0xFF;
 constexpr std::uint8_t kE4M3NaN = 0x7F;
 
-MXQ_HD int clamp_scale_exp(int e) { return e < -127 ? -127 : (e > 127 ? 127 : e); }
+MXQ_HD_HOT int clamp_scale_exp(int e) { return e < -127 ? -127 : (e > 127 ? 127 : e); }
 
 // Sum of g values in the fixed pairwise order S(v, g) = S(v, g/2) + S(v + g/2, g/2): the order of a
 // shuffle reduction where each lane holds a contiguous chunk. g is a power of two, g <= 256.
@@ -347,7 +349,7 @@ MXQ_HD float quest_arg(const float* x, int g) {
 
 // E8M0 scale exponent for a finite, non-zero block (amax > 0). `quest` is quest_arg of the block
 // (only read by ScaleRule::quest). The result is clamped to [-127, 127].
-MXQ_HD int mx_scale_exp(ScaleRule rule, float amax, float quest, const FloatSpec& f) {
+MXQ_HD_HOT int mx_scale_exp(ScaleRule rule, float amax, float quest, const FloatSpec& f) {
   const std::uint32_t a = f2u(amax);
   const int fl = floor_log2_bits(a);
   int e = 0;
@@ -355,12 +357,13 @@ MXQ_HD int mx_scale_exp(ScaleRule rule, float amax, float quest, const FloatSpec
     case ScaleRule::floor: e = fl - f.emax; break;
     case ScaleRule::ceil: e = fl + (norm_sig24(a) != 0x800000u ? 1 : 0) - f.emax; break;
     case ScaleRule::even: {
-      // round amax's significand to mbits (RNE); a carry out of the binade bumps the exponent
+      // Round amax's significand to mbits (RNE); a carry out of the binade bumps the exponent.
+      // NOTE: sig + (half - 1 + lsb) carries past bit 23 exactly when RNE rounds up to 2^(mbits+1);
+      // written without branches because the fast paths run it once per block.
       const std::uint32_t sig = norm_sig24(a);
       const int drop = 23 - f.mbits;
-      const std::uint32_t kept = sig >> drop, rem = sig & ((1u << drop) - 1u), half = 1u << (drop - 1);
-      const std::uint32_t r = kept + ((rem > half || (rem == half && (kept & 1u))) ? 1u : 0u);
-      e = fl + (r >> (f.mbits + 1)) - f.emax;
+      const std::uint32_t inc = (1u << (drop - 1)) - 1u + ((sig >> drop) & 1u);
+      e = fl + int((sig + inc) >> 24) - f.emax;
       break;
     }
     case ScaleRule::rceil: {

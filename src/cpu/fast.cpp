@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #if defined(MXQ_HAVE_OPENMP)
 #include <omp.h>
@@ -46,18 +47,24 @@ void parallel_tiles(std::int64_t rows, std::int64_t nblocks, F&& f) {
 }
 
 // ---- loads and stores ----------------------------------------------------------------------------------
-MXQ_INLINE void load_block(const Tensor& x, std::int64_t r, std::int64_t k0, std::int64_t K, int g, float* xf) {
+// G is the group size when known at compile time (0: use g). DT is the input dtype.
+template <DType DT, int G>
+MXQ_INLINE void load_block(const Tensor& x, std::int64_t r, std::int64_t k0, std::int64_t K, int g_rt, float* xf) {
+  const int g = G ? G : g_rt;
   const std::int64_t n = std::min<std::int64_t>(g, K - k0);
   const std::int64_t base = r * x.stride() + k0;
-  if (x.dtype == DType::bf16) {
+  if constexpr (DT == DType::bf16) {
     const std::uint16_t* s = static_cast<const std::uint16_t*>(x.data) + base;
     if (n == g)
       for (int i = 0; i < g; ++i) xf[i] = u2f(std::uint32_t(s[i]) << 16);
     else
       for (int i = 0; i < g; ++i) xf[i] = i < n ? u2f(std::uint32_t(s[i]) << 16) : 0.0f;
-  } else if (x.dtype == DType::f32) {
+  } else if constexpr (DT == DType::f32) {
     const float* s = static_cast<const float*>(x.data) + base;
-    for (int i = 0; i < g; ++i) xf[i] = i < n ? s[i] : 0.0f;
+    if (n == g)
+      for (int i = 0; i < g; ++i) xf[i] = s[i];
+    else
+      for (int i = 0; i < g; ++i) xf[i] = i < n ? s[i] : 0.0f;
   } else {
     const std::uint16_t* s = static_cast<const std::uint16_t*>(x.data) + base;
     for (int i = 0; i < g; ++i) xf[i] = i < n ? f16_to_f32(s[i]) : 0.0f;
@@ -65,7 +72,9 @@ MXQ_INLINE void load_block(const Tensor& x, std::int64_t r, std::int64_t k0, std
 }
 
 // Max of |x| as bits: >= 0x7F800000 means the block holds a NaN or Inf.
-MXQ_INLINE std::uint32_t amax_bits(const float* xf, int g) {
+template <int G = 0>
+MXQ_INLINE std::uint32_t amax_bits(const float* xf, int g_rt) {
+  const int g = G ? G : g_rt;
   std::uint32_t m = 0;
   for (int i = 0; i < g; ++i) m = std::max(m, f2u(xf[i]) & 0x7FFFFFFFu);
   return m;
@@ -103,8 +112,9 @@ MXQ_INLINE void* row_ptr(const Tensor& t, std::int64_t r) {
 
 // ---- the MX block scale -----------------------------------------------------------------------------------
 // Returns the scale exponent, or 128 for a non-finite block. Applies the abs_max pre-multiplier.
+template <int G>
 MXQ_INLINE int mx_block_exp(const Problem& p, float* xf) {
-  const std::uint32_t am = amax_bits(xf, p.g);
+  const std::uint32_t am = amax_bits<G>(xf, p.g);
   if (am >= 0x7F800000u) return 128;
   int e = -127;
   if (am != 0) {
@@ -133,20 +143,23 @@ MXQ_INLINE float rne_mag(float x, float inv_scale) {
   return std::min(r, u2f(max_value_bits(f)));
 }
 
-// Element code from a rounded magnitude r and the sign bit.
+// Element code from a rounded magnitude r and the sign bit (branch-free).
 template <ElemType ET>
 MXQ_INLINE std::uint32_t code_of(float r, std::uint32_t sign) {
   constexpr FloatSpec f = Elem<ET>::spec;
   if constexpr (f.twos_complement) {
     const std::uint32_t n = static_cast<std::uint32_t>(static_cast<std::int32_t>(r * 64.0f));
-    return (sign ? (0u - n) : n) & 0xFFu;
+    const std::uint32_t neg = 0u - sign;  // all ones when negative
+    return ((n ^ neg) + sign) & 0xFFu;     // two's complement negation when negative
   } else {
+    constexpr float sub_mul = float(1u << (f.mbits - f.emin));  // 2^(mbits - emin): subnormal grid to integers
+    constexpr std::uint32_t min_normal = std::uint32_t(f.emin + 127) << 23;
     const std::uint32_t rb = f2u(r);
     const std::uint32_t normal =
         ((((rb >> 23) - 127u - std::uint32_t(f.emin) + 1u) << f.mbits) | ((rb >> (23 - f.mbits)) & ((1u << f.mbits) - 1u)));
-    const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(r * pow2f(f.mbits - f.emin)));
-    const std::uint32_t mag = rb >= (std::uint32_t(f.emin + 127) << 23) ? normal : sub;
-    return mag | (sign << (f.bits - 1));
+    const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(r * sub_mul));
+    const std::uint32_t is_normal = 0u - std::uint32_t(rb >= min_normal);
+    return ((normal & is_normal) | (sub & ~is_normal)) | (sign << (f.bits - 1));
   }
 }
 
@@ -162,7 +175,7 @@ struct Outs {
 MXQ_INLINE void quantize_block_scalar(const Problem& p, std::int64_t r, std::int64_t b, float* xf, std::uint32_t* codes,
                                       std::uint8_t& scale_byte, std::uint32_t* keep) {
   const int g = p.g;
-  const std::uint32_t am = amax_bits(xf, g);
+  const std::uint32_t am = amax_bits<0>(xf, g);
   if (am >= 0x7F800000u) {
     scale_byte = p.nvfp4() ? kE4M3NaN : kE8M0NaN;
     for (int i = 0; i < g; ++i) codes[i] = keep[i] = 0;
@@ -180,7 +193,7 @@ MXQ_INLINE void quantize_block_scalar(const Problem& p, std::int64_t r, std::int
     }
     return;
   }
-  const int e = mx_block_exp(p, xf);
+  const int e = mx_block_exp<0>(p, xf);
   scale_byte = static_cast<std::uint8_t>(e + kE8M0Bias);
   const float inv = pow2f(-e), maxv = u2f(max_value_bits(p.elem));
   for (int i = 0; i < g; ++i) {
@@ -190,11 +203,11 @@ MXQ_INLINE void quantize_block_scalar(const Problem& p, std::int64_t r, std::int
   }
 }
 
-template <ElemType ET>
+template <ElemType ET, int G>
 MXQ_INLINE void quantize_block_rne(const Problem& p, float* xf, std::uint32_t* codes, std::uint8_t& scale_byte,
                                    std::uint32_t* keep) {
-  const int g = p.g;
-  const int e = mx_block_exp(p, xf);
+  const int g = G ? G : p.g;
+  const int e = mx_block_exp<G>(p, xf);
   if (e == 128) {
     scale_byte = kE8M0NaN;
     for (int i = 0; i < g; ++i) codes[i] = keep[i] = 0;
@@ -227,7 +240,7 @@ MXQ_INLINE void store_mask(std::uint8_t* row, std::int64_t k0, std::int64_t n, c
   }
 }
 
-template <ElemType ET>
+template <ElemType ET, DType DT, int G>
 MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, std::int64_t r, std::int64_t b0,
                               std::int64_t b1) {
   alignas(64) float xf[256];
@@ -235,10 +248,10 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
   const bool vec = !p.stochastic && !p.nvfp4();
   for (std::int64_t b = b0; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
-    load_block(x, r, k0, p.K, p.g, xf);
+    load_block<DT, G>(x, r, k0, p.K, p.g, xf);
     std::uint8_t sb;
     if (vec)
-      quantize_block_rne<ET>(p, xf, codes, sb, keep);
+      quantize_block_rne<ET, G>(p, xf, codes, sb, keep);
     else
       quantize_block_scalar(p, r, b, xf, codes, sb, keep);
     o.scales[p.scale_offset(r, b, o.scale_stride)] = sb;
@@ -247,23 +260,71 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
   }
 }
 
-template <ElemType ET, DType DT>
+// Storage type of a dtype and its fp32 value / |bits| in fp32 bit positions.
+template <DType DT>
+using Storage = std::conditional_t<DT == DType::f32, std::uint32_t, std::uint16_t>;
+template <DType DT>
+MXQ_INLINE std::uint32_t abs_f32_bits(Storage<DT> v) {
+  if constexpr (DT == DType::f32) return v & 0x7FFFFFFFu;
+  else return std::uint32_t(v & 0x7FFFu) << 16;  // bf16
+}
+template <DType DT>
+MXQ_INLINE float to_f32(Storage<DT> v) {
+  if constexpr (DT == DType::f32) return u2f(v);
+  else return u2f(std::uint32_t(v) << 16);
+}
+
+// QDQ of one full block of G elements, straight from x to y.
+template <ElemType ET, DType DT, int G>
+MXQ_INLINE void qdq_block_direct(const Problem& p, const void* src, void* dst) {
+  const Storage<DT>* s = static_cast<const Storage<DT>*>(src);
+  Storage<DT>* d = static_cast<Storage<DT>*>(dst);
+  std::uint32_t am = 0;
+  for (int i = 0; i < G; ++i) am = std::max(am, abs_f32_bits<DT>(s[i]));
+  if (am >= 0x7F800000u) {
+    for (int i = 0; i < G; ++i) d[i] = static_cast<Storage<DT>>(nan_bits(DT));
+    return;
+  }
+  const int e = am ? mx_scale_exp(p.opt.rule, u2f(am), 0.0f, Elem<ET>::spec) : -127;
+  const float inv = pow2f(-e), scale = pow2f(e);
+  for (int i = 0; i < G; ++i) {
+    const float xv = to_f32<DT>(s[i]);
+    const float rm = rne_mag<ET>(xv, inv);
+    std::uint32_t sign = f2u(xv) >> 31;
+    if constexpr (Elem<ET>::spec.twos_complement) sign &= rm != 0.0f;  // INT8 has no -0
+    d[i] = static_cast<Storage<DT>>(out_mag_bits<DT>(rm * scale) | (sign << (DT == DType::f32 ? 31 : 15)));
+  }
+}
+
+template <ElemType ET, DType DT, int G>
 MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, std::int64_t r, std::int64_t b0,
                          std::int64_t b1) {
   alignas(64) float xf[256];
   alignas(64) std::uint32_t out[256], codes[256], keep[256];
   void* yrow = row_ptr(y, r);
   const bool vec = !p.stochastic && !p.nvfp4();
+  // Full blocks of the amax rules in bf16/f32 run in two passes over the source (amax, then
+  // round-and-store straight into y); everything else goes through the xf staging buffer.
+  const bool direct = vec && G != 0 && DT != DType::f16 && p.opt.rule != ScaleRule::quest &&
+                      p.opt.rule != ScaleRule::qutlass_absmax;
   for (std::int64_t b = b0; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
-    load_block(x, r, k0, p.K, p.g, xf);
+    if constexpr (G != 0 && DT != DType::f16) {
+      if (direct && n == G) {
+        qdq_block_direct<ET, DT, G>(p, static_cast<const char*>(x.data) + (r * x.stride() + k0) * dtype_size(DT),
+                                    static_cast<char*>(yrow) + k0 * dtype_size(DT));
+        continue;
+      }
+    }
+    load_block<DT, G>(x, r, k0, p.K, p.g, xf);
     if (vec) {
-      const int e = mx_block_exp(p, xf);
+      const int g = G ? G : p.g;
+      const int e = mx_block_exp<G>(p, xf);
       if (e == 128) {
-        for (int i = 0; i < p.g; ++i) out[i] = nan_bits(DT);
+        for (int i = 0; i < g; ++i) out[i] = nan_bits(DT);
       } else {
         const float inv = pow2f(-e), scale = pow2f(e);
-        for (int i = 0; i < p.g; ++i) {
+        for (int i = 0; i < g; ++i) {
           const float r = rne_mag<ET>(xf[i], inv);
           const float v = r * scale;  // exact, or +Inf past FLT_MAX
           std::uint32_t sign = f2u(xf[i]) >> 31;
@@ -373,6 +434,14 @@ void dispatch_dtype(DType t, F&& f) {
   }
 }
 
+// Group size 32 (every MX format's default) is compiled with a constant trip count; others run the
+// same code with a runtime count.
+template <class F>
+void dispatch_group(int g, F&& f) {
+  if (g == 32) return f(std::integral_constant<int, 32>{});
+  return f(std::integral_constant<int, 0>{});
+}
+
 }  // namespace
 
 int max_threads() {
@@ -390,11 +459,15 @@ void quantize(const Problem& p, const Tensor& x, const QuantizedOut& out) {
     for (std::int64_t r = 0; r < p.rows; ++r)
       std::memset(static_cast<std::uint8_t*>(out.clip_mask.data) + r * out.clip_mask.stride(), 0, out.clip_mask.cols);
   dispatch_elem(p.info.elem, [&](auto et) {
-    parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
-      Outs o{static_cast<std::uint8_t*>(out.codes.data) + r * out.codes.stride(), static_cast<std::uint8_t*>(out.scales.data),
-             out.scales.stride(),
-             out.clip_mask.data ? static_cast<std::uint8_t*>(out.clip_mask.data) + r * out.clip_mask.stride() : nullptr};
-      quantize_tile<decltype(et)::value>(p, x, o, r, b0, b1);
+    dispatch_dtype(x.dtype, [&](auto dt) {
+      dispatch_group(p.g, [&](auto gc) {
+        parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
+          Outs o{static_cast<std::uint8_t*>(out.codes.data) + r * out.codes.stride(),
+                 static_cast<std::uint8_t*>(out.scales.data), out.scales.stride(),
+                 out.clip_mask.data ? static_cast<std::uint8_t*>(out.clip_mask.data) + r * out.clip_mask.stride() : nullptr};
+          quantize_tile<decltype(et)::value, decltype(dt)::value, decltype(gc)::value>(p, x, o, r, b0, b1);
+        });
+      });
     });
   });
 }
@@ -402,8 +475,10 @@ void quantize(const Problem& p, const Tensor& x, const QuantizedOut& out) {
 void qdq(const Problem& p, const Tensor& x, const Tensor& y) {
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(x.dtype, [&](auto dt) {
-      parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
-        qdq_tile<decltype(et)::value, decltype(dt)::value>(p, x, y, r, b0, b1);
+      dispatch_group(p.g, [&](auto gc) {
+        parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
+          qdq_tile<decltype(et)::value, decltype(dt)::value, decltype(gc)::value>(p, x, y, r, b0, b1);
+        });
       });
     });
   });
@@ -451,8 +526,10 @@ float tensor_amax(const Tensor& x) {
   for (std::int64_t r = 0; r < x.rows; ++r) {
     alignas(64) float xf[256];
     for (std::int64_t k0 = 0; k0 < K; k0 += 256) {
-      load_block(x, r, k0, K, 256, xf);
-      m = std::max(m, amax_bits(xf, 256));
+      if (x.dtype == DType::bf16) load_block<DType::bf16, 256>(x, r, k0, K, 256, xf);
+      else if (x.dtype == DType::f32) load_block<DType::f32, 256>(x, r, k0, K, 256, xf);
+      else load_block<DType::f16, 256>(x, r, k0, K, 256, xf);
+      m = std::max(m, amax_bits<256>(xf, 256));
     }
   }
   // NaN bits compare above +Inf bits, so a NaN anywhere gives NaN, else an Inf gives Inf.
