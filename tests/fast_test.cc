@@ -24,6 +24,10 @@ struct Case {
   int group;  // 0 = default
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << to_string(c.format) << "/" << to_string(c.rule) << "/" << to_string(c.rounding) << "/g" << c.group;
+}
+
 std::string case_name(const testing::TestParamInfo<Case>& i) {
   std::string n = std::string(to_string(i.param.format)) + "_" + std::string(to_string(i.param.rule)) + "_" +
                   std::string(to_string(i.param.rounding));

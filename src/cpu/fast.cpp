@@ -286,6 +286,30 @@ MXQ_INLINE void qdq_block_direct(const Problem& p, const void* src, void* dst) {
     return;
   }
   const int e = am ? mx_scale_exp(p.opt.rule, u2f(am), 0.0f, Elem<ET>::spec) : -127;
+  constexpr FloatSpec f = Elem<ET>::spec;
+  // NOTE: in the common range of e, round in the unscaled domain: C' = 1.5 * 2^(q + e + 23) is a
+  // normal float whose ulp is the grid's quantum 2^(q+e), so (|x| + C') - C' is the dequantized
+  // value itself, exactly; it has at most 8 significant bits and lies in bf16/fp32's normal range,
+  // so the output conversion is a truncation. Outside that range the scaled path below is used.
+  constexpr int kELo = -126 - (f.emin - f.mbits);          // smallest nonzero result >= 2^-126
+  constexpr int kEHi = 254 - (f.emax + 1 + 127 + 23 - f.mbits);  // C' stays finite
+  if (e >= kELo && e <= kEHi) {
+    const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 23, hi = std::uint32_t(f.emax + 1 + e + 127) << 23;
+    constexpr std::uint32_t kC = (std::uint32_t(23 - f.mbits) << 23) | 0x400000u;
+    const float maxv = u2f(max_value_bits(f)) * pow2f(e);
+    for (int i = 0; i < G; ++i) {
+      const std::uint32_t xb = abs_f32_bits<DT>(s[i]);
+      const float C = u2f(std::min(std::max(xb & 0x7F800000u, lo), hi) + kC);
+      const float rm = std::min((u2f(xb) + C) - C, maxv);
+      std::uint32_t sign = std::uint32_t(s[i]) >> (DT == DType::f32 ? 31 : 15);
+      if constexpr (f.twos_complement) sign &= rm != 0.0f;  // INT8 has no -0
+      if constexpr (DT == DType::f32)
+        d[i] = f2u(rm) | (sign << 31);
+      else
+        d[i] = static_cast<Storage<DT>>((f2u(rm) >> 16) | (sign << 15));
+    }
+    return;
+  }
   const float inv = pow2f(-e), scale = pow2f(e);
   for (int i = 0; i < G; ++i) {
     const float xv = to_f32<DT>(s[i]);
