@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -60,37 +61,35 @@ inline std::uint32_t with_sign(const Fmt& f, std::uint32_t mag, bool neg) {
   return mag | (std::uint32_t(neg) << (f.bits - 1));
 }
 
+// Codes of the grid neighbours l <= a < h of a magnitude below the largest finite value.
+inline std::pair<std::uint32_t, std::uint32_t> neighbours(const Fmt& f, double a) {
+  const auto hi = std::upper_bound(f.vals.begin(), f.vals.end(), a);  // first value > a
+  const std::uint32_t h = std::uint32_t(hi - f.vals.begin());
+  return {h - 1, h};
+}
+
 // Round-to-nearest-even with saturation of an exact double.
 inline std::uint32_t encode(const Fmt& f, double v) {
-  const bool neg = std::signbit(v);
   const double a = std::fabs(v);
-  std::uint32_t mag;
-  if (a >= f.maxval) {
-    mag = std::uint32_t(f.vals.size() - 1);
-  } else {
-    const auto hi = std::upper_bound(f.vals.begin(), f.vals.end(), a);  // first value > a
-    const std::uint32_t h = std::uint32_t(hi - f.vals.begin()), l = h - 1;
+  std::uint32_t mag = std::uint32_t(f.vals.size() - 1);  // saturated
+  if (a < f.maxval) {
+    const auto [l, h] = neighbours(f, a);
     const double dl = a - f.vals[l], dh = f.vals[h] - a;
     mag = dl < dh ? l : (dh < dl ? h : ((l % 2 == 0) ? l : h));
   }
-  return with_sign(f, mag, neg);
+  return with_sign(f, mag, std::signbit(v));
 }
 
 // Stochastic rounding by the documented rule: round up iff rnd < floor(frac * 2^32).
 inline std::uint32_t encode_sr(const Fmt& f, double v, std::uint32_t rnd) {
-  const bool neg = std::signbit(v);
   const double a = std::fabs(v);
-  std::uint32_t mag;
-  if (a >= f.maxval) {
-    mag = std::uint32_t(f.vals.size() - 1);
-  } else {
-    const auto hi = std::upper_bound(f.vals.begin(), f.vals.end(), a);
-    const std::uint32_t h = std::uint32_t(hi - f.vals.begin()), l = h - 1;
+  std::uint32_t mag = std::uint32_t(f.vals.size() - 1);  // saturated
+  if (a < f.maxval) {
+    const auto [l, h] = neighbours(f, a);
     const double frac = (a - f.vals[l]) / (f.vals[h] - f.vals[l]);  // exact: the grid is uniform between l and h
-    const double t = std::floor(std::ldexp(frac, 32));
-    mag = double(rnd) < t ? h : l;
+    mag = double(rnd) < std::floor(std::ldexp(frac, 32)) ? h : l;
   }
-  return with_sign(f, mag, neg);
+  return with_sign(f, mag, std::signbit(v));
 }
 
 inline double decode(const Fmt& f, std::uint32_t code) {

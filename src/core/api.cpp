@@ -242,35 +242,36 @@ void qdq(const Tensor& x, const Tensor& y, const QuantOptions& opt) {
     cpu::qdq(p, x, y);
 }
 
-void swizzle_scales(const Tensor& linear, const Tensor& swizzled, Backend backend) {
-  Checker c("swizzle_scales");
-  if (linear.dtype != DType::u8) c.fail("argument 'linear': dtype " + std::string(to_string(linear.dtype)) + ", expected u8");
+namespace {
+
+// Validation shared by swizzle_scales and unswizzle_scales: `linear` is [R, C] u8 (any row stride),
+// `swizzled` its dense padded [ceil(R/128)*128, ceil(C/4)*4] form; `to_swizzled` says which is written.
+Backend check_scale_pair(const char* fn, const Tensor& linear, const Tensor& swizzled, bool to_swizzled, Backend backend) {
+  Checker c(fn);
   c.view("linear", linear, DType::u8, linear.rows, linear.cols);
   c.view("swizzled", swizzled, DType::u8, (linear.rows + 127) / 128 * 128, (linear.cols + 3) / 4 * 4, true);
   c.same_device("swizzled", swizzled, linear.device);
-  c.record("linear", linear, false);
-  c.record("swizzled", swizzled, true);
+  c.record("linear", linear, !to_swizzled);
+  c.record("swizzled", swizzled, to_swizzled);
   c.no_overlap();
-  const BackendChoice bc = choose_backend(backend, linear.device);
+  return choose_backend(backend, linear.device).backend;
+}
+
+}  // namespace
+
+void swizzle_scales(const Tensor& linear, const Tensor& swizzled, Backend backend) {
+  const Backend b = check_scale_pair("swizzle_scales", linear, swizzled, true, backend);
   if (swizzled.rows * swizzled.cols == 0) return;
-  if (bc.backend == Backend::reference)
+  if (b == Backend::reference)
     ref::swizzle_scales(linear, swizzled);
   else
     cpu::swizzle_scales(linear, swizzled);
 }
 
 void unswizzle_scales(const Tensor& swizzled, const Tensor& linear, Backend backend) {
-  Checker c("unswizzle_scales");
-  if (linear.dtype != DType::u8) c.fail("argument 'linear': dtype " + std::string(to_string(linear.dtype)) + ", expected u8");
-  c.view("linear", linear, DType::u8, linear.rows, linear.cols);
-  c.view("swizzled", swizzled, DType::u8, (linear.rows + 127) / 128 * 128, (linear.cols + 3) / 4 * 4, true);
-  c.same_device("swizzled", swizzled, linear.device);
-  c.record("swizzled", swizzled, false);
-  c.record("linear", linear, true);
-  c.no_overlap();
-  const BackendChoice bc = choose_backend(backend, linear.device);
+  const Backend b = check_scale_pair("unswizzle_scales", linear, swizzled, false, backend);
   if (linear.rows * linear.cols == 0) return;
-  if (bc.backend == Backend::reference)
+  if (b == Backend::reference)
     ref::unswizzle_scales(swizzled, linear);
   else
     cpu::unswizzle_scales(swizzled, linear);
