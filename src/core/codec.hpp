@@ -125,10 +125,7 @@ MXQ_HD constexpr FloatSpec elem_spec(ElemType t) {
 // Element traits for compile-time dispatch (the kernels and the fast CPU path).
 template <ElemType T>
 struct Elem {
-  static constexpr ElemType type = T;
   static constexpr FloatSpec spec = elem_spec(T);
-  static constexpr int emax = spec.emax;
-  static constexpr int mbits = spec.mbits;
 };
 
 // Largest finite element value as an fp32 bit pattern.

@@ -78,4 +78,14 @@ inline std::uint32_t nan_bits(DType t) {
   return t == DType::f32 ? 0x7FC00000u : (t == DType::bf16 ? 0x7FC0u : 0x7E00u);
 }
 
+// Bits, in dtype t, of the dequantized value of one MX element code under E8M0 scale byte sb: NaN
+// for the NaN scale; element x 2^e rounded once (saturating); NaN/Inf element codes as decoded.
+inline std::uint32_t mx_dequant_bits(std::uint32_t code, std::uint8_t sb, const FloatSpec& elem, DType t) {
+  if (sb == kE8M0NaN) return nan_bits(t);
+  std::uint32_t sign = 0, n = 0;
+  int pe = 0;
+  if (decode_parts(code, elem, sign, n, pe)) return round_exact_to(sign, n, pe + (int(sb) - kE8M0Bias), out_spec(t));
+  return f32_to_dtype_bits(decode_f32(code, elem), t);
+}
+
 }  // namespace mxq::core

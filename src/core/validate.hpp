@@ -33,7 +33,6 @@ class Checker {
   void record(const char* arg, const Tensor& t, bool writable);
   [[noreturn]] void fail(const std::string& msg) const { core::fail(Error::Code::invalid_argument, fn_, msg); }
   [[noreturn]] void unsupported(const std::string& msg) const { core::fail(Error::Code::unsupported, fn_, msg); }
-  const char* fn() const { return fn_; }
 
  private:
   void geometry(const char* arg, const Tensor& t) const;

@@ -359,19 +359,8 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, std
     } else {
       std::uint8_t sb;
       quantize_block_scalar(p, r, b, xf, codes, sb, keep);
-      const FloatSpec& os = out_spec(DT);
-      for (int i = 0; i < n; ++i) {
-        if (p.nvfp4()) {
-          out[i] = f32_to_dtype_bits(nvfp4_decode(codes[i], sb, p.S), DT);
-        } else if (sb == kE8M0NaN) {
-          out[i] = nan_bits(DT);
-        } else {
-          std::uint32_t sign = 0, m = 0;
-          int pe = 0;
-          decode_parts(codes[i], p.elem, sign, m, pe);
-          out[i] = round_exact_to(sign, m, pe + int(sb) - kE8M0Bias, os);
-        }
-      }
+      for (int i = 0; i < n; ++i)
+        out[i] = p.nvfp4() ? f32_to_dtype_bits(nvfp4_decode(codes[i], sb, p.S), DT) : mx_dequant_bits(codes[i], sb, p.elem, DT);
     }
     store_out<DT>(yrow, k0, n, out);
   }
@@ -402,7 +391,6 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
   const std::uint8_t* crow = static_cast<const std::uint8_t*>(q.codes.data) + r * q.codes.stride();
   const std::uint8_t* scales = static_cast<const std::uint8_t*>(q.scales.data);
   void* yrow = row_ptr(y, r);
-  const FloatSpec& os = out_spec(DT);
   for (std::int64_t b = b0; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
     if (p.fp4) {
@@ -415,16 +403,8 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
     for (std::int64_t i = 0; i < n; ++i) special |= lut.special[codes[i]];
     if (p.nvfp4()) {
       for (std::int64_t i = 0; i < n; ++i) out[i] = f32_to_dtype_bits(nvfp4_decode(codes[i], sb, p.S), DT);
-    } else if (sb == kE8M0NaN) {
-      for (std::int64_t i = 0; i < n; ++i) out[i] = nan_bits(DT);
-    } else if (special) {
-      for (std::int64_t i = 0; i < n; ++i) {
-        std::uint32_t sign = 0, m = 0;
-        int pe = 0;
-        out[i] = decode_parts(codes[i], p.elem, sign, m, pe)
-                     ? round_exact_to(sign, m, pe + int(sb) - kE8M0Bias, os)
-                     : f32_to_dtype_bits(decode_f32(codes[i], p.elem), DT);
-      }
+    } else if (sb == kE8M0NaN || special) {
+      for (std::int64_t i = 0; i < n; ++i) out[i] = mx_dequant_bits(codes[i], sb, p.elem, DT);
     } else {
       const float scale = pow2f(int(sb) - kE8M0Bias);
       for (std::int64_t i = 0; i < n; ++i) {

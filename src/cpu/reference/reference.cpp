@@ -114,7 +114,6 @@ void quantize(const Problem& p, const Tensor& x, const QuantizedOut& out) {
 }
 
 void dequantize(const Problem& p, const QuantizedIn& q, const Tensor& y) {
-  const FloatSpec& os = out_spec(y.dtype);
   for (std::int64_t r = 0; r < p.rows; ++r) {
     for (std::int64_t k = 0; k < p.K; ++k) {
       const std::uint32_t code = get_code(p, q.codes, r, k);
@@ -122,15 +121,8 @@ void dequantize(const Problem& p, const QuantizedIn& q, const Tensor& y) {
       std::uint32_t bits;
       if (p.nvfp4()) {
         bits = f32_to_dtype_bits(nvfp4_decode(code, sb, p.S), y.dtype);
-      } else if (sb == kE8M0NaN) {
-        bits = nan_bits(y.dtype);
       } else {
-        std::uint32_t sign = 0, n = 0;
-        int pe = 0;
-        if (decode_parts(code, p.elem, sign, n, pe))
-          bits = round_exact_to(sign, n, pe + (int(sb) - kE8M0Bias), os);  // exact value, rounded once
-        else  // a NaN/Inf element code (never produced by quantize)
-          bits = f32_to_dtype_bits(decode_f32(code, p.elem), y.dtype);
+        bits = mx_dequant_bits(code, sb, p.elem, y.dtype);
       }
       store_bits(y, r, k, bits);
     }
