@@ -142,7 +142,13 @@ TEST(Api, BackendSelection) {
   // Data on a CUDA device is never silently copied to the host.
   Tensor xd = f.x.view();
   xd.device = Device::cuda;
-  expect_error([&] { tensor_amax(xd); }, Error::Code::backend_unavailable, {"CUDA device"});
+  std::string why_not;
+  if (!cuda_compiled())
+    expect_error([&] { tensor_amax(xd); }, Error::Code::backend_unavailable, {"CUDA device", "no CUDA backend"});
+  else if (!cuda_available(&why_not))
+    expect_error([&] { tensor_amax(xd); }, Error::Code::backend_unavailable, {"CUDA device", "cannot run"});
+  else  // a host pointer marked as device memory is caught before any kernel touches it
+    expect_error([&] { tensor_amax(xd); }, Error::Code::invalid_argument, {"'x'", "host memory"});
   o.backend = Backend::cpu;
   expect_error([&] { tensor_amax(xd, Backend::cpu); }, Error::Code::backend_unavailable, {"needs data on the CPU"});
   // Views on different devices.

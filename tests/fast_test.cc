@@ -183,6 +183,7 @@ TEST(FastVsReferenceExhaustive, AllBf16PatternsThroughQuantizeAndQdq) {
   for (Format f : {Format::mxfp4, Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::mxint8})
     for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::quest})
       opts.push_back(QuantOptions::mx(f, r));
+  opts.push_back(QuantOptions::mx(Format::mxfp4, ScaleRule::qutlass_absmax));
   opts.push_back(QuantOptions::nvfp4());
   opts.push_back(QuantOptions::nvfp4(1.0f));
   for (QuantOptions o : opts) {

@@ -35,7 +35,10 @@ struct QuantizedOut {
   Tensor codes;         // u8 [rows, code_cols(format, K)]
   Tensor scales;        // u8 scale_shape(opt, rows, K); swizzled layout must be dense
   Tensor clip_mask;     // optional (data == nullptr: not written); u8 clip_mask_shape(rows, K)
-  float* tensor_scale = nullptr;  // NVFP4: receives the encode scale S used (host memory); optional
+  // NVFP4: receives the encode scale S used; optional. It lives where the data lives: host memory
+  // for the CPU backends, device memory for the CUDA backend (written in stream order). On CUDA,
+  // quantize without opt.tensor_scale needs it (or opt.workspace) to reduce the tensor amax in.
+  float* tensor_scale = nullptr;
 };
 void quantize(const Tensor& x, const QuantizedOut& out, const QuantOptions& opt);
 
@@ -54,8 +57,11 @@ void qdq(const Tensor& x, const Tensor& y, const QuantOptions& opt);
 
 // ---- scale layouts -----------------------------------------------------------------------------------
 // linear: u8 [rows, C]; swizzled: u8 [ceil(rows/128)*128, ceil(C/4)*4], dense. Padding written as 0.
-void swizzle_scales(const Tensor& linear, const Tensor& swizzled, Backend backend = Backend::automatic);
-void unswizzle_scales(const Tensor& swizzled, const Tensor& linear, Backend backend = Backend::automatic);
+// stream: the cudaStream_t for the CUDA backend (nullptr: the legacy default stream).
+void swizzle_scales(const Tensor& linear, const Tensor& swizzled, Backend backend = Backend::automatic,
+                    void* stream = nullptr);
+void unswizzle_scales(const Tensor& swizzled, const Tensor& linear, Backend backend = Backend::automatic,
+                      void* stream = nullptr);
 // Byte offset of linear scale (r, c) inside the swizzled layout with padded column count Cp.
 constexpr std::int64_t swizzled_offset(std::int64_t r, std::int64_t c, std::int64_t Cp) {
   return ((r / 128) * (Cp / 4) + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + c % 4;
@@ -64,8 +70,9 @@ constexpr std::int64_t swizzled_offset(std::int64_t r, std::int64_t c, std::int6
 // ---- NVFP4 tensor scale ------------------------------------------------------------------------------
 // S = (448 * 6) / amax, clamped to the largest finite float; 1 when amax is 0 or not finite.
 float nvfp4_tensor_scale_from_amax(float amax);
-// amax over a tensor (NaN if any element is NaN, +Inf if any is infinite).
-float tensor_amax(const Tensor& x, Backend backend = Backend::automatic);
+// amax over a tensor (NaN if any element is NaN, +Inf if any is infinite). On the CUDA backend this
+// returns a host value, so it synchronises with `stream` (and briefly allocates): not for graphs.
+float tensor_amax(const Tensor& x, Backend backend = Backend::automatic, void* stream = nullptr);
 
 // ---- backend selection --------------------------------------------------------------------------------
 // Which backend an operation with these arguments would run on, and why (for verbose output).
@@ -73,6 +80,14 @@ struct BackendChoice {
   Backend backend;
   std::string reason;
 };
+// automatic: MXQ_BACKEND (reference, cpu, cuda) when set, else the fast CPU path for host data and
+// the CUDA kernels for device data. Data is never copied between host and device: a backend that
+// cannot reach the data is an error (Error::Code::backend_unavailable).
 BackendChoice choose_backend(Backend requested, Device data_device);
+
+// Whether this build has the CUDA backend, and whether a usable CUDA device is present (why not, if
+// not).
+bool cuda_compiled();
+bool cuda_available(std::string* why_not = nullptr);
 
 }  // namespace mxq

@@ -52,7 +52,9 @@ enum class Backend : std::uint8_t { automatic, reference, cpu, cuda };
 // ---- errors -----------------------------------------------------------------------------------------
 class Error : public std::runtime_error {
  public:
-  enum class Code { invalid_argument, unsupported, backend_unavailable, internal };
+  // device_error: a CUDA call or kernel launch failed (the message carries the CUDA error string);
+  // asynchronous faults of earlier work on the device surface here too.
+  enum class Code { invalid_argument, unsupported, backend_unavailable, internal, device_error };
   Error(Code code, const std::string& what) : std::runtime_error(what), code_(code) {}
   Code code() const noexcept { return code_; }
 
@@ -96,6 +98,14 @@ struct QuantOptions {
   // the tensor's amax; dequantize requires it.
   std::optional<float> tensor_scale;
   Backend backend = Backend::automatic;
+  // CUDA backend: the cudaStream_t the operation is enqueued on (nullptr: the legacy default stream).
+  // Operations never synchronise the host with it and allocate nothing, so they can be captured in
+  // a CUDA graph (a capturing stream must not be the legacy default stream).
+  void* stream = nullptr;
+  // CUDA backend, NVFP4 without tensor_scale: 4 bytes of device memory (4-byte aligned) in which qdq
+  // reduces the tensor amax (quantize uses QuantizedOut::tensor_scale instead). Operations running
+  // concurrently need distinct workspaces. Not used by the CPU backends.
+  void* workspace = nullptr;
 
   static QuantOptions mx(Format f, ScaleRule r) {
     QuantOptions o;

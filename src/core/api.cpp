@@ -1,4 +1,5 @@
 // The public entry points: validate at the boundary, plan, dispatch to one backend.
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -9,6 +10,9 @@
 #include "core/validate.hpp"
 #include "cpu/fast.hpp"
 #include "cpu/reference/reference.hpp"
+#if defined(MXQ_HAVE_CUDA)
+#include "cuda/backend.hpp"
+#endif
 
 namespace mxq {
 namespace core {
@@ -126,9 +130,38 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
 
 }  // namespace core
 
+bool cuda_compiled() {
+#if defined(MXQ_HAVE_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool cuda_available(std::string* why_not) {
+#if defined(MXQ_HAVE_CUDA)
+  return cuda::available(why_not);
+#else
+  if (why_not) *why_not = "this build of mxq has no CUDA backend (configured without a CUDA compiler or with MXQ_ENABLE_CUDA=OFF)";
+  return false;
+#endif
+}
+
+namespace {
+// The device probe runs once per process.
+bool cuda_available_cached(std::string* why_not) {
+  static std::string reason;
+  static const bool ok = cuda_available(&reason);
+  if (why_not) *why_not = reason;
+  return ok;
+}
+}  // namespace
+
 BackendChoice choose_backend(Backend requested, Device dev) {
   Backend b = requested;
   std::string why;
+  if (static_cast<unsigned>(b) > static_cast<unsigned>(Backend::cuda))
+    throw Error(Error::Code::invalid_argument, "mxq: invalid backend value " + std::to_string(int(b)));
   if (b == Backend::automatic) {
     if (const char* env = std::getenv("MXQ_BACKEND"); env && *env) {
       b = parse_backend(env);
@@ -139,15 +172,28 @@ BackendChoice choose_backend(Backend requested, Device dev) {
   }
   if (b == Backend::automatic) {
     if (dev == Device::cpu) return {Backend::cpu, "data on the CPU: the fast multi-threaded CPU path"};
-    throw Error(Error::Code::backend_unavailable,
-                "mxq: data is on a CUDA device but this build of mxq has no CUDA backend (no data is copied to the host)");
+    if (!cuda_compiled())
+      throw Error(Error::Code::backend_unavailable,
+                  "mxq: data is on a CUDA device but this build of mxq has no CUDA backend (no data is copied to the host)");
+    std::string why_not;
+    if (!cuda_available_cached(&why_not))
+      throw Error(Error::Code::backend_unavailable, "mxq: data is on a CUDA device but the CUDA backend cannot run: " + why_not);
+    return {Backend::cuda, "data on a CUDA device: the CUDA kernels"};
   }
   if ((b == Backend::cpu || b == Backend::reference) && dev != Device::cpu)
     throw Error(Error::Code::backend_unavailable, "mxq: backend '" + std::string(to_string(b)) +
-                                                      "' (" + why + ") needs data on the CPU, but the data is on a CUDA device");
-  if (b == Backend::cuda)
-    throw Error(Error::Code::backend_unavailable,
-                "mxq: backend 'cuda' (" + why + ") is not available: this build of mxq has no CUDA backend");
+                                                      "' (" + why + ") needs data on the CPU, but the data is on a CUDA device (no data is copied)");
+  if (b == Backend::cuda) {
+    if (!cuda_compiled())
+      throw Error(Error::Code::backend_unavailable,
+                  "mxq: backend 'cuda' (" + why + ") is not available: this build of mxq has no CUDA backend");
+    if (dev != Device::cuda)
+      throw Error(Error::Code::backend_unavailable,
+                  "mxq: backend 'cuda' (" + why + ") needs data on a CUDA device, but the data is on the CPU (no data is copied)");
+    std::string why_not;
+    if (!cuda_available_cached(&why_not))
+      throw Error(Error::Code::backend_unavailable, "mxq: backend 'cuda' (" + why + ") cannot run: " + why_not);
+  }
   return {b, why};
 }
 
@@ -156,9 +202,25 @@ namespace {
 using core::Checker;
 using core::Problem;
 
-// NVFP4: the encode scale from the options, or from the tensor's amax.
+// MXQ_VERBOSE=1: one line on stderr per operation saying which backend ran it and why.
+void log_choice(const char* fn, const QuantOptions* opt, const Tensor& t, const BackendChoice& bc) {
+  static const bool verbose = [] {
+    const char* v = std::getenv("MXQ_VERBOSE");
+    return v && *v && std::string(v) != "0";
+  }();
+  if (!verbose) return;
+  std::string what = std::string(to_string(t.dtype)) + " " + core::shape_str(t.rows, t.cols);
+  if (opt)
+    what += " " + std::string(to_string(opt->format)) + "/" + std::string(to_string(opt->rule)) +
+            (opt->rounding == Rounding::stochastic ? "/stochastic" : "");
+  std::fprintf(stderr, "mxq: %s %s -> %s (%s)\n", fn, what.c_str(), std::string(to_string(bc.backend)).c_str(),
+               bc.reason.c_str());
+}
+
+// NVFP4: the encode scale from the options, or from the tensor's amax (CPU backends; the CUDA backend
+// reduces the amax on the device).
 void resolve_tensor_scale(Problem& p, const Tensor& x, Backend b) {
-  if (!p.nvfp4() || p.opt.tensor_scale) return;
+  if (!p.nvfp4() || p.opt.tensor_scale || b == Backend::cuda) return;
   const float amax = b == Backend::reference ? ref::tensor_amax(x) : cpu::tensor_amax(x);
   p.S = core::nvfp4_encode_scale(amax);
 }
@@ -185,6 +247,10 @@ void quantize(const Tensor& x, const QuantizedOut& out, const QuantOptions& opt)
   if (out.clip_mask.data) c.record("clip_mask", out.clip_mask, true);
   c.no_overlap();
   const BackendChoice bc = choose_backend(opt.backend, x.device);
+  log_choice("quantize", &opt, x, bc);
+#if defined(MXQ_HAVE_CUDA)
+  if (bc.backend == Backend::cuda) return cuda::quantize("quantize", p, x, out);
+#endif
   if (x.rows == 0 || x.cols == 0) {
     if (out.tensor_scale) *out.tensor_scale = p.S;
     if (opt.scale_layout == ScaleLayout::swizzled && ss.rows * ss.cols > 0) std::memset(out.scales.data, 0, ss.rows * ss.cols);
@@ -214,6 +280,10 @@ void dequantize(const QuantizedIn& q, const Tensor& y, const QuantOptions& opt) 
   c.record("y", y, true);
   c.no_overlap();
   const BackendChoice bc = choose_backend(opt.backend, y.device);
+  log_choice("dequantize", &opt, y, bc);
+#if defined(MXQ_HAVE_CUDA)
+  if (bc.backend == Backend::cuda) return cuda::dequantize("dequantize", p, q, y);
+#endif
   if (y.rows == 0 || y.cols == 0) return;
   if (bc.backend == Backend::reference)
     ref::dequantize(p, q, y);
@@ -234,6 +304,10 @@ void qdq(const Tensor& x, const Tensor& y, const QuantOptions& opt) {
     c.no_overlap();
   }
   const BackendChoice bc = choose_backend(opt.backend, x.device);
+  log_choice("qdq", &opt, x, bc);
+#if defined(MXQ_HAVE_CUDA)
+  if (bc.backend == Backend::cuda) return cuda::qdq("qdq", p, x, y);
+#endif
   if (x.rows == 0 || x.cols == 0) return;
   resolve_tensor_scale(p, x, bc.backend);
   if (bc.backend == Backend::reference)
@@ -254,13 +328,20 @@ Backend check_scale_pair(const char* fn, const Tensor& linear, const Tensor& swi
   c.record("linear", linear, !to_swizzled);
   c.record("swizzled", swizzled, to_swizzled);
   c.no_overlap();
-  return choose_backend(backend, linear.device).backend;
+  const BackendChoice bc = choose_backend(backend, linear.device);
+  log_choice(fn, nullptr, linear, bc);
+  return bc.backend;
 }
 
 }  // namespace
 
-void swizzle_scales(const Tensor& linear, const Tensor& swizzled, Backend backend) {
+void swizzle_scales(const Tensor& linear, const Tensor& swizzled, Backend backend, void* stream) {
   const Backend b = check_scale_pair("swizzle_scales", linear, swizzled, true, backend);
+#if defined(MXQ_HAVE_CUDA)
+  if (b == Backend::cuda) return cuda::swizzle_scales(linear, swizzled, stream);
+#else
+  (void)stream;
+#endif
   if (swizzled.rows * swizzled.cols == 0) return;
   if (b == Backend::reference)
     ref::swizzle_scales(linear, swizzled);
@@ -268,8 +349,13 @@ void swizzle_scales(const Tensor& linear, const Tensor& swizzled, Backend backen
     cpu::swizzle_scales(linear, swizzled);
 }
 
-void unswizzle_scales(const Tensor& swizzled, const Tensor& linear, Backend backend) {
+void unswizzle_scales(const Tensor& swizzled, const Tensor& linear, Backend backend, void* stream) {
   const Backend b = check_scale_pair("unswizzle_scales", linear, swizzled, false, backend);
+#if defined(MXQ_HAVE_CUDA)
+  if (b == Backend::cuda) return cuda::unswizzle_scales(swizzled, linear, stream);
+#else
+  (void)stream;
+#endif
   if (linear.rows * linear.cols == 0) return;
   if (b == Backend::reference)
     ref::unswizzle_scales(swizzled, linear);
@@ -277,10 +363,16 @@ void unswizzle_scales(const Tensor& swizzled, const Tensor& linear, Backend back
     cpu::unswizzle_scales(swizzled, linear);
 }
 
-float tensor_amax(const Tensor& x, Backend backend) {
+float tensor_amax(const Tensor& x, Backend backend, void* stream) {
   Checker c("tensor_amax");
   c.float_view("x", x);
   const BackendChoice bc = choose_backend(backend, x.device);
+  log_choice("tensor_amax", nullptr, x, bc);
+#if defined(MXQ_HAVE_CUDA)
+  if (bc.backend == Backend::cuda) return cuda::tensor_amax(x, stream);
+#else
+  (void)stream;
+#endif
   if (x.rows == 0 || x.cols == 0) return 0.0f;
   return bc.backend == Backend::reference ? ref::tensor_amax(x) : cpu::tensor_amax(x);
 }

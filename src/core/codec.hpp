@@ -100,26 +100,37 @@ struct FloatSpec {
   bool twos_complement;   // INT8: negative codes are two's complement, no negative zero
 };
 
-constexpr FloatSpec kE2M1{4, 1, 0, 2, 0x7, false};
-constexpr FloatSpec kE2M3{6, 3, 0, 2, 0x1F, false};
-constexpr FloatSpec kE3M2{6, 2, -2, 4, 0x1F, false};
-constexpr FloatSpec kE4M3{8, 3, -6, 8, 0x7E, false};
-constexpr FloatSpec kE5M2{8, 2, -14, 15, 0x7B, false};
-constexpr FloatSpec kINT8{8, 6, 0, 0, 0x7F, true};
-constexpr FloatSpec kBF16{16, 7, -126, 127, 0x7F7F, false};
-constexpr FloatSpec kF16{16, 10, -14, 15, 0x7BFF, false};
-constexpr FloatSpec kF32{32, 23, -126, 127, 0x7F7FFFFFu, false};
+// NOTE: device code may not odr-use a namespace-scope object of class type, so code that runs on the
+// GPU takes the specs from these functions; the k* constants are for host code.
+MXQ_HD constexpr FloatSpec spec_e2m1() { return {4, 1, 0, 2, 0x7, false}; }
+MXQ_HD constexpr FloatSpec spec_e2m3() { return {6, 3, 0, 2, 0x1F, false}; }
+MXQ_HD constexpr FloatSpec spec_e3m2() { return {6, 2, -2, 4, 0x1F, false}; }
+MXQ_HD constexpr FloatSpec spec_e4m3() { return {8, 3, -6, 8, 0x7E, false}; }
+MXQ_HD constexpr FloatSpec spec_e5m2() { return {8, 2, -14, 15, 0x7B, false}; }
+MXQ_HD constexpr FloatSpec spec_int8() { return {8, 6, 0, 0, 0x7F, true}; }
+MXQ_HD constexpr FloatSpec spec_bf16() { return {16, 7, -126, 127, 0x7F7F, false}; }
+MXQ_HD constexpr FloatSpec spec_f16() { return {16, 10, -14, 15, 0x7BFF, false}; }
+MXQ_HD constexpr FloatSpec spec_f32() { return {32, 23, -126, 127, 0x7F7FFFFFu, false}; }
+constexpr FloatSpec kE2M1 = spec_e2m1();
+constexpr FloatSpec kE2M3 = spec_e2m3();
+constexpr FloatSpec kE3M2 = spec_e3m2();
+constexpr FloatSpec kE4M3 = spec_e4m3();
+constexpr FloatSpec kE5M2 = spec_e5m2();
+constexpr FloatSpec kINT8 = spec_int8();
+constexpr FloatSpec kBF16 = spec_bf16();
+constexpr FloatSpec kF16 = spec_f16();
+constexpr FloatSpec kF32 = spec_f32();
 
 MXQ_HD constexpr FloatSpec elem_spec(ElemType t) {
   switch (t) {
-    case ElemType::e2m1: return kE2M1;
-    case ElemType::e2m3: return kE2M3;
-    case ElemType::e3m2: return kE3M2;
-    case ElemType::e4m3: return kE4M3;
-    case ElemType::e5m2: return kE5M2;
-    case ElemType::int8: return kINT8;
+    case ElemType::e2m1: return spec_e2m1();
+    case ElemType::e2m3: return spec_e2m3();
+    case ElemType::e3m2: return spec_e3m2();
+    case ElemType::e4m3: return spec_e4m3();
+    case ElemType::e5m2: return spec_e5m2();
+    case ElemType::int8: return spec_int8();
   }
-  return kE2M1;
+  return spec_e2m1();
 }
 
 // Element traits for compile-time dispatch (the kernels and the fast CPU path).
@@ -257,7 +268,7 @@ MXQ_HD float decode_f32(std::uint32_t code, const FloatSpec& f) {
     return u2f((sign << 31) | (inf ? 0x7F800000u : 0x7FC00000u));
   }
   if (n == 0) return u2f(sign << 31);
-  const std::uint32_t bits = (sign << 31) | round_magnitude(n, p, kF32);  // exact: n has few bits
+  const std::uint32_t bits = (sign << 31) | round_magnitude(n, p, spec_f32());  // exact: n has few bits
   return u2f(bits);
 }
 
@@ -271,7 +282,7 @@ MXQ_HD float f16_to_f32(std::uint16_t h) {
   if (e == 0x1F) return u2f(sign | 0x7F800000u | (m << 13));
   if (e == 0) {
     if (m == 0) return u2f(sign);
-    return u2f(sign | round_magnitude(m, -24, kF32));  // subnormal: exact m * 2^-24
+    return u2f(sign | round_magnitude(m, -24, spec_f32()));  // subnormal: exact m * 2^-24
   }
   return u2f(sign | ((e + 112) << 23) | (m << 13));
 }
@@ -281,14 +292,14 @@ MXQ_HD float f16_to_f32(std::uint16_t h) {
 MXQ_HD std::uint16_t f32_to_bf16_sat(std::uint32_t u) {
   if ((u & 0x7FFFFFFFu) >= 0x7F800000u) return (u & 0x7FFFFFFFu) > 0x7F800000u ? std::uint16_t(0x7FC0) : std::uint16_t(u >> 16);
   const Split s = split_f32(u);
-  const std::uint32_t mag = s.sig ? round_magnitude(s.sig, s.exp, kBF16) : 0u;
+  const std::uint32_t mag = s.sig ? round_magnitude(s.sig, s.exp, spec_bf16()) : 0u;
   return static_cast<std::uint16_t>(mag | (s.sign << 15));
 }
 MXQ_HD std::uint16_t f32_to_f16_sat(std::uint32_t u) {
   if ((u & 0x7FFFFFFFu) >= 0x7F800000u)
     return (u & 0x7FFFFFFFu) > 0x7F800000u ? std::uint16_t(0x7E00) : std::uint16_t(((u >> 16) & 0x8000u) | 0x7C00u);
   const Split s = split_f32(u);
-  const std::uint32_t mag = s.sig ? round_magnitude(s.sig, s.exp, kF16) : 0u;
+  const std::uint32_t mag = s.sig ? round_magnitude(s.sig, s.exp, spec_f16()) : 0u;
   return static_cast<std::uint16_t>(mag | (s.sign << 15));
 }
 
@@ -387,22 +398,22 @@ MXQ_HD float nvfp4_encode_scale(float amax_tensor) {
 // E4M3 block-scale code for a finite block: E4M3_RN_satfinite((amax_block * S) / 6).
 MXQ_HD std::uint32_t nvfp4_block_scale_code(float amax_block, float S) {
   const float t = div_rn(mul_rn(amax_block, S), 6.0f);
-  return encode_f32(f2u(t), kE4M3);  // t >= 0; an overflow to +Inf saturates to 448
+  return encode_f32(f2u(t), spec_e4m3());  // t >= 0; an overflow to +Inf saturates to 448
 }
 // Element multiplier m = S / float(s), 0 when s is zero.
 MXQ_HD float nvfp4_multiplier(std::uint32_t scale_code, float S) {
-  const float s = decode_f32(scale_code, kE4M3);
+  const float s = decode_f32(scale_code, spec_e4m3());
   return s == 0.0f ? 0.0f : div_rn(S, s);
 }
 // Element code E2M1_RNE_sat(x * m); a zero x keeps its sign (0 * Inf never reaches the rounding).
 MXQ_HD std::uint32_t nvfp4_encode(std::uint32_t xbits, float m, bool stochastic = false, std::uint32_t rnd = 0) {
   if ((xbits & 0x7FFFFFFFu) == 0) return (xbits >> 31) << 3;
-  return encode_f32(f2u(mul_rn(u2f(xbits), m)), kE2M1, stochastic, rnd);
+  return encode_f32(f2u(mul_rn(u2f(xbits), m)), spec_e2m1(), stochastic, rnd);
 }
 // Dequantized fp32 value (e2m1 * float(s)) / S.
 MXQ_HD float nvfp4_decode(std::uint32_t code, std::uint32_t scale_code, float S) {
   if ((scale_code & 0x7F) == kE4M3NaN) return u2f(0x7FC00000u);
-  return div_rn(mul_rn(decode_f32(code, kE2M1), decode_f32(scale_code, kE4M3)), S);
+  return div_rn(mul_rn(decode_f32(code, spec_e2m1()), decode_f32(scale_code, spec_e4m3())), S);
 }
 
 // ---- Philox4x32-10 (stochastic rounding) ---------------------------------------------------------------------

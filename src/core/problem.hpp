@@ -40,10 +40,7 @@ inline std::int64_t dtype_size(DType t) {
   return 1;
 }
 
-inline const FloatSpec& out_spec(DType t) {
-  static constexpr FloatSpec f32 = kF32, f16 = kF16, bf16 = kBF16;
-  return t == DType::f32 ? f32 : (t == DType::f16 ? f16 : bf16);
-}
+MXQ_HD FloatSpec out_spec(DType t) { return t == DType::f32 ? spec_f32() : (t == DType::f16 ? spec_f16() : spec_bf16()); }
 
 // Element (r, c) of a floating view as fp32 (exact).
 inline float load_f32(const Tensor& t, std::int64_t r, std::int64_t c) {
@@ -74,13 +71,13 @@ MXQ_HD std::uint32_t f32_to_dtype_bits(float v, DType t) {
   return u;
 }
 
-inline std::uint32_t nan_bits(DType t) {
+MXQ_HD std::uint32_t nan_bits(DType t) {
   return t == DType::f32 ? 0x7FC00000u : (t == DType::bf16 ? 0x7FC0u : 0x7E00u);
 }
 
 // Bits, in dtype t, of the dequantized value of one MX element code under E8M0 scale byte sb: NaN
 // for the NaN scale; element x 2^e rounded once (saturating); NaN/Inf element codes as decoded.
-inline std::uint32_t mx_dequant_bits(std::uint32_t code, std::uint8_t sb, const FloatSpec& elem, DType t) {
+MXQ_HD std::uint32_t mx_dequant_bits(std::uint32_t code, std::uint8_t sb, const FloatSpec& elem, DType t) {
   if (sb == kE8M0NaN) return nan_bits(t);
   std::uint32_t sign = 0, n = 0;
   int pe = 0;

@@ -10,6 +10,8 @@
 // Stochastic rounding, NVFP4 and blocks holding NaN/Inf element codes use the shared scalar codec.
 #include "cpu/fast.hpp"
 
+#include "core/fastmath.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -80,22 +82,6 @@ MXQ_INLINE std::uint32_t amax_bits(const float* xf, int g_rt) {
   return m;
 }
 
-// Magnitude bits of an fp32 value (finite, or +Inf after an overflow) in an output dtype, RNE,
-// saturated; branch-free.
-template <DType OUT>
-MXQ_INLINE std::uint32_t out_mag_bits(float v) {
-  const std::uint32_t b = f2u(v);
-  if constexpr (OUT == DType::f32) {
-    return std::min(b, 0x7F7FFFFFu);
-  } else if constexpr (OUT == DType::bf16) {
-    return std::min((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16, 0x7F7Fu);
-  } else {
-    const std::uint32_t normal = ((b - (112u << 23)) + 0xFFFu + ((b >> 13) & 1u)) >> 13;
-    const std::uint32_t sub = f2u(v + 0.5f) - 0x3F000000u;  // v < 2^-14: RNE onto multiples of 2^-24
-    return std::min(b >= 0x38800000u ? normal : sub, 0x7BFFu);
-  }
-}
-
 template <DType OUT>
 MXQ_INLINE void store_out(void* row, std::int64_t k0, std::int64_t n, const std::uint32_t* bits) {
   if constexpr (OUT == DType::f32) {
@@ -124,43 +110,6 @@ MXQ_INLINE int mx_block_exp(const Problem& p, float* xf) {
   if (p.opt.rule == ScaleRule::qutlass_absmax)
     for (int i = 0; i < p.g; ++i) xf[i] = 3.0f * xf[i];
   return e;
-}
-
-MXQ_INLINE float pow2f(int e) {  // exact for e in [-149, 127]
-  return e >= -126 ? u2f(std::uint32_t(e + 127) << 23) : u2f(1u << (e + 149));
-}
-
-// Branch-free RNE of a = |x| * 2^-e onto the element grid, saturated. Returns the rounded magnitude.
-template <ElemType ET>
-MXQ_INLINE float rne_mag(float x, float inv_scale) {
-  constexpr FloatSpec f = Elem<ET>::spec;
-  const float a = std::fabs(x) * inv_scale;
-  int E = int(f2u(a) >> 23) - 127;
-  E = std::max(E, f.emin);
-  E = std::min(E, f.emax + 1);
-  const float C = u2f((std::uint32_t(E - f.mbits + 150) << 23) | 0x400000u);
-  const float r = (a + C) - C;
-  return std::min(r, u2f(max_value_bits(f)));
-}
-
-// Element code from a rounded magnitude r and the sign bit (branch-free).
-template <ElemType ET>
-MXQ_INLINE std::uint32_t code_of(float r, std::uint32_t sign) {
-  constexpr FloatSpec f = Elem<ET>::spec;
-  if constexpr (f.twos_complement) {
-    const std::uint32_t n = static_cast<std::uint32_t>(static_cast<std::int32_t>(r * 64.0f));
-    const std::uint32_t neg = 0u - sign;  // all ones when negative
-    return ((n ^ neg) + sign) & 0xFFu;     // two's complement negation when negative
-  } else {
-    constexpr float sub_mul = float(1u << (f.mbits - f.emin));  // 2^(mbits - emin): subnormal grid to integers
-    constexpr std::uint32_t min_normal = std::uint32_t(f.emin + 127) << 23;
-    const std::uint32_t rb = f2u(r);
-    const std::uint32_t normal =
-        ((((rb >> 23) - 127u - std::uint32_t(f.emin) + 1u) << f.mbits) | ((rb >> (23 - f.mbits)) & ((1u << f.mbits) - 1u)));
-    const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(r * sub_mul));
-    const std::uint32_t is_normal = 0u - std::uint32_t(rb >= min_normal);
-    return ((normal & is_normal) | (sub & ~is_normal)) | (sign << (f.bits - 1));
-  }
 }
 
 // ---- per-tile workers ---------------------------------------------------------------------------------------

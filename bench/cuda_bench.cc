@@ -1,0 +1,273 @@
+// GPU benchmark of the CUDA backend (issue 3's performance table).
+//
+// Method: bf16 input drawn from an LLM-like distribution (never zeros), output buffers allocated once;
+// before every timed run the L2 cache is flushed by writing a buffer twice its size; each run is timed
+// with CUDA events around the one operation; the median of --reps runs is reported. Decode shapes
+// (few rows) are timed as the amortised cost of one op inside a captured CUDA graph of 64 ops (the
+// way inference runs them; L2 warm, since the graph reuses one input).
+//
+// Byte model (bytes that must cross DRAM per element): QDQ bf16 -> bf16: 4; quantize: 2 (read) +
+// element bits / 8 + 1 / group (scales); dequantize: the reverse. GB/s = model bytes / time, and %
+// of copy = that over the device-to-device copy bandwidth measured in the same run (bytes read +
+// written).
+//
+// Output: a table on stdout, and with --json FILE one JSON object per line for bench/torch_peers.py.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <mxq/mxq.hpp>
+
+namespace {
+
+#define CK(expr)                                                                              \
+  do {                                                                                        \
+    const cudaError_t e_ = (expr);                                                            \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(std::size_t n) { CK(cudaMalloc(&p, std::max<std::size_t>(n, 16))); }
+  ~Dev() { cudaFree(p); }
+};
+
+cudaStream_t g_stream;
+Dev* g_flush = nullptr;
+std::size_t g_flush_bytes = 0;
+
+void flush_l2() { CK(cudaMemsetAsync(g_flush->p, 0x5A, g_flush_bytes, g_stream)); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Median microseconds of `reps` cold-L2 runs of f.
+double time_cold(const std::function<void()>& f, int reps) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) f();  // warm-up: module load, first-touch
+  std::vector<double> us;
+  for (int i = 0; i < reps; ++i) {
+    flush_l2();
+    CK(cudaEventRecord(a, g_stream));
+    f();
+    CK(cudaEventRecord(b, g_stream));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    us.push_back(ms * 1e3);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return median(us);
+}
+
+// Amortised microseconds per op of a graph holding `n` back-to-back copies of f.
+double time_graph(const std::function<void()>& f, int n, int reps) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < n; ++i) f();
+  CK(cudaStreamEndCapture(g_stream, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, g_stream));
+  std::vector<double> us;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a, g_stream));
+    CK(cudaGraphLaunch(ge, g_stream));
+    CK(cudaEventRecord(b, g_stream));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    us.push_back(ms * 1e3 / n);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return median(us);
+}
+
+std::vector<std::uint16_t> llm_like_bf16(std::int64_t rows, std::int64_t cols, std::uint32_t seed) {
+  std::vector<std::uint16_t> v(std::size_t(rows * cols));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  for (std::int64_t i = 0; i < rows * cols; ++i) {
+    float x = nd(rng);
+    if ((i % cols) % 97 == 13) x *= 150.0f;  // outlier channels
+    std::uint32_t u;
+    std::memcpy(&u, &x, 4);
+    v[std::size_t(i)] = std::uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+  }
+  return v;
+}
+
+struct Row {
+  std::string op, format, shape, mode;
+  double us, bytes;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 50;
+  std::string json;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--json" && i + 1 < argc) json = argv[++i];
+    else if (a == "--quick") quick = true;
+    else {
+      std::fprintf(stderr, "usage: cuda_bench [--reps N] [--json FILE] [--quick]\n");
+      return 2;
+    }
+  }
+  std::string why;
+  if (!mxq::cuda_available(&why)) {
+    std::fprintf(stderr, "cuda_bench: no usable CUDA device: %s\n", why.c_str());
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  g_flush_bytes = std::size_t(std::max(prop.l2CacheSize, 1 << 20)) * 2;
+  g_flush = new Dev(g_flush_bytes);
+
+  // Device copy bandwidth: a 1 GiB device-to-device copy, bytes read + written.
+  double copy_gbs = 0;
+  {
+    const std::size_t n = std::size_t(1) << 30;
+    Dev a(n), b(n);
+    CK(cudaMemset(a.p, 1, n));
+    const double us = time_cold([&] { CK(cudaMemcpyAsync(b.p, a.p, n, cudaMemcpyDeviceToDevice, g_stream)); }, reps);
+    copy_gbs = 2.0 * n / us / 1e3;
+  }
+
+  std::vector<Row> rows;
+  const std::vector<std::pair<std::int64_t, std::int64_t>> big =
+      quick ? std::vector<std::pair<std::int64_t, std::int64_t>>{{8192, 8192}}
+            : std::vector<std::pair<std::int64_t, std::int64_t>>{{8192, 8192}, {32768, 8192}};
+  Dev ws(4);
+  for (auto [R, K] : big) {
+    const std::string shape = std::to_string(R) + "x" + std::to_string(K);
+    const double n = double(R) * double(K);
+    const auto host = llm_like_bf16(R, K, 7);
+    Dev x(std::size_t(R * K * 2)), y(std::size_t(R * K * 2)), codes(std::size_t(R * K)),
+        scales(std::size_t((R + 127) / 128 * 128 * ((K / 16 + 3) / 4 * 4))), S(4);
+    CK(cudaMemcpy(x.p, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    const mxq::Tensor xt = mxq::Tensor::of(x.p, mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
+    const mxq::Tensor yt = mxq::Tensor::of(y.p, mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
+    const float given_S = mxq::nvfp4_tensor_scale_from_amax(mxq::tensor_amax(xt, mxq::Backend::automatic, g_stream));
+
+    auto opts = [&](mxq::QuantOptions o) {
+      o.stream = g_stream;
+      o.workspace = ws.p;
+      return o;
+    };
+    const mxq::QuantOptions mxfp4 = opts(mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::even));
+    const mxq::QuantOptions mxfp8 = opts(mxq::QuantOptions::mx(mxq::Format::mxfp8_e4m3, mxq::ScaleRule::floor));
+    const mxq::QuantOptions nv_given = opts(mxq::QuantOptions::nvfp4(given_S));
+    const mxq::QuantOptions nv_auto = opts(mxq::QuantOptions::nvfp4());
+    mxq::QuantOptions mxfp4_sr = mxfp4;
+    mxfp4_sr.rounding = mxq::Rounding::stochastic;
+    mxfp4_sr.seed = 1234;
+
+    auto qdq_row = [&](const char* fmt, const mxq::QuantOptions& o, const char* mode) {
+      rows.push_back({"qdq", fmt, shape, mode, time_cold([&] { mxq::qdq(xt, yt, o); }, reps), 4.0 * n});
+    };
+    qdq_row("mxfp4", mxfp4, "even");
+    qdq_row("mxfp8_e4m3", mxfp8, "floor");
+    qdq_row("nvfp4", nv_given, "given S");
+    qdq_row("nvfp4", nv_auto, "computed S");
+    qdq_row("mxfp4", mxfp4_sr, "even, stochastic");
+
+    auto quant_row = [&](const char* fmt, mxq::QuantOptions o, const char* mode) {
+      o.scale_layout = mxq::ScaleLayout::swizzled;
+      const mxq::FormatInfo fi = mxq::format_info(o.format);
+      const mxq::Shape2 ss = mxq::scale_shape(o, R, K);
+      mxq::QuantizedOut out;
+      out.codes = mxq::Tensor::of(codes.p, mxq::DType::u8, R, mxq::code_cols(o.format, K), 0, mxq::Device::cuda);
+      out.scales = mxq::Tensor::of(scales.p, mxq::DType::u8, ss.rows, ss.cols, 0, mxq::Device::cuda);
+      out.tensor_scale = o.format == mxq::Format::nvfp4 ? static_cast<float*>(S.p) : nullptr;
+      const double bytes = n * (2.0 + fi.elem_bits / 8.0 + 1.0 / mxq::group_size(o));
+      rows.push_back({"quantize", fmt, shape, mode, time_cold([&] { mxq::quantize(xt, out, o); }, reps), bytes});
+      // and back: dequantize the codes just written
+      const mxq::QuantizedIn in{out.codes, out.scales};
+      mxq::QuantOptions od = o;
+      if (o.format == mxq::Format::nvfp4) od.tensor_scale = given_S;
+      rows.push_back({"dequantize", fmt, shape, mode, time_cold([&] { mxq::dequantize(in, yt, od); }, reps), bytes});
+    };
+    quant_row("mxfp4", mxfp4, "even, swizzled");
+    quant_row("mxfp8_e4m3", mxfp8, "floor, swizzled");
+    quant_row("nvfp4", nv_given, "given S, swizzled");
+  }
+
+  // Decode shapes: amortised per-op time inside a CUDA graph.
+  for (std::int64_t R : {16, 256}) {
+    const std::int64_t K = 8192;
+    const std::string shape = std::to_string(R) + "x" + std::to_string(K);
+    const double n = double(R) * double(K);
+    const auto host = llm_like_bf16(R, K, 9);
+    Dev x(std::size_t(R * K * 2)), y(std::size_t(R * K * 2)), codes(std::size_t(R * K)), scales(std::size_t(256 * K / 16)), S(4);
+    CK(cudaMemcpy(x.p, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    const mxq::Tensor xt = mxq::Tensor::of(x.p, mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
+    const mxq::Tensor yt = mxq::Tensor::of(y.p, mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
+    auto opts = [&](mxq::QuantOptions o) {
+      o.stream = g_stream;
+      o.workspace = ws.p;
+      return o;
+    };
+    const auto mxfp4 = opts(mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::even));
+    const auto mxfp8 = opts(mxq::QuantOptions::mx(mxq::Format::mxfp8_e4m3, mxq::ScaleRule::floor));
+    const auto nv_given = opts(mxq::QuantOptions::nvfp4(100.0f));
+    const auto nv_auto = opts(mxq::QuantOptions::nvfp4());
+    for (auto [fmt, o, mode] : {std::tuple{"mxfp4", mxfp4, "even, graph"}, std::tuple{"mxfp8_e4m3", mxfp8, "floor, graph"},
+                                std::tuple{"nvfp4", nv_given, "given S, graph"}, std::tuple{"nvfp4", nv_auto, "computed S, graph"}})
+      rows.push_back({"qdq", fmt, shape, mode, time_graph([&] { mxq::qdq(xt, yt, o); }, 64, reps), 4.0 * n});
+    mxq::QuantOptions q = mxfp4;
+    q.scale_layout = mxq::ScaleLayout::swizzled;
+    const mxq::Shape2 ss = mxq::scale_shape(q, R, K);
+    mxq::QuantizedOut out;
+    out.codes = mxq::Tensor::of(codes.p, mxq::DType::u8, R, K / 2, 0, mxq::Device::cuda);
+    out.scales = mxq::Tensor::of(scales.p, mxq::DType::u8, ss.rows, ss.cols, 0, mxq::Device::cuda);
+    rows.push_back({"quantize", "mxfp4", shape, "even, swizzled, graph",
+                    time_graph([&] { mxq::quantize(xt, out, q); }, 64, reps), n * (2.0 + 0.5 + 1.0 / 32)});
+  }
+
+  std::printf("GPU: %s (sm_%d%d, %d SMs), device copy bandwidth %.0f GB/s, median of %d runs\n", prop.name, prop.major,
+              prop.minor, prop.multiProcessorCount, copy_gbs, reps);
+  std::printf("%-11s %-11s %-12s %-24s %10s %9s %8s\n", "op", "format", "shape", "mode", "us", "GB/s", "% copy");
+  FILE* jf = json.empty() ? nullptr : std::fopen(json.c_str(), "w");
+  if (jf)
+    std::fprintf(jf, "{\"kind\": \"copy\", \"gbs\": %.3f, \"gpu\": \"%s\"}\n", copy_gbs, prop.name);
+  for (const Row& r : rows) {
+    const double gbs = r.bytes / r.us / 1e3;
+    std::printf("%-11s %-11s %-12s %-24s %10.2f %9.1f %7.1f%%\n", r.op.c_str(), r.format.c_str(), r.shape.c_str(),
+                r.mode.c_str(), r.us, gbs, 100.0 * gbs / copy_gbs);
+    if (jf)
+      std::fprintf(jf,
+                   "{\"kind\": \"mxq\", \"op\": \"%s\", \"format\": \"%s\", \"shape\": \"%s\", \"mode\": \"%s\", \"us\": %.3f, "
+                   "\"bytes\": %.0f}\n",
+                   r.op.c_str(), r.format.c_str(), r.shape.c_str(), r.mode.c_str(), r.us, r.bytes);
+  }
+  if (jf) std::fclose(jf);
+  delete g_flush;
+  return 0;
+}

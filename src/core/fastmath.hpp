@@ -1,0 +1,102 @@
+#pragma once
+// Branch-free per-element arithmetic shared by the fast CPU path and the CUDA kernels. Each function
+// here equals a scalar-codec function bit for bit on the inputs its comment allows; fast_test (CPU)
+// and cuda_test (GPU) prove that against the reference.
+//
+// The MX round-to-nearest-even element step:
+//   a = |x| * 2^-e                       exact, or an underflow far below the element grid
+//   r = (a + C) - C, C = 1.5 * 2^(q+23)  RNE onto the grid of quantum 2^q (q from a's binade)
+//   r = min(r, max_elem)                 saturation
+// Every operation is written with mul_rn/add_rn so that nvcc cannot fuse it (the host build uses
+// -ffp-contract=off).
+#include <cstdint>
+
+#include "core/codec.hpp"
+
+namespace mxq::core {
+
+MXQ_HD_HOT std::uint32_t umin(std::uint32_t a, std::uint32_t b) { return a < b ? a : b; }
+MXQ_HD_HOT std::uint32_t umax(std::uint32_t a, std::uint32_t b) { return a > b ? a : b; }
+MXQ_HD_HOT int imin(int a, int b) { return a < b ? a : b; }
+MXQ_HD_HOT int imax(int a, int b) { return a > b ? a : b; }
+// min of two non-NaN floats
+MXQ_HD_HOT float fminf_nn(float a, float b) { return a < b ? a : b; }
+MXQ_HD_HOT float fabs_bits(float x) { return u2f(f2u(x) & 0x7FFFFFFFu); }
+
+// 2^e as fp32, exact for e in [-149, 127].
+MXQ_HD_HOT float pow2f(int e) {
+  return e >= -126 ? u2f(std::uint32_t(e + 127) << 23) : u2f(1u << (e + 149));
+}
+
+// Rounded magnitude of |x| * inv_scale on element format ET's grid (RNE, saturated). inv_scale is
+// a power of two; |x| * inv_scale is exact or underflows below the grid's smallest quantum.
+template <ElemType ET>
+MXQ_HD_HOT float rne_mag(float x, float inv_scale) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  const float a = mul_rn(fabs_bits(x), inv_scale);
+  const int E = imin(imax(int(f2u(a) >> 23) - 127, f.emin), f.emax + 1);
+  const float C = u2f((std::uint32_t(E - f.mbits + 150) << 23) | 0x400000u);
+  const float r = sub_rn(add_rn(a, C), C);
+  return fminf_nn(r, u2f(max_value_bits(f)));
+}
+
+// Element code from a rounded magnitude r (a grid value) and the sign bit.
+template <ElemType ET>
+MXQ_HD_HOT std::uint32_t code_of(float r, std::uint32_t sign) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  if constexpr (f.twos_complement) {
+    const std::uint32_t n = static_cast<std::uint32_t>(static_cast<std::int32_t>(mul_rn(r, 64.0f)));
+    const std::uint32_t neg = 0u - sign;  // all ones when negative
+    return ((n ^ neg) + sign) & 0xFFu;    // two's complement negation when negative
+  } else {
+    constexpr float sub_mul = float(1u << (f.mbits - f.emin));  // 2^(mbits - emin): subnormal grid to integers
+    constexpr std::uint32_t min_normal = std::uint32_t(f.emin + 127) << 23;
+    const std::uint32_t rb = f2u(r);
+    const std::uint32_t normal =
+        ((((rb >> 23) - 127u - std::uint32_t(f.emin) + 1u) << f.mbits) | ((rb >> (23 - f.mbits)) & ((1u << f.mbits) - 1u)));
+    const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(mul_rn(r, sub_mul)));
+    const std::uint32_t is_normal = 0u - std::uint32_t(rb >= min_normal);
+    return ((normal & is_normal) | (sub & ~is_normal)) | (sign << (f.bits - 1));
+  }
+}
+
+// Magnitude bits, in output dtype OUT, of a non-negative fp32 value that is finite or +Inf after an
+// overflow: RNE, saturated to the largest finite value (as round_exact_to).
+template <DType OUT>
+MXQ_HD_HOT std::uint32_t out_mag_bits(float v) {
+  const std::uint32_t b = f2u(v);
+  if constexpr (OUT == DType::f32) {
+    return umin(b, 0x7F7FFFFFu);
+  } else if constexpr (OUT == DType::bf16) {
+    return umin((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16, 0x7F7Fu);
+  } else {
+    const std::uint32_t normal = ((b - (112u << 23)) + 0xFFFu + ((b >> 13) & 1u)) >> 13;
+    const std::uint32_t sub = f2u(add_rn(v, 0.5f)) - 0x3F000000u;  // v < 2^-14: RNE onto multiples of 2^-24
+    return umin(b >= 0x38800000u ? normal : sub, 0x7BFFu);
+  }
+}
+
+// f32_to_dtype_bits for a value that is not NaN: finite values round and saturate, infinities stay
+// infinities (the NVFP4 dequantize convention).
+template <DType OUT>
+MXQ_HD_HOT std::uint32_t to_dtype_bits_nonnan(float v) {
+  const std::uint32_t b = f2u(v), sign = b >> 31, mag = b & 0x7FFFFFFFu;
+  constexpr int sb = OUT == DType::f32 ? 31 : 15;
+  if (mag == 0x7F800000u) return OUT == DType::f32 ? b : ((sign << 15) | (OUT == DType::bf16 ? 0x7F80u : 0x7C00u));
+  return out_mag_bits<OUT>(u2f(mag)) | (sign << sb);
+}
+
+// Exact fp32 value of an E2M1 magnitude code (0..7).
+MXQ_HD_HOT float e2m1_value(std::uint32_t mag) {
+  return mag < 2 ? u2f(mag ? 0x3F000000u : 0u) : u2f(((((mag >> 1) + 126u)) << 23) | ((mag & 1u) << 22));
+}
+
+// NVFP4 element code (RNE) of x under multiplier m: nvfp4_encode(x, m) without stochastic rounding.
+MXQ_HD_HOT std::uint32_t nvfp4_encode_rne(std::uint32_t xbits, float m) {
+  const std::uint32_t sign = xbits >> 31;
+  if ((xbits & 0x7FFFFFFFu) == 0) return sign << 3;
+  const float r = rne_mag<ElemType::e2m1>(mul_rn(u2f(xbits), m), 1.0f);
+  return code_of<ElemType::e2m1>(r, sign);
+}
+
+}  // namespace mxq::core
