@@ -8,34 +8,36 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/device-out}
 mkdir -p "$OUT"
 BUILD=$ROOT/build-device
+LOG=$OUT/logs  # packed into $OUT/logs.tgz at the end (the device tool returns few files)
+mkdir -p "$LOG"
 SKIP=" ${MXQ_CHECK_SKIP:-} "
 JOBS=$(nproc)
 status() { printf '%-34s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
 skipped() { [[ "$SKIP" == *" $1 "* ]]; }
 : > "$OUT/summary.txt"
 
-{ nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1; cmake --version | head -1; } > "$OUT/machine.txt" 2>&1
+{ nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1; cmake --version | head -1; } > "$LOG/machine.txt" 2>&1
 
 t0=$SECONDS
 if cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXQ_ENABLE_CUDA=ON \
-     -DMXQ_CUDA_ARCHITECTURES="${MXQ_DEVICE_ARCH:-90a}" > "$OUT/configure.log" 2>&1 &&
-   cmake --build "$BUILD" -j "$JOBS" > "$OUT/build.log" 2>&1; then
+     -DMXQ_CUDA_ARCHITECTURES="${MXQ_DEVICE_ARCH:-90a}" > "$LOG/configure.log" 2>&1 &&
+   cmake --build "$BUILD" -j "$JOBS" > "$LOG/build.log" 2>&1; then
   status build "ok ($((SECONDS - t0)) s)"
 else
-  status build FAILED; tail -40 "$OUT/configure.log" "$OUT/build.log"; exit 1
+  status build FAILED; tail -40 "$LOG/configure.log" "$LOG/build.log"; exit 1
 fi
 
 if ! skipped cpu-tests; then
-  (cd "$BUILD" && ctest -j "$JOBS" -E 'Cuda' --output-on-failure > "$OUT/ctest-cpu.log" 2>&1)
-  status "ctest, CPU suites" "$(grep -E 'tests passed' "$OUT/ctest-cpu.log" || echo FAILED)"
+  (cd "$BUILD" && ctest -j "$JOBS" -E 'Cuda' --output-on-failure > "$LOG/ctest-cpu.log" 2>&1)
+  status "ctest, CPU suites" "$(grep -E 'tests passed' "$LOG/ctest-cpu.log" || echo FAILED)"
 fi
 
 if ! skipped gpu-tests; then
   t0=$SECONDS
-  "$BUILD/tests/cuda_test" --gtest_brief=1 > "$OUT/cuda_test.log" 2>&1
+  "$BUILD/tests/cuda_test" --gtest_brief=1 > "$LOG/cuda_test.log" 2>&1
   rc=$?
-  status "cuda_test (GPU vs reference)" "$(grep -E '^\[  PASSED  \]' "$OUT/cuda_test.log" | head -1) $(grep -E '^\[  FAILED  \] [0-9]+ test' "$OUT/cuda_test.log") rc=$rc ($((SECONDS - t0)) s)"
-  [ $rc -ne 0 ] && grep -B2 -A12 'Failure' "$OUT/cuda_test.log" | head -60
+  status "cuda_test (GPU vs reference)" "$(grep -E '^\[  PASSED  \]' "$LOG/cuda_test.log" | head -1) $(grep -E '^\[  FAILED  \] [0-9]+ test' "$LOG/cuda_test.log") rc=$rc ($((SECONDS - t0)) s)"
+  [ $rc -ne 0 ] && grep -B2 -A12 'Failure' "$LOG/cuda_test.log" | head -60
 fi
 
 if ! skipped sanitizer; then
@@ -43,24 +45,27 @@ if ! skipped sanitizer; then
   # the amax reduction, swizzle, graph capture); the full grid is too slow under the tools.
   FILTER='*mxfp4_quest_rne_g16*:*mxfp4_quest_stochastic_g256*:*mxint8_floor_rne_g2*:*nvfp4_nvfp4_rne:*mxfp6_e3m2_rceil_rne_g4*:CudaScales*:CudaDequantize*:CudaGraph*'
   for tool in memcheck racecheck synccheck initcheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/cuda_test" --gtest_filter="$FILTER" --gtest_brief=1 > "$OUT/sanitizer-$tool.log" 2>&1
+    compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/cuda_test" --gtest_filter="$FILTER" --gtest_brief=1 > "$LOG/sanitizer-$tool.log" 2>&1
     rc=$?
-    status "compute-sanitizer $tool" "$(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1) rc=$rc"
+    status "compute-sanitizer $tool" "$(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-$tool.log" | tail -1) rc=$rc"
+    [ $rc -ne 0 ] && grep -m 3 -A 12 -E '^========= (Invalid|Race|Barrier|Uninitialized|Program hit|Error)' "$LOG/sanitizer-$tool.log"
   done
 fi
 
 if ! skipped bench; then
-  "$BUILD/bench/cuda_bench" --json "$OUT/cuda_bench.jsonl" > "$OUT/cuda_bench.txt" 2>&1
+  "$BUILD/bench/cuda_bench" --json "$OUT/cuda_bench.jsonl" > "$LOG/cuda_bench.txt" 2>&1
   status "cuda_bench" "rc=$? (cuda_bench.txt)"
-  OMP_NUM_THREADS=$JOBS "$BUILD/bench/cpu_bench" --quick > "$OUT/cpu_bench.txt" 2>&1
+  OMP_NUM_THREADS=$JOBS "$BUILD/bench/cpu_bench" --quick > "$LOG/cpu_bench.txt" 2>&1
   status "cpu_bench --quick" "rc=$? (cpu_bench.txt)"
 fi
 
 if ! skipped peers && [ -s "$OUT/cuda_bench.jsonl" ]; then
   t0=$SECONDS
-  python3 "$ROOT/bench/torch_peers.py" "$OUT/cuda_bench.jsonl" --markdown "$OUT/perf_table.md" > "$OUT/torch_peers.txt" 2> "$OUT/torch_peers.log"
+  python3 "$ROOT/bench/torch_peers.py" "$OUT/cuda_bench.jsonl" --markdown "$OUT/perf_table.md" > "$LOG/torch_peers.txt" 2> "$LOG/torch_peers.log"
   status "torch peers (eager, compile)" "rc=$? ($((SECONDS - t0)) s)"
 fi
 
-echo; cat "$OUT/machine.txt"; echo; cat "$OUT/summary.txt"; echo
+tar czf "$OUT/logs.tgz" -C "$OUT" logs; cp "$LOG/cuda_bench.txt" "$OUT/" 2>/dev/null
+echo; cat "$LOG/machine.txt"; echo; cat "$OUT/summary.txt"; echo
 if [ -s "$OUT/perf_table.md" ]; then cat "$OUT/perf_table.md"; elif [ -s "$OUT/cuda_bench.txt" ]; then cat "$OUT/cuda_bench.txt"; fi
+rm -rf "$LOG"

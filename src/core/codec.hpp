@@ -84,6 +84,14 @@ MXQ_HD_HOT int clz64(std::uint64_t v) {  // v != 0
 #endif
 }
 
+MXQ_HD_HOT int clz32(std::uint32_t v) {  // v != 0
+#if defined(__CUDA_ARCH__)
+  return __clz(static_cast<int>(v));
+#else
+  return __builtin_clz(v);
+#endif
+}
+
 MXQ_HD bool is_finite_bits(std::uint32_t u) { return (u & 0x7F800000u) != 0x7F800000u; }
 
 // ---- binary floating-point format descriptions -----------------------------------------------------------
@@ -187,6 +195,31 @@ MXQ_HD std::uint32_t round_magnitude(std::uint64_t sig, int exp, const FloatSpec
   return code > f.maxcode ? f.maxcode : static_cast<std::uint32_t>(code);
 }
 
+// round_magnitude for sig < 2^24 (an fp32 significand) in 32-bit arithmetic, for the kernels' hot
+// loops; equal to round_magnitude on that domain (codec_test checks it).
+MXQ_HD_HOT std::uint32_t round_magnitude32(std::uint32_t sig, int exp, const FloatSpec& f, bool stochastic,
+                                           std::uint32_t rnd) {
+  const int E = exp + (31 - clz32(sig));
+  if (E > f.emax) return f.maxcode;
+  const int Ec = E < f.emin ? f.emin : E;
+  const int shift = (Ec - f.mbits) - exp;
+  std::uint32_t n;
+  if (shift <= 0) {
+    n = sig << (-shift);  // exact: the value is below 2^(emax+1), so n < 2^(mbits+2)
+  } else if (shift < 32) {
+    const std::uint32_t rem = sig & ((1u << shift) - 1u);
+    n = sig >> shift;
+    if (stochastic)
+      n += rnd < (rem << (32 - shift)) ? 1u : 0u;
+    else
+      n += (rem > (1u << (shift - 1)) || (rem == (1u << (shift - 1)) && (n & 1u))) ? 1u : 0u;
+  } else {  // everything is below the quantum; RNE gives 0 since sig < 2^24 <= half
+    n = (stochastic && shift - 32 < 32 && rnd < (sig >> (shift - 32))) ? 1u : 0u;
+  }
+  const std::uint32_t code = (std::uint32_t(Ec - f.emin) << f.mbits) + n;
+  return code > f.maxcode ? f.maxcode : code;
+}
+
 // Split a finite fp32 bit pattern into (sign, sig, exp) with |value| = sig * 2^exp. sig == 0 for zero.
 struct Split {
   std::uint32_t sign;
@@ -206,10 +239,12 @@ MXQ_HD std::uint32_t signed_code(std::uint32_t mag, std::uint32_t sign, const Fl
   return mag | (sign << (f.bits - 1));
 }
 
-// Element encode of x * 2^-scale_exp for finite x (exact scaling: the exponent is adjusted, nothing
-// is rounded before the one rounding onto the element grid). Signed zero is kept (except INT8).
+// Element encode of x * 2^-scale_exp for non-NaN x (exact scaling: the exponent is adjusted, nothing
+// is rounded before the one rounding onto the element grid). Signed zero is kept (except INT8); an
+// infinity saturates (it reaches here only as qutlass_absmax's 3 * x overflowing fp32).
 MXQ_HD std::uint32_t encode_scaled(std::uint32_t xbits, int scale_exp, const FloatSpec& f,
                                    bool stochastic = false, std::uint32_t rnd = 0) {
+  if ((xbits & 0x7FFFFFFFu) == 0x7F800000u) return signed_code(f.maxcode, xbits >> 31, f);
   const Split s = split_f32(xbits);
   const std::uint32_t mag = s.sig ? round_magnitude(s.sig, s.exp - scale_exp, f, stochastic, rnd) : 0u;
   return signed_code(mag, s.sign, f);

@@ -99,4 +99,34 @@ MXQ_HD_HOT std::uint32_t nvfp4_encode_rne(std::uint32_t xbits, float m) {
   return code_of<ElemType::e2m1>(r, sign);
 }
 
+// encode_scaled with stochastic rounding for a non-NaN x, in 32-bit arithmetic (infinities saturate).
+template <ElemType ET>
+MXQ_HD_HOT std::uint32_t encode_scaled_sr(std::uint32_t xbits, int scale_exp, std::uint32_t rnd) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  const std::uint32_t sign = xbits >> 31, ex = (xbits >> 23) & 0xFFu, m = xbits & 0x7FFFFFu;
+  if (ex == 0xFFu) return signed_code(f.maxcode, sign, f);
+  const std::uint32_t sig = ex ? (m | 0x800000u) : m;
+  const int exp = (ex ? int(ex) - 150 : -149) - scale_exp;
+  return signed_code(sig ? round_magnitude32(sig, exp, f, true, rnd) : 0u, sign, f);
+}
+
+// nvfp4_encode with stochastic rounding (x * m rounded once in fp32, then onto E2M1).
+MXQ_HD_HOT std::uint32_t nvfp4_encode_sr(std::uint32_t xbits, float m, std::uint32_t rnd) {
+  if ((xbits & 0x7FFFFFFFu) == 0) return (xbits >> 31) << 3;
+  return encode_scaled_sr<ElemType::e2m1>(f2u(mul_rn(u2f(xbits), m)), 0, rnd);
+}
+
+// mx_dequant_bits for an element code that is not NaN/Inf, under a finite scale 2^e (scale = pow2f(e),
+// e in [-127, 127]): the element value and its product with the scale are exact in fp32 (or +Inf
+// past FLT_MAX, which saturates).
+template <ElemType ET, DType OUT>
+MXQ_HD_HOT std::uint32_t mx_dequant_finite(std::uint32_t code, float scale) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  std::uint32_t sign = 0, n = 0;
+  int pe = 0;
+  decode_parts(code, f, sign, n, pe);
+  const float v = mul_rn(mul_rn(float(n), pow2f(pe)), scale);
+  return out_mag_bits<OUT>(v) | (sign << (OUT == DType::f32 ? 31 : 15));
+}
+
 }  // namespace mxq::core

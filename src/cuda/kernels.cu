@@ -91,56 +91,72 @@ constexpr int vec_align() {
   return vec_bytes<DT, C>() < 16 ? vec_bytes<DT, C>() : 16;
 }
 
-// Copy C storage elements between a register array and aligned global memory in the widest units.
-template <int BYTES>
-__device__ __forceinline__ void copy_vec(void* dst, const void* src) {
-  if constexpr (BYTES % 16 == 0) {
-    for (int i = 0; i < BYTES / 16; ++i) static_cast<uint4*>(dst)[i] = static_cast<const uint4*>(src)[i];
-  } else if constexpr (BYTES == 8) {
-    *static_cast<uint2*>(dst) = *static_cast<const uint2*>(src);
-  } else if constexpr (BYTES == 4) {
-    *static_cast<u32*>(dst) = *static_cast<const u32*>(src);
-  } else if constexpr (BYTES == 2) {
-    *static_cast<std::uint16_t*>(dst) = *static_cast<const std::uint16_t*>(src);
+// Vector global accesses of W 32-bit words (W = 1, 2 or a multiple of 4) with streaming cache hints.
+// NOTE: values move through plain register words; a local array whose address is taken would be
+// placed in local memory (a stack frame) and cost a round trip per access.
+template <int W>
+__device__ __forceinline__ void load_words(const void* src, u32 (&w)[W]) {
+  if constexpr (W % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < W / 4; ++q) {
+      const uint4 v = __ldcs(static_cast<const uint4*>(src) + q);
+      w[4 * q] = v.x, w[4 * q + 1] = v.y, w[4 * q + 2] = v.z, w[4 * q + 3] = v.w;
+    }
+  } else if constexpr (W == 2) {
+    const uint2 v = __ldcs(static_cast<const uint2*>(src));
+    w[0] = v.x, w[1] = v.y;
   } else {
-    *static_cast<std::uint8_t*>(dst) = *static_cast<const std::uint8_t*>(src);
+    w[0] = __ldcs(static_cast<const unsigned int*>(src));
+  }
+}
+template <int W>
+__device__ __forceinline__ void store_words(void* dst, const u32 (&w)[W]) {
+  if constexpr (W % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < W / 4; ++q) __stcs(static_cast<uint4*>(dst) + q, make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]));
+  } else if constexpr (W == 2) {
+    __stcs(static_cast<uint2*>(dst), make_uint2(w[0], w[1]));
+  } else {
+    __stcs(static_cast<unsigned int*>(dst), w[0]);
   }
 }
 
 template <DType DT, int C>
 __device__ __forceinline__ void load_chunk(const Params& p, i64 row, i64 k0, bool full, u32 (&xb)[C]) {
   using S = Storage<DT>;
-  union {
-    S s[C];
-    uint4 q[(vec_bytes<DT, C>() + 15) / 16];
-  } v;
   const S* src = reinterpret_cast<const S*>(p.x + row * p.x_stride) + k0;
   if (full && p.x_vec) {
-    copy_vec<vec_bytes<DT, C>()>(v.s, src);
+    constexpr int W = vec_bytes<DT, C>() / 4;
+    u32 w[W];
+    load_words<W>(src, w);
+#pragma unroll
+    for (int i = 0; i < C; ++i) {
+      if constexpr (sizeof(S) == 4) xb[i] = w[i];
+      else xb[i] = to_f32_bits<DT>(static_cast<S>((w[i / 2] >> (16 * (i % 2))) & 0xFFFFu));
+    }
   } else {
 #pragma unroll
-    for (int i = 0; i < C; ++i) v.s[i] = k0 + i < p.K ? src[i] : S(0);
+    for (int i = 0; i < C; ++i) xb[i] = to_f32_bits<DT>(k0 + i < p.K ? src[i] : S(0));
   }
-#pragma unroll
-  for (int i = 0; i < C; ++i) xb[i] = to_f32_bits<DT>(v.s[i]);
 }
 
 template <DType DT, int C>
 __device__ __forceinline__ void store_chunk(const Params& p, i64 row, i64 k0, bool full, const u32 (&ob)[C]) {
   using S = Storage<DT>;
-  union {
-    S s[C];
-    uint4 q[(vec_bytes<DT, C>() + 15) / 16];
-  } v;
-#pragma unroll
-  for (int i = 0; i < C; ++i) v.s[i] = static_cast<S>(ob[i]);
   S* dst = reinterpret_cast<S*>(p.y + row * p.y_stride) + k0;
   if (full && p.y_vec) {
-    copy_vec<vec_bytes<DT, C>()>(dst, v.s);
+    constexpr int W = vec_bytes<DT, C>() / 4;
+    u32 w[W];
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      if constexpr (sizeof(S) == 4) w[j] = ob[j];
+      else w[j] = (ob[2 * j] & 0xFFFFu) | (ob[2 * j + 1] << 16);
+    }
+    store_words<W>(dst, w);
   } else {
 #pragma unroll
     for (int i = 0; i < C; ++i)
-      if (k0 + i < p.K) dst[i] = v.s[i];
+      if (k0 + i < p.K) dst[i] = static_cast<S>(ob[i]);
   }
 }
 
@@ -259,13 +275,15 @@ __global__ void __launch_bounds__(kThreads) block_kernel(const Params p) {
   if (ET == ElemType::e2m1 && p.nvfp4) {
     // ---- NVFP4: E4M3 block scale under the tensor encode scale S
     const float S = p.amax ? nvfp4_encode_scale(u2f(*p.amax)) : p.S;
-    const u32 sc = nonfinite ? u32(kE4M3NaN) : nvfp4_block_scale_code(u2f(am), S);
-    const float m = nvfp4_multiplier(sc, S);
-    const float sval = decode_f32(sc, spec_e4m3());
+    // nvfp4_block_scale_code and nvfp4_multiplier, branch-free: the E4M3 value of the block scale is
+    // RNE(amax * S / 6) on E4M3's grid (saturating; amax * S / 6 is finite or +Inf, never NaN).
+    const float sval = nonfinite ? 0.0f : rne_mag<ElemType::e4m3>(div_rn(mul_rn(u2f(am), S), 6.0f), 1.0f);
+    const u32 sc = nonfinite ? u32(kE4M3NaN) : code_of<ElemType::e4m3>(sval, 0u);
+    const float m = sval == 0.0f ? 0.0f : div_rn(S, sval);
     sb = static_cast<std::uint8_t>(sc);
 #pragma unroll
     for (int i = 0; i < C; ++i) {
-      const u32 code = p.stochastic ? nvfp4_encode(xb[i], m, true, rnd[i]) : nvfp4_encode_rne(xb[i], m);
+      const u32 code = p.stochastic ? nvfp4_encode_sr(xb[i], m, rnd[i]) : nvfp4_encode_rne(xb[i], m);
       codes[i] = nonfinite ? 0u : code;
       if (!QDQ) keep |= u32(!nonfinite && fabs_bits(mul_rn(u2f(xb[i]), m)) < 6.0f) << i;
       if (QDQ) {
@@ -288,8 +306,8 @@ __global__ void __launch_bounds__(kThreads) block_kernel(const Params p) {
     if (p.stochastic) {
 #pragma unroll
       for (int i = 0; i < C; ++i) {
-        codes[i] = nonfinite ? 0u : encode_scaled(xb[i], e, f, true, rnd[i]);
-        if (QDQ) out[i] = mx_dequant_bits(codes[i], sb, f, DT);
+        codes[i] = nonfinite ? 0u : encode_scaled_sr<ET>(xb[i], e, rnd[i]);
+        if (QDQ) out[i] = nonfinite ? nan_bits(DT) : mx_dequant_finite<ET, DT>(codes[i], scale);
       }
     } else if (QDQ) {
       // NOTE: as the CPU path, round in the unscaled domain where the result is a normal float with at
@@ -342,33 +360,22 @@ __global__ void __launch_bounds__(kThreads) block_kernel(const Params p) {
     const i64 valid = p.K - c.k0 < C ? p.K - c.k0 : C;
     if (valid <= 0) return;  // a chunk wholly in the padding of a partial last group owns no bytes
     std::uint8_t* crow = p.codes + c.row * p.codes_stride;
-    if constexpr (f.bits == 4) {
-      constexpr int NB = C / 2;
-      union {
-        std::uint8_t b[NB];
-        u32 w;
-      } v;
+    // Codes packed into 32-bit words: FP4 two per byte (low nibble first), others one per byte.
+    constexpr int kBits = f.bits == 4 ? 4 : 8;
+    constexpr int NB = C * kBits / 8;  // bytes of this chunk
+    u32 w[(NB + 3) / 4] = {};
 #pragma unroll
-      for (int j = 0; j < NB; ++j) v.b[j] = static_cast<std::uint8_t>((codes[2 * j] & 0xF) | ((codes[2 * j + 1] & 0xF) << 4));
-      std::uint8_t* d = crow + c.k0 / 2;
-      if (c.full && p.codes_vec) {
-        copy_vec<NB>(d, v.b);
-      } else {
-        for (int j = 0; j < (valid + 1) / 2; ++j) d[j] = v.b[j];
-      }
+    for (int i = 0; i < C; ++i) w[i * kBits / 32] |= (codes[i] & ((1u << kBits) - 1u)) << ((i * kBits) % 32);
+    std::uint8_t* d = crow + c.k0 * kBits / 8;
+    if (c.full && p.codes_vec) {
+      if constexpr (NB >= 4) store_words<NB / 4>(d, w);
+      else if constexpr (NB == 2) *reinterpret_cast<std::uint16_t*>(d) = static_cast<std::uint16_t>(w[0]);
+      else *d = static_cast<std::uint8_t>(w[0]);
     } else {
-      union {
-        std::uint8_t b[C];
-        uint2 w;
-      } v;
+      const i64 nbytes = (valid * kBits + 7) / 8;
 #pragma unroll
-      for (int j = 0; j < C; ++j) v.b[j] = static_cast<std::uint8_t>(codes[j]);
-      std::uint8_t* d = crow + c.k0;
-      if (c.full && p.codes_vec) {
-        copy_vec<C>(d, v.b);
-      } else {
-        for (int j = 0; j < valid; ++j) d[j] = v.b[j];
-      }
+      for (int j = 0; j < NB; ++j)
+        if (j < nbytes) d[j] = static_cast<std::uint8_t>(w[j / 4] >> (8 * (j % 4)));
     }
     if (p.mask) {
       keep &= valid >= 32 ? ~0u : ((1u << valid) - 1u);
@@ -396,38 +403,23 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const Params p) {
   const std::uint8_t* crow = p.codes + c.row * p.codes_stride;
   const i64 valid = p.K - c.k0 < C ? p.K - c.k0 : C;
   u32 codes[C];
-  if constexpr (f.bits == 4) {
-    constexpr int NB = C / 2;
-    union {
-      std::uint8_t b[NB];
-      u32 w;
-    } v;
-    const std::uint8_t* s = crow + c.k0 / 2;
+  {
+    constexpr int kBits = f.bits == 4 ? 4 : 8;
+    constexpr int NB = C * kBits / 8;
+    u32 w[(NB + 3) / 4] = {};
+    const std::uint8_t* s = crow + c.k0 * kBits / 8;
     if (c.full && p.codes_vec) {
-      copy_vec<NB>(v.b, s);
+      if constexpr (NB >= 4) load_words<NB / 4>(s, w);
+      else if constexpr (NB == 2) w[0] = *reinterpret_cast<const std::uint16_t*>(s);
+      else w[0] = *s;
     } else {
+      const i64 nbytes = (valid * kBits + 7) / 8;
 #pragma unroll
-      for (int j = 0; j < NB; ++j) v.b[j] = 2 * j < valid ? s[j] : std::uint8_t(0);
+      for (int j = 0; j < NB; ++j)
+        if (j < nbytes) w[j / 4] |= u32(s[j]) << (8 * (j % 4));
     }
 #pragma unroll
-    for (int j = 0; j < NB; ++j) {
-      codes[2 * j] = v.b[j] & 0xFu;
-      codes[2 * j + 1] = v.b[j] >> 4;
-    }
-  } else {
-    union {
-      std::uint8_t b[C];
-      uint2 w;
-    } v;
-    const std::uint8_t* s = crow + c.k0;
-    if (c.full && p.codes_vec) {
-      copy_vec<C>(v.b, s);
-    } else {
-#pragma unroll
-      for (int j = 0; j < C; ++j) v.b[j] = j < valid ? s[j] : std::uint8_t(0);
-    }
-#pragma unroll
-    for (int j = 0; j < C; ++j) codes[j] = v.b[j];
+    for (int i = 0; i < C; ++i) codes[i] = (w[i * kBits / 32] >> ((i * kBits) % 32)) & ((1u << kBits) - 1u);
   }
   u32 out[C];
   if (ET == ElemType::e2m1 && p.nvfp4) {

@@ -103,11 +103,7 @@ void quantize(const Problem& p, const Tensor& x, const QuantizedOut& out) {
           // QuTLASS abs_max quantizes 3 * x (an fp32 multiplication) against the amax scale.
           const float xin = p.opt.rule == ScaleRule::qutlass_absmax ? 3.0f * v[i] : v[i];
           const std::uint32_t rnd = p.stochastic ? sr_bits(p.opt.seed, p.opt.offset + r * p.K + k) : 0u;
-          // NOTE: 3 * x overflows fp32 only for |x| > FLT_MAX / 3; the infinity then saturates like any
-          // out-of-range element (encode_scaled is defined for finite inputs).
-          const std::uint32_t code = is_finite_bits(f2u(xin)) ? encode_scaled(f2u(xin), e, p.elem, p.stochastic, rnd)
-                                                              : signed_code(p.elem.maxcode, f2u(xin) >> 31, p.elem);
-          put_code(p, out.codes, r, k, code);
+          put_code(p, out.codes, r, k, encode_scaled(f2u(xin), e, p.elem, p.stochastic, rnd));
           if (write_mask && std::fabs(static_cast<double>(xin)) < limit)
             *byte_ptr(out.clip_mask, r, k / 8) |= 1u << (k % 8);
         }
