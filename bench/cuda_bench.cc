@@ -118,6 +118,10 @@ std::vector<std::uint16_t> llm_like_bf16(std::int64_t rows, std::int64_t cols, s
   return v;
 }
 
+bool selected(const std::string& only, const char* op, const char* fmt, const char* mode) {
+  return only.empty() || (std::string(op) + " " + fmt + " " + mode).find(only) != std::string::npos;
+}
+
 struct Row {
   std::string op, format, shape, mode;
   double us, bytes;
@@ -129,13 +133,15 @@ int main(int argc, char** argv) {
   int reps = 50;
   std::string json;
   bool quick = false;
+  std::string only;  // run only rows whose "op format mode" contains this
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--json" && i + 1 < argc) json = argv[++i];
     else if (a == "--quick") quick = true;
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: cuda_bench [--reps N] [--json FILE] [--quick]\n");
+      std::fprintf(stderr, "usage: cuda_bench [--reps N] [--json FILE] [--quick] [--only 'op format mode']\n");
       return 2;
     }
   }
@@ -190,6 +196,7 @@ int main(int argc, char** argv) {
     mxfp4_sr.seed = 1234;
 
     auto qdq_row = [&](const char* fmt, const mxq::QuantOptions& o, const char* mode) {
+      if (!selected(only, "qdq", fmt, mode)) return;
       rows.push_back({"qdq", fmt, shape, mode, time_cold([&] { mxq::qdq(xt, yt, o); }, reps), 4.0 * n});
     };
     qdq_row("mxfp4", mxfp4, "even");
@@ -199,6 +206,7 @@ int main(int argc, char** argv) {
     qdq_row("mxfp4", mxfp4_sr, "even, stochastic");
 
     auto quant_row = [&](const char* fmt, mxq::QuantOptions o, const char* mode) {
+      if (!selected(only, "quantize", fmt, mode) && !selected(only, "dequantize", fmt, mode)) return;
       o.scale_layout = mxq::ScaleLayout::swizzled;
       const mxq::FormatInfo fi = mxq::format_info(o.format);
       const mxq::Shape2 ss = mxq::scale_shape(o, R, K);
@@ -240,14 +248,14 @@ int main(int argc, char** argv) {
     const auto nv_auto = opts(mxq::QuantOptions::nvfp4());
     for (auto [fmt, o, mode] : {std::tuple{"mxfp4", mxfp4, "even, graph"}, std::tuple{"mxfp8_e4m3", mxfp8, "floor, graph"},
                                 std::tuple{"nvfp4", nv_given, "given S, graph"}, std::tuple{"nvfp4", nv_auto, "computed S, graph"}})
-      rows.push_back({"qdq", fmt, shape, mode, time_graph([&] { mxq::qdq(xt, yt, o); }, 64, reps), 4.0 * n});
+      if (selected(only, "qdq", fmt, mode)) rows.push_back({"qdq", fmt, shape, mode, time_graph([&] { mxq::qdq(xt, yt, o); }, 64, reps), 4.0 * n});
     mxq::QuantOptions q = mxfp4;
     q.scale_layout = mxq::ScaleLayout::swizzled;
     const mxq::Shape2 ss = mxq::scale_shape(q, R, K);
     mxq::QuantizedOut out;
     out.codes = mxq::Tensor::of(codes.p, mxq::DType::u8, R, K / 2, 0, mxq::Device::cuda);
     out.scales = mxq::Tensor::of(scales.p, mxq::DType::u8, ss.rows, ss.cols, 0, mxq::Device::cuda);
-    rows.push_back({"quantize", "mxfp4", shape, "even, swizzled, graph",
+    if (selected(only, "quantize", "mxfp4", "even, swizzled, graph")) rows.push_back({"quantize", "mxfp4", shape, "even, swizzled, graph",
                     time_graph([&] { mxq::quantize(xt, out, q); }, 64, reps), n * (2.0 + 0.5 + 1.0 / 32)});
   }
 

@@ -59,6 +59,16 @@ if ! skipped bench; then
   status "cpu_bench --quick" "rc=$? (cpu_bench.txt)"
 fi
 
+if [ -n "${MXQ_CHECK_NCU:-}" ]; then  # optional: Nsight Compute on chosen benchmark rows (';'-separated)
+  IFS=';' read -ra CASES <<< "$MXQ_CHECK_NCU"
+  for c in "${CASES[@]}"; do
+    ncu --clock-control none -k regex:'block_kernel|dequant_kernel' -s 2 -c 1 --section SpeedOfLight --section Occupancy \
+      --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      "$BUILD/bench/cuda_bench" --quick --reps 1 --only "$c" > "$LOG/ncu-${c// /_}.txt" 2>&1
+    echo "== ncu: $c"; grep -E 'Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Executed Ipc A|Issue Slots Busy|Stall|Local' "$LOG/ncu-${c// /_}.txt" | head -20
+  done
+fi
+
 if ! skipped peers && [ -s "$OUT/cuda_bench.jsonl" ]; then
   t0=$SECONDS
   python3 "$ROOT/bench/torch_peers.py" "$OUT/cuda_bench.jsonl" --markdown "$OUT/perf_table.md" > "$LOG/torch_peers.txt" 2> "$LOG/torch_peers.log"

@@ -167,8 +167,7 @@ struct Coord {
   bool active, full;
 };
 template <int C>
-__device__ __forceinline__ Coord coord(const Params& p) {
-  const i64 i = i64(blockIdx.x) * kThreads + threadIdx.x;
+__device__ __forceinline__ Coord coord(const Params& p, i64 i) {
   Coord c;
   c.active = i < p.total;
   i64 ch;
@@ -247,18 +246,15 @@ __device__ __forceinline__ void sr_words(u64 seed, u64 j0, u32 (&rnd)[C]) {
 }
 
 // ---- quantize and qdq ---------------------------------------------------------------------------------
+// Chunks per thread: each thread first loads U chunks (i, i + S, ..., S = threads in the grid), then
+// processes them, so that U loads are in flight per thread.
+template <DType DT>
+constexpr int kUnroll = DT == DType::f32 ? 2 : 4;
+
 template <ElemType ET, DType DT, int C, bool QDQ>
-__global__ void __launch_bounds__(kThreads) block_kernel(const Params p) {
+__device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, u32 (&xb)[C]) {
   constexpr FloatSpec f = Elem<ET>::spec;
   constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
-  const Coord c = coord<C>(p);
-  u32 xb[C];
-  if (c.active) {
-    load_chunk<DT, C>(p, c.row, c.k0, c.full, xb);
-  } else {
-#pragma unroll
-    for (int i = 0; i < C; ++i) xb[i] = 0;
-  }
   u32 am = 0;
 #pragma unroll
   for (int i = 0; i < C; ++i) am = umax(am, xb[i] & 0x7FFFFFFFu);
@@ -351,14 +347,24 @@ __global__ void __launch_bounds__(kThreads) block_kernel(const Params p) {
       for (int i = 0; i < C; ++i) keep |= u32(!nonfinite && fabs_bits(u2f(xb[i])) < limit) << i;
     }
   }
+  // Clip-mask byte of this chunk's elements; with C = 2 four adjacent lanes share a byte and OR their
+  // bits together (rows hold a multiple of 4 chunks, so the four lanes are aligned and in one row).
+  const i64 valid = p.K - c.k0 < C ? p.K - c.k0 : C;  // <= 0: the chunk is padding past K
+  u32 mbyte = 0;
+  if (!QDQ && p.mask) {
+    mbyte = valid <= 0 ? 0u : (keep & (valid >= C ? 0xFFu : ((1u << valid) - 1u))) << (c.k0 % 8);
+    if constexpr (C == 2) {
+      mbyte |= __shfl_xor_sync(kFull, mbyte, 1);
+      mbyte |= __shfl_xor_sync(kFull, mbyte, 2);
+    }
+  }
   if (!c.active) return;  // every shuffle is behind us
 
   if constexpr (QDQ) {
     store_chunk<DT, C>(p, c.row, c.k0, c.full, out);
   } else {
+    if (valid <= 0) return;  // padding chunks own no bytes (lane 0 of a group is never padding)
     if (c.lane_in_group == 0) p.scales[scale_index(p, c.row, c.block)] = sb;
-    const i64 valid = p.K - c.k0 < C ? p.K - c.k0 : C;
-    if (valid <= 0) return;  // a chunk wholly in the padding of a partial last group owns no bytes
     std::uint8_t* crow = p.codes + c.row * p.codes_stride;
     // Codes packed into 32-bit words: FP4 two per byte (low nibble first), others one per byte.
     constexpr int kBits = f.bits == 4 ? 4 : 8;
@@ -377,50 +383,59 @@ __global__ void __launch_bounds__(kThreads) block_kernel(const Params p) {
       for (int j = 0; j < NB; ++j)
         if (j < nbytes) d[j] = static_cast<std::uint8_t>(w[j / 4] >> (8 * (j % 4)));
     }
-    if (p.mask) {
-      keep &= valid >= 32 ? ~0u : ((1u << valid) - 1u);
-      std::uint8_t* mb = p.mask + c.row * p.mask_stride + c.k0 / 8;
-      if constexpr (C == 8) {
-        *mb = static_cast<std::uint8_t>(keep);  // the chunk owns the whole byte
-      } else if (keep) {
-        // NOTE: groups of 2 or 4 share mask bytes; the mask was zeroed and bits are ORed in through the
-        // aligned 32-bit word that holds the byte.
-        const auto a = reinterpret_cast<std::uintptr_t>(mb);
-        atomicOr(reinterpret_cast<unsigned int*>(a & ~std::uintptr_t(3)), (keep << (c.k0 % 8)) << (8 * (a & 3)));
-      }
-    }
+    if (p.mask && c.k0 % 8 == 0) p.mask[c.row * p.mask_stride + c.k0 / 8] = static_cast<std::uint8_t>(mbyte);
   }
 }
 
+template <ElemType ET, DType DT, int C, bool QDQ>
+__global__ void __launch_bounds__(kThreads) block_kernel(const Params p) {
+  constexpr int U = kUnroll<DT>;
+  const i64 S = i64(gridDim.x) * kThreads, i0 = i64(blockIdx.x) * kThreads + threadIdx.x;
+  Coord c[U];
+  u32 xb[U][C];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    c[u] = coord<C>(p, i0 + u * S);
+    if (c[u].active) {
+      load_chunk<DT, C>(p, c[u].row, c[u].k0, c[u].full, xb[u]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < C; ++i) xb[u][i] = 0;
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) process_chunk<ET, DT, C, QDQ>(p, c[u], xb[u]);
+}
+
 // ---- dequantize -------------------------------------------------------------------------------------------
-template <ElemType ET, DType DT, int C>
-__global__ void __launch_bounds__(kThreads) dequant_kernel(const Params p) {
+template <ElemType ET, int C>
+__device__ __forceinline__ void load_codes(const Params& p, const Coord& c, u32 (&codes)[C], std::uint8_t& sb) {
   constexpr FloatSpec f = Elem<ET>::spec;
-  constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
-  const Coord c = coord<C>(p);
-  if (!c.active) return;
-  const std::uint8_t sb = p.scales[scale_index(p, c.row, c.block)];
+  sb = p.scales[scale_index(p, c.row, c.block)];
   const std::uint8_t* crow = p.codes + c.row * p.codes_stride;
   const i64 valid = p.K - c.k0 < C ? p.K - c.k0 : C;
-  u32 codes[C];
-  {
-    constexpr int kBits = f.bits == 4 ? 4 : 8;
-    constexpr int NB = C * kBits / 8;
-    u32 w[(NB + 3) / 4] = {};
-    const std::uint8_t* s = crow + c.k0 * kBits / 8;
-    if (c.full && p.codes_vec) {
-      if constexpr (NB >= 4) load_words<NB / 4>(s, w);
-      else if constexpr (NB == 2) w[0] = *reinterpret_cast<const std::uint16_t*>(s);
-      else w[0] = *s;
-    } else {
-      const i64 nbytes = (valid * kBits + 7) / 8;
+  constexpr int kBits = f.bits == 4 ? 4 : 8;
+  constexpr int NB = C * kBits / 8;
+  u32 w[(NB + 3) / 4] = {};
+  const std::uint8_t* s = crow + c.k0 * kBits / 8;
+  if (c.full && p.codes_vec) {
+    if constexpr (NB >= 4) load_words<NB / 4>(s, w);
+    else if constexpr (NB == 2) w[0] = *reinterpret_cast<const std::uint16_t*>(s);
+    else w[0] = *s;
+  } else {
+    const i64 nbytes = (valid * kBits + 7) / 8;
 #pragma unroll
-      for (int j = 0; j < NB; ++j)
-        if (j < nbytes) w[j / 4] |= u32(s[j]) << (8 * (j % 4));
-    }
-#pragma unroll
-    for (int i = 0; i < C; ++i) codes[i] = (w[i * kBits / 32] >> ((i * kBits) % 32)) & ((1u << kBits) - 1u);
+    for (int j = 0; j < NB; ++j)
+      if (j < nbytes) w[j / 4] |= u32(s[j]) << (8 * (j % 4));
   }
+#pragma unroll
+  for (int i = 0; i < C; ++i) codes[i] = (w[i * kBits / 32] >> ((i * kBits) % 32)) & ((1u << kBits) - 1u);
+}
+
+template <ElemType ET, DType DT, int C>
+__device__ __forceinline__ void dequant_chunk(const Params& p, const Coord& c, const u32 (&codes)[C], std::uint8_t sb) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
   u32 out[C];
   if (ET == ElemType::e2m1 && p.nvfp4) {
     const bool nan_scale = (sb & 0x7F) == kE4M3NaN;
@@ -445,6 +460,23 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const Params p) {
     }
   }
   store_chunk<DT, C>(p, c.row, c.k0, c.full, out);
+}
+
+template <ElemType ET, DType DT, int C>
+__global__ void __launch_bounds__(kThreads) dequant_kernel(const Params p) {
+  constexpr int U = kUnroll<DT>;
+  const i64 S = i64(gridDim.x) * kThreads, i0 = i64(blockIdx.x) * kThreads + threadIdx.x;
+  Coord c[U];
+  u32 codes[U][C];
+  std::uint8_t sb[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    c[u] = coord<C>(p, i0 + u * S);
+    if (c[u].active && c[u].k0 < p.K) load_codes<ET, C>(p, c[u], codes[u], sb[u]);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (c[u].active && c[u].k0 < p.K) dequant_chunk<ET, DT, C>(p, c[u], codes[u], sb[u]);
 }
 
 // ---- tensor amax, scale layouts, small helpers ------------------------------------------------------------
@@ -535,6 +567,21 @@ i64 launch_blocks(const char* fn, i64 threads) {
   return b;
 }
 
+// Grid of the chunked kernels: every thread takes kUnroll chunks.
+// NOTE: small tensors (decode shapes) would leave most SMs idle with kUnroll chunks per thread, so
+// they get one thread per chunk (the kernel's later chunks are then inactive).
+int sm_count(const char* fn) {
+  int dev = 0, sms = 0;
+  check(cudaGetDevice(&dev), fn, "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), fn, "cudaDeviceGetAttribute");
+  return sms;
+}
+template <DType DT>
+unsigned grid_for(const char* fn, i64 chunks) {
+  const i64 unrolled = launch_blocks(fn, (chunks + kUnroll<DT> - 1) / kUnroll<DT>);
+  return unsigned(unrolled >= 8 * i64(sm_count(fn)) ? unrolled : launch_blocks(fn, chunks));
+}
+
 // Geometry common to every chunked kernel.
 Params base_params(const Problem& p, int C) {
   Params k;
@@ -545,6 +592,7 @@ Params base_params(const Problem& p, int C) {
   k.log2T = 0;
   while ((1 << k.log2T) < k.T) ++k.log2T;
   k.cpr = p.nblocks * k.T;
+  if (C == 2) k.cpr = (k.cpr + 3) / 4 * 4;  // clip-mask bytes: 4 lanes per byte, aligned in the warp
   k.total = k.rows * k.cpr;
   k.small = k.total < (i64(1) << 31);
   if (k.small) k.cpr_div = FastDiv(u32(k.cpr));
@@ -598,10 +646,7 @@ void enqueue_amax(const char* fn, const Tensor& x, u32* acc, cudaStream_t s) {
   k.rows = x.rows;
   k.cpr = (x.cols + 7) / 8;
   k.total = k.rows * k.cpr;
-  int sms = 0, dev = 0;
-  check(cudaGetDevice(&dev), fn, "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), fn, "cudaDeviceGetAttribute");
-  const i64 blocks = std::min<i64>(launch_blocks(fn, k.total), i64(sms) * 8);
+  const i64 blocks = std::min<i64>(launch_blocks(fn, k.total), i64(sm_count(fn)) * 8);
   dispatch_dtype(x.dtype, [&](auto dt) {
     constexpr DType DT = decltype(dt)::value;
     k.x_vec = aligned(k.x, k.x_stride, vec_align<DT, 8>());
@@ -670,9 +715,6 @@ void quantize(const char* fn, const Problem& p0, const Tensor& x, const Quantize
   k.codes_vec = aligned(k.codes, k.codes_stride, code_bytes);
   if (k.swizzled && (p.scale_rows_padded != p.rows || p.scale_cols_padded != p.nblocks))
     check(cudaMemsetAsync(k.scales, 0, p.scale_rows_padded * p.scale_cols_padded, s), fn, "zeroing swizzle padding");
-  if (k.mask && C < 8)
-    check(cudaMemset2DAsync(k.mask, k.mask_stride, 0, out.clip_mask.cols, out.clip_mask.rows, s), fn, "zeroing the clip mask");
-  const i64 blocks = launch_blocks(fn, k.total);
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(x.dtype, [&](auto dt) {
       dispatch_chunk(p.g, [&](auto cc) {
@@ -680,7 +722,7 @@ void quantize(const char* fn, const Problem& p0, const Tensor& x, const Quantize
         constexpr DType DT = decltype(dt)::value;
         constexpr int CC = decltype(cc)::value;
         k.x_vec = aligned(k.x, k.x_stride, vec_align<DT, CC>());
-        block_kernel<ET, DT, CC, false><<<unsigned(blocks), kThreads, 0, s>>>(k);
+        block_kernel<ET, DT, CC, false><<<grid_for<DT>(fn, k.total), kThreads, 0, s>>>(k);
       });
     });
   });
@@ -716,7 +758,6 @@ void qdq(const char* fn, const Problem& p, const Tensor& x, const Tensor& y) {
   k.y = static_cast<std::uint8_t*>(y.data);
   k.y_stride = y.stride() * dtype_size(y.dtype);
   k.amax = acc;
-  const i64 blocks = launch_blocks(fn, k.total);
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(x.dtype, [&](auto dt) {
       dispatch_chunk(p.g, [&](auto cc) {
@@ -725,7 +766,7 @@ void qdq(const char* fn, const Problem& p, const Tensor& x, const Tensor& y) {
         constexpr int CC = decltype(cc)::value;
         k.x_vec = aligned(k.x, k.x_stride, vec_align<DT, CC>());
         k.y_vec = aligned(k.y, k.y_stride, vec_align<DT, CC>());
-        block_kernel<ET, DT, CC, true><<<unsigned(blocks), kThreads, 0, s>>>(k);
+        block_kernel<ET, DT, CC, true><<<grid_for<DT>(fn, k.total), kThreads, 0, s>>>(k);
       });
     });
   });
@@ -747,7 +788,6 @@ void dequantize(const char* fn, const Problem& p, const QuantizedIn& q, const Te
   k.y = static_cast<std::uint8_t*>(y.data);
   k.y_stride = y.stride() * dtype_size(y.dtype);
   k.codes_vec = aligned(k.codes, k.codes_stride, p.fp4 ? C / 2 : C);
-  const i64 blocks = launch_blocks(fn, k.total);
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(y.dtype, [&](auto dt) {
       dispatch_chunk(p.g, [&](auto cc) {
@@ -755,7 +795,7 @@ void dequantize(const char* fn, const Problem& p, const QuantizedIn& q, const Te
         constexpr DType DT = decltype(dt)::value;
         constexpr int CC = decltype(cc)::value;
         k.y_vec = aligned(k.y, k.y_stride, vec_align<DT, CC>());
-        dequant_kernel<ET, DT, CC><<<unsigned(blocks), kThreads, 0, s>>>(k);
+        dequant_kernel<ET, DT, CC><<<grid_for<DT>(fn, k.total), kThreads, 0, s>>>(k);
       });
     });
   });
