@@ -17,43 +17,19 @@ using th::Quantized;
 
 namespace {
 
-struct Case {
-  Format format;
-  ScaleRule rule;
-  Rounding rounding;
-  int group;  // 0 = default
-};
-
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << to_string(c.format) << "/" << to_string(c.rule) << "/" << to_string(c.rounding) << "/g" << c.group;
-}
-
-std::string case_name(const testing::TestParamInfo<Case>& i) {
-  std::string n = std::string(to_string(i.param.format)) + "_" + std::string(to_string(i.param.rule)) + "_" +
-                  std::string(to_string(i.param.rounding));
-  if (i.param.group) n += "_g" + std::to_string(i.param.group);
-  return n;
-}
+using th::Case;
+using th::Shape;
 
 std::vector<Case> all_cases() {
   std::vector<Case> v;
-  const Format mx[] = {Format::mxfp4, Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::mxint8};
-  const ScaleRule rules[] = {ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::quest};
   for (Rounding rd : {Rounding::nearest_even, Rounding::stochastic}) {
-    for (Format f : mx)
-      for (ScaleRule r : rules) v.push_back({f, r, rd, 0});
-    v.push_back({Format::mxfp4, ScaleRule::qutlass_absmax, rd, 0});
-    v.push_back({Format::nvfp4, ScaleRule::nvfp4, rd, 0});
+    th::add_default_cases(rd, v);
     v.push_back({Format::mxfp4, ScaleRule::even, rd, 16});
     v.push_back({Format::mxfp8_e4m3, ScaleRule::floor, rd, 64});
     v.push_back({Format::nvfp4, ScaleRule::nvfp4, rd, 32});
   }
   return v;
 }
-
-struct Shape {
-  std::int64_t rows, cols, stride;
-};
 
 std::vector<Shape> shapes_for(int g) {
   return {{1, 1, 0}, {1, g - 1, 0}, {1, g, 0}, {1, g + 1, 0}, {3, 97, 0}, {130, 65, 80}, {2, 4103, 0}, {16, 1024, 0}};
@@ -129,7 +105,7 @@ TEST_P(FastVsReference, QuantizeDequantizeQdqBitExact) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllFormatsRulesRoundings, FastVsReference, testing::ValuesIn(all_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(AllFormatsRulesRoundings, FastVsReference, testing::ValuesIn(all_cases()), th::case_name);
 
 TEST(FastDequantize, ArbitraryCodeBytesIncludingNaNCodes) {
   // Dequantize random code and scale bytes (NaN/Inf element codes, stray FP6 high bits, NaN scales).
@@ -168,24 +144,8 @@ namespace {
 // (mixed magnitudes, NaN/Inf blocks), once as the small member of a block whose amax is fixed, so
 // each pattern is converted at many different scales.
 TEST(FastVsReferenceExhaustive, AllBf16PatternsThroughQuantizeAndQdq) {
-  std::vector<std::uint16_t> pats(65536);
-  for (std::uint32_t i = 0; i < 65536; ++i) pats[i] = std::uint16_t(i);
-  std::shuffle(pats.begin(), pats.end(), std::mt19937(5));
-  HostTensor shuffled(DType::bf16, 2048, 32);
-  std::memcpy(shuffled.bytes.data(), pats.data(), 65536 * 2);
-  HostTensor anchored(DType::bf16, 65536, 2);  // group 2: [pattern, anchor]
-  for (std::uint32_t i = 0; i < 65536; ++i) {
-    const std::uint16_t p = std::uint16_t(i), a = std::uint16_t(0x3F80 + ((i * 37) % 0x0F00));  // anchors in [1, 2^31)
-    std::memcpy(&anchored.bytes[i * 4], &p, 2);
-    std::memcpy(&anchored.bytes[i * 4 + 2], &a, 2);
-  }
-  std::vector<QuantOptions> opts;
-  for (Format f : {Format::mxfp4, Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::mxint8})
-    for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::quest})
-      opts.push_back(QuantOptions::mx(f, r));
-  opts.push_back(QuantOptions::mx(Format::mxfp4, ScaleRule::qutlass_absmax));
-  opts.push_back(QuantOptions::nvfp4());
-  opts.push_back(QuantOptions::nvfp4(1.0f));
+  const HostTensor shuffled = th::all_bf16_shuffled(), anchored = th::all_bf16_anchored();
+  std::vector<QuantOptions> opts = th::sweep_options();
   for (QuantOptions o : opts) {
     for (const HostTensor* x : {&shuffled, &anchored}) {
       o.group_size = x == &anchored ? 2 : 0;

@@ -1,6 +1,7 @@
 #pragma once
 // Test data and buffers: LLM-like inputs in every dtype, quantized-output holders sized by the
 // public shape helpers, and byte comparisons that print the first mismatches with coordinates.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -152,6 +153,75 @@ inline std::string name_of(const mxq::QuantOptions& o) {
   return std::string(mxq::to_string(o.format)) + "/" + std::string(mxq::to_string(o.rule)) + "/" +
          std::string(mxq::to_string(o.rounding)) + "/" + std::string(mxq::to_string(o.scale_layout)) + "/g" +
          std::to_string(mxq::group_size(o));
+}
+
+// ---- parameterised backend-vs-reference grids (fast_test, cuda_test) -------------------------------
+struct Case {
+  mxq::Format format;
+  mxq::ScaleRule rule;
+  mxq::Rounding rounding;
+  int group;  // 0 = default
+};
+
+inline void PrintTo(const Case& c, std::ostream* os) {
+  *os << mxq::to_string(c.format) << "/" << mxq::to_string(c.rule) << "/" << mxq::to_string(c.rounding) << "/g" << c.group;
+}
+
+inline std::string case_name(const testing::TestParamInfo<Case>& i) {
+  std::string n = std::string(mxq::to_string(i.param.format)) + "_" + std::string(mxq::to_string(i.param.rule)) + "_" +
+                  std::string(mxq::to_string(i.param.rounding));
+  if (i.param.group) n += "_g" + std::to_string(i.param.group);
+  return n;
+}
+
+// Every MX format x {floor, ceil, even, rceil, quest}, qutlass_absmax and NVFP4, default group size.
+inline void add_default_cases(mxq::Rounding rd, std::vector<Case>& v) {
+  using mxq::Format;
+  using mxq::ScaleRule;
+  for (Format f : {Format::mxfp4, Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::mxint8})
+    for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::quest})
+      v.push_back({f, r, rd, 0});
+  v.push_back({Format::mxfp4, ScaleRule::qutlass_absmax, rd, 0});
+  v.push_back({Format::nvfp4, ScaleRule::nvfp4, rd, 0});
+}
+
+struct Shape {
+  std::int64_t rows, cols, stride;
+};
+
+// ---- the exhaustive bf16 sweep --------------------------------------------------------------------------
+// Every bf16 pattern once, shuffled into [2048, 32] blocks (mixed magnitudes, NaN/Inf blocks).
+inline HostTensor all_bf16_shuffled() {
+  std::vector<std::uint16_t> pats(65536);
+  for (std::uint32_t i = 0; i < 65536; ++i) pats[i] = std::uint16_t(i);
+  std::shuffle(pats.begin(), pats.end(), std::mt19937(5));
+  HostTensor x(mxq::DType::bf16, 2048, 32);
+  std::memcpy(x.bytes.data(), pats.data(), 65536 * 2);
+  return x;
+}
+// Every bf16 pattern beside a fixed anchor in [1, 2^31), one per row of [65536, 2] (group size 2), so
+// each pattern is converted at many different scales.
+inline HostTensor all_bf16_anchored() {
+  HostTensor x(mxq::DType::bf16, 65536, 2);
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    const std::uint16_t p = std::uint16_t(i), a = std::uint16_t(0x3F80 + ((i * 37) % 0x0F00));
+    std::memcpy(&x.bytes[i * 4], &p, 2);
+    std::memcpy(&x.bytes[i * 4 + 2], &a, 2);
+  }
+  return x;
+}
+// The sweep's options: every MX format x {floor, ceil, even, rceil, quest}, qutlass_absmax, NVFP4
+// with a computed and a given tensor scale.
+inline std::vector<mxq::QuantOptions> sweep_options() {
+  using namespace mxq;
+  std::vector<QuantOptions> opts;
+  for (Format f : {Format::mxfp4, Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::mxint8})
+    for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::quest})
+      opts.push_back(QuantOptions::mx(f, r));
+  opts.push_back(QuantOptions::mx(Format::mxfp4, ScaleRule::qutlass_absmax));
+  opts.push_back(QuantOptions::nvfp4());
+  opts.push_back(QuantOptions::nvfp4(1.0f));
+  return opts;
 }
 
 }  // namespace th

@@ -10,6 +10,7 @@
 // Stochastic rounding, NVFP4 and blocks holding NaN/Inf element codes use the shared scalar codec.
 #include "cpu/fast.hpp"
 
+#include "core/dispatch.hpp"
 #include "core/fastmath.hpp"
 
 #include <algorithm>
@@ -366,26 +367,6 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
 }
 
 // ---- dispatch: runtime enums -> template parameters ------------------------------------------------------------
-template <class F>
-void dispatch_elem(ElemType t, F&& f) {
-  switch (t) {
-    case ElemType::e2m1: return f(std::integral_constant<ElemType, ElemType::e2m1>{});
-    case ElemType::e2m3: return f(std::integral_constant<ElemType, ElemType::e2m3>{});
-    case ElemType::e3m2: return f(std::integral_constant<ElemType, ElemType::e3m2>{});
-    case ElemType::e4m3: return f(std::integral_constant<ElemType, ElemType::e4m3>{});
-    case ElemType::e5m2: return f(std::integral_constant<ElemType, ElemType::e5m2>{});
-    case ElemType::int8: return f(std::integral_constant<ElemType, ElemType::int8>{});
-  }
-}
-template <class F>
-void dispatch_dtype(DType t, F&& f) {
-  switch (t) {
-    case DType::f32: return f(std::integral_constant<DType, DType::f32>{});
-    case DType::f16: return f(std::integral_constant<DType, DType::f16>{});
-    case DType::bf16: return f(std::integral_constant<DType, DType::bf16>{});
-    case DType::u8: return;
-  }
-}
 
 // Group size 32 (every MX format's default) is compiled with a constant trip count; others run the
 // same code with a runtime count.

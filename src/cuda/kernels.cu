@@ -19,6 +19,7 @@
 #include <string>
 #include <type_traits>
 
+#include "core/dispatch.hpp"
 #include "core/fastmath.hpp"
 #include "core/validate.hpp"
 #include "cuda/backend.hpp"
@@ -607,26 +608,6 @@ Params base_params(const Problem& p, int C) {
   return k;
 }
 
-template <class F>
-void dispatch_elem(ElemType t, F&& f) {
-  switch (t) {
-    case ElemType::e2m1: return f(std::integral_constant<ElemType, ElemType::e2m1>{});
-    case ElemType::e2m3: return f(std::integral_constant<ElemType, ElemType::e2m3>{});
-    case ElemType::e3m2: return f(std::integral_constant<ElemType, ElemType::e3m2>{});
-    case ElemType::e4m3: return f(std::integral_constant<ElemType, ElemType::e4m3>{});
-    case ElemType::e5m2: return f(std::integral_constant<ElemType, ElemType::e5m2>{});
-    case ElemType::int8: return f(std::integral_constant<ElemType, ElemType::int8>{});
-  }
-}
-template <class F>
-void dispatch_dtype(DType t, F&& f) {
-  switch (t) {
-    case DType::f32: return f(std::integral_constant<DType, DType::f32>{});
-    case DType::f16: return f(std::integral_constant<DType, DType::f16>{});
-    case DType::bf16: return f(std::integral_constant<DType, DType::bf16>{});
-    case DType::u8: return;
-  }
-}
 template <class F>
 void dispatch_chunk(int g, F&& f) {
   if (g >= 8) return f(std::integral_constant<int, 8>{});

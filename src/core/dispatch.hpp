@@ -1,0 +1,33 @@
+#pragma once
+// Runtime element type / dtype -> compile-time template parameter, shared by the fast CPU path and
+// the CUDA backend: f is called with a std::integral_constant of the value.
+#include <type_traits>
+
+#include <mxq/types.hpp>
+
+namespace mxq::core {
+
+template <class F>
+void dispatch_elem(ElemType t, F&& f) {
+  switch (t) {
+    case ElemType::e2m1: return f(std::integral_constant<ElemType, ElemType::e2m1>{});
+    case ElemType::e2m3: return f(std::integral_constant<ElemType, ElemType::e2m3>{});
+    case ElemType::e3m2: return f(std::integral_constant<ElemType, ElemType::e3m2>{});
+    case ElemType::e4m3: return f(std::integral_constant<ElemType, ElemType::e4m3>{});
+    case ElemType::e5m2: return f(std::integral_constant<ElemType, ElemType::e5m2>{});
+    case ElemType::int8: return f(std::integral_constant<ElemType, ElemType::int8>{});
+  }
+}
+
+// u8 is not a floating dtype: f is not called (the entry points reject it first).
+template <class F>
+void dispatch_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: return f(std::integral_constant<DType, DType::f32>{});
+    case DType::f16: return f(std::integral_constant<DType, DType::f16>{});
+    case DType::bf16: return f(std::integral_constant<DType, DType::bf16>{});
+    case DType::u8: return;
+  }
+}
+
+}  // namespace mxq::core
