@@ -247,11 +247,6 @@ __device__ __forceinline__ void sr_words(u64 seed, u64 j0, u32 (&rnd)[C]) {
 }
 
 // ---- quantize and qdq ---------------------------------------------------------------------------------
-// Chunks per thread: each thread first loads U chunks (i, i + S, ..., S = threads in the grid), then
-// processes them, so that U loads are in flight per thread.
-template <DType DT>
-constexpr int kUnroll = DT == DType::f32 ? 2 : 4;
-
 template <ElemType ET, DType DT, int C, bool QDQ>
 __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, u32 (&xb)[C]) {
   constexpr FloatSpec f = Elem<ET>::spec;
@@ -388,24 +383,19 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, u
   }
 }
 
+// NOTE: one chunk per thread. Loading four chunks per thread before processing them (tried on the
+// H200, 2026-12-02) raised registers, halved achieved occupancy and made every case slower.
 template <ElemType ET, DType DT, int C, bool QDQ>
 __global__ void __launch_bounds__(kThreads) block_kernel(const Params p) {
-  constexpr int U = kUnroll<DT>;
-  const i64 S = i64(gridDim.x) * kThreads, i0 = i64(blockIdx.x) * kThreads + threadIdx.x;
-  Coord c[U];
-  u32 xb[U][C];
+  const Coord c = coord<C>(p, i64(blockIdx.x) * kThreads + threadIdx.x);
+  u32 xb[C];
+  if (c.active) {
+    load_chunk<DT, C>(p, c.row, c.k0, c.full, xb);
+  } else {
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
-    c[u] = coord<C>(p, i0 + u * S);
-    if (c[u].active) {
-      load_chunk<DT, C>(p, c[u].row, c[u].k0, c[u].full, xb[u]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < C; ++i) xb[u][i] = 0;
-    }
+    for (int i = 0; i < C; ++i) xb[i] = 0;
   }
-#pragma unroll
-  for (int u = 0; u < U; ++u) process_chunk<ET, DT, C, QDQ>(p, c[u], xb[u]);
+  process_chunk<ET, DT, C, QDQ>(p, c, xb);
 }
 
 // ---- dequantize -------------------------------------------------------------------------------------------
@@ -465,19 +455,12 @@ __device__ __forceinline__ void dequant_chunk(const Params& p, const Coord& c, c
 
 template <ElemType ET, DType DT, int C>
 __global__ void __launch_bounds__(kThreads) dequant_kernel(const Params p) {
-  constexpr int U = kUnroll<DT>;
-  const i64 S = i64(gridDim.x) * kThreads, i0 = i64(blockIdx.x) * kThreads + threadIdx.x;
-  Coord c[U];
-  u32 codes[U][C];
-  std::uint8_t sb[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    c[u] = coord<C>(p, i0 + u * S);
-    if (c[u].active && c[u].k0 < p.K) load_codes<ET, C>(p, c[u], codes[u], sb[u]);
-  }
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-    if (c[u].active && c[u].k0 < p.K) dequant_chunk<ET, DT, C>(p, c[u], codes[u], sb[u]);
+  const Coord c = coord<C>(p, i64(blockIdx.x) * kThreads + threadIdx.x);
+  if (!c.active || c.k0 >= p.K) return;
+  u32 codes[C];
+  std::uint8_t sb;
+  load_codes<ET, C>(p, c, codes, sb);
+  dequant_chunk<ET, DT, C>(p, c, codes, sb);
 }
 
 // ---- tensor amax, scale layouts, small helpers ------------------------------------------------------------
@@ -568,19 +551,12 @@ i64 launch_blocks(const char* fn, i64 threads) {
   return b;
 }
 
-// Grid of the chunked kernels: every thread takes kUnroll chunks.
-// NOTE: small tensors (decode shapes) would leave most SMs idle with kUnroll chunks per thread, so
-// they get one thread per chunk (the kernel's later chunks are then inactive).
+// SMs of the current device (the amax reduction sizes its grid by it).
 int sm_count(const char* fn) {
   int dev = 0, sms = 0;
   check(cudaGetDevice(&dev), fn, "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), fn, "cudaDeviceGetAttribute");
   return sms;
-}
-template <DType DT>
-unsigned grid_for(const char* fn, i64 chunks) {
-  const i64 unrolled = launch_blocks(fn, (chunks + kUnroll<DT> - 1) / kUnroll<DT>);
-  return unsigned(unrolled >= 8 * i64(sm_count(fn)) ? unrolled : launch_blocks(fn, chunks));
 }
 
 // Geometry common to every chunked kernel.
@@ -703,7 +679,7 @@ void quantize(const char* fn, const Problem& p0, const Tensor& x, const Quantize
         constexpr DType DT = decltype(dt)::value;
         constexpr int CC = decltype(cc)::value;
         k.x_vec = aligned(k.x, k.x_stride, vec_align<DT, CC>());
-        block_kernel<ET, DT, CC, false><<<grid_for<DT>(fn, k.total), kThreads, 0, s>>>(k);
+        block_kernel<ET, DT, CC, false><<<unsigned(launch_blocks(fn, k.total)), kThreads, 0, s>>>(k);
       });
     });
   });
@@ -747,7 +723,7 @@ void qdq(const char* fn, const Problem& p, const Tensor& x, const Tensor& y) {
         constexpr int CC = decltype(cc)::value;
         k.x_vec = aligned(k.x, k.x_stride, vec_align<DT, CC>());
         k.y_vec = aligned(k.y, k.y_stride, vec_align<DT, CC>());
-        block_kernel<ET, DT, CC, true><<<grid_for<DT>(fn, k.total), kThreads, 0, s>>>(k);
+        block_kernel<ET, DT, CC, true><<<unsigned(launch_blocks(fn, k.total)), kThreads, 0, s>>>(k);
       });
     });
   });
@@ -776,7 +752,7 @@ void dequantize(const char* fn, const Problem& p, const QuantizedIn& q, const Te
         constexpr DType DT = decltype(dt)::value;
         constexpr int CC = decltype(cc)::value;
         k.y_vec = aligned(k.y, k.y_stride, vec_align<DT, CC>());
-        dequant_kernel<ET, DT, CC><<<grid_for<DT>(fn, k.total), kThreads, 0, s>>>(k);
+        dequant_kernel<ET, DT, CC><<<unsigned(launch_blocks(fn, k.total)), kThreads, 0, s>>>(k);
       });
     });
   });
