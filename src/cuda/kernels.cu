@@ -277,7 +277,7 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, u
     for (int i = 0; i < C; ++i) {
       const u32 code = p.stochastic ? nvfp4_encode_sr(xb[i], m, rnd[i]) : nvfp4_encode_rne(xb[i], m);
       codes[i] = nonfinite ? 0u : code;
-      if (!QDQ) keep |= u32(!nonfinite && fabs_bits(mul_rn(u2f(xb[i]), m)) < 6.0f) << i;
+      if (!QDQ && p.mask) keep |= u32(!nonfinite && fabs_bits(mul_rn(u2f(xb[i]), m)) < 6.0f) << i;
       if (QDQ) {
         const float ev = u2f(f2u(e2m1_value(code & 7u)) | ((code >> 3) << 31));
         out[i] = nonfinite ? nan_bits(DT) : to_dtype_bits_nonnan<DT>(div_rn(mul_rn(ev, sval), S));
@@ -337,7 +337,7 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, u
 #pragma unroll
       for (int i = 0; i < C; ++i) codes[i] = nonfinite ? 0u : code_of<ET>(rne_mag<ET>(u2f(xb[i]), inv), xb[i] >> 31);
     }
-    if (!QDQ) {
+    if (!QDQ && p.mask) {  // the clip mask is optional: no compares when it is not wanted
       const float limit = mul_rn(u2f(max_value_bits(f)), scale);  // exact, or +Inf past FLT_MAX
 #pragma unroll
       for (int i = 0; i < C; ++i) keep |= u32(!nonfinite && fabs_bits(u2f(xb[i])) < limit) << i;
