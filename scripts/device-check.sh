@@ -3,6 +3,8 @@
 # and the benchmarks, write logs under $OUT, end with a short table.
 #   MXQ_DEVICE_ARCH   CUDA architectures to build here (default: 90a, the H200; CI builds 80;89;90a)
 #   MXQ_CHECK_SKIP    space-separated stages to skip: cpu-tests gpu-tests sanitizer bench peers
+#   MXQ_CHECK_NCU     ';'-separated cuda_bench rows to profile with Nsight Compute (summary lines printed)
+#   MXQ_CHECK_NCU_SOURCE  one cuda_bench row: per-instruction SASS counts into $OUT/ncu-source.csv
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/device-out}
@@ -63,10 +65,16 @@ if [ -n "${MXQ_CHECK_NCU:-}" ]; then  # optional: Nsight Compute on chosen bench
   IFS=';' read -ra CASES <<< "$MXQ_CHECK_NCU"
   for c in "${CASES[@]}"; do
     ncu --clock-control none -k regex:'block_kernel|dequant_kernel' -s 2 -c 1 --section SpeedOfLight --section Occupancy \
-      --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
       "$BUILD/bench/cuda_bench" --quick --reps 1 --only "$c" > "$LOG/ncu-${c// /_}.txt" 2>&1
-    echo "== ncu: $c"; grep -E 'Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Executed Ipc A|Issue Slots Busy|Stall|Local' "$LOG/ncu-${c// /_}.txt" | head -20
+    echo "== ncu: $c"; grep -E 'Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Executed Ipc A|Issue Slots Busy|Executed Instructions  |Stall|Local' "$LOG/ncu-${c// /_}.txt" | head -24
   done
+fi
+
+if [ -n "${MXQ_CHECK_NCU_SOURCE:-}" ]; then  # optional: per-instruction SASS counts of one benchmark row
+  ncu --clock-control none -k regex:'block_kernel' -s 2 -c 1 --section SourceCounters --page source --print-source sass --csv \
+    "$BUILD/bench/cuda_bench" --quick --reps 1 --only "$MXQ_CHECK_NCU_SOURCE" > "$OUT/ncu-source.csv" 2> "$LOG/ncu-source.err"
+  echo "== ncu source ($MXQ_CHECK_NCU_SOURCE): $(wc -l < "$OUT/ncu-source.csv") lines in ncu-source.csv"
 fi
 
 if ! skipped peers && [ -s "$OUT/cuda_bench.jsonl" ]; then

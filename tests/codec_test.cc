@@ -1,13 +1,16 @@
 // Exhaustive tests of the scalar codec against the independent oracle (tests/oracle.hpp).
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <random>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "core/codec.hpp"
+#include "core/fastmath.hpp"
 #include "oracle.hpp"
 
 using namespace mxq;
@@ -309,6 +312,46 @@ TEST(Codec, Nvfp4BlockArithmetic) {
   }
   EXPECT_EQ(nvfp4_block_scale_code(1e30f, 1e30f), 0x7Eu);  // overflow saturates to 448
   EXPECT_TRUE(std::isnan(nvfp4_decode(3, kE4M3NaN, 1.0f)));
+}
+
+// recip_div (the GPU's NVFP4 dequantize without a division per element) against div_rn: every
+// significand that an E2M1 magnitude times an E4M3 block scale can have, against every one of the
+// 2^23 significands of S. In recip_div's S range nothing leaves the normal range, so powers of two
+// scale every step exactly and this covers every (a, S) the kernels use it for; random values over
+// the whole range check that argument.
+TEST(Codec, RecipDivExhaustive) {
+  std::vector<std::uint32_t> sigs;  // distinct significands (mantissa bits) of the products
+  for (std::uint32_t m = 1; m <= 7; ++m)
+    for (std::uint32_t sc = 1; sc <= 0x7E; ++sc) {
+      const float a = decode_f32(m, kE2M1) * decode_f32(sc, kE4M3);
+      const std::uint32_t mant = std::bit_cast<std::uint32_t>(a) & 0x7FFFFFu;
+      if (std::find(sigs.begin(), sigs.end(), mant) == sigs.end()) sigs.push_back(mant);
+    }
+  ASSERT_GE(sigs.size(), 8u);
+  ASSERT_LE(sigs.size(), 16u);
+  oracle::Mismatches mm("recip_div");
+  for (const std::uint32_t mant : sigs) {
+    const float a = std::bit_cast<float>(0x3F800000u | mant);
+    std::uint64_t bad = 0;
+    for (std::uint32_t sm = 0; sm < (1u << 23); ++sm) {
+      const float S = std::bit_cast<float>(0x3F800000u | sm);
+      const float got = recip_div(a, S, div_rn(1.0f, S)), want = div_rn(a, S);
+      if (std::bit_cast<std::uint32_t>(got) != std::bit_cast<std::uint32_t>(want) && bad++ < 4)
+        mm.add("a=" + oracle::hex(std::bit_cast<std::uint32_t>(a)) + " S=" + oracle::hex(std::bit_cast<std::uint32_t>(S)) +
+               ": got " + oracle::hex(std::bit_cast<std::uint32_t>(got)) + " want " + oracle::hex(std::bit_cast<std::uint32_t>(want)));
+    }
+  }
+  std::mt19937 rng(11);
+  for (int i = 0; i < 2000000; ++i) {
+    const float S = std::ldexp(1.0f + float(rng() & 0x7FFFFF) * 0x1p-23f, int(rng() % 64) - 32);
+    const float a = decode_f32(rng() % 8, kE2M1) * decode_f32(rng() % 0x7F, kE4M3);
+    ASSERT_TRUE(recip_div_ok(S));
+    const float got = recip_div(a, S, div_rn(1.0f, S)), want = div_rn(a, S);
+    if (std::bit_cast<std::uint32_t>(got) != std::bit_cast<std::uint32_t>(want))
+      mm.add("random a=" + std::to_string(a) + " S=" + oracle::hex(std::bit_cast<std::uint32_t>(S)));
+  }
+  EXPECT_FALSE(recip_div_ok(0x1p-33f));
+  EXPECT_FALSE(recip_div_ok(0x1p33f));
 }
 
 TEST(Codec, PhiloxKnownAnswers) {

@@ -68,6 +68,14 @@ MXQ_HD float div_rn(float a, float b) {
   return a / b;
 #endif
 }
+// a * b + c with one rounding (IEEE fusedMultiplyAdd).
+MXQ_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return __builtin_fmaf(a, b, c);
+#endif
+}
 MXQ_HD float sqrt_rn(float a) {
 #if defined(__CUDA_ARCH__)
   return __fsqrt_rn(a);

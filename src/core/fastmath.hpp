@@ -19,8 +19,14 @@ MXQ_HD_HOT std::uint32_t umin(std::uint32_t a, std::uint32_t b) { return a < b ?
 MXQ_HD_HOT std::uint32_t umax(std::uint32_t a, std::uint32_t b) { return a > b ? a : b; }
 MXQ_HD_HOT int imin(int a, int b) { return a < b ? a : b; }
 MXQ_HD_HOT int imax(int a, int b) { return a > b ? a : b; }
-// min of two non-NaN floats
-MXQ_HD_HOT float fminf_nn(float a, float b) { return a < b ? a : b; }
+// min(a, b) for b > 0 and not NaN (a NaN a gives b); on the GPU one FMNMX, which agrees there.
+MXQ_HD_HOT float fminf_nn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fminf(a, b);
+#else
+  return a < b ? a : b;
+#endif
+}
 MXQ_HD_HOT float fabs_bits(float x) { return u2f(f2u(x) & 0x7FFFFFFFu); }
 
 // 2^e as fp32, exact for e in [-149, 127].
@@ -89,6 +95,19 @@ MXQ_HD_HOT std::uint32_t to_dtype_bits_nonnan(float v) {
 // Exact fp32 value of an E2M1 magnitude code (0..7).
 MXQ_HD_HOT float e2m1_value(std::uint32_t mag) {
   return mag < 2 ? u2f(mag ? 0x3F000000u : 0u) : u2f(((((mag >> 1) + 126u)) << 23) | ((mag & 1u) << 22));
+}
+
+// Division by the NVFP4 tensor scale without a division per element. For a in [0, 2688] (an E2M1
+// magnitude times an E4M3 block scale) and S in [kRecipDivMinS, kRecipDivMaxS], with r = div_rn(1, S):
+//   q = RN(a * r)  (within one ulp of a / S),  e = a - q * S  (exact, by one fma),  RN(q + e * r)
+// is the correctly rounded a / S (Markstein's correction; no intermediate leaves the normal range in
+// that S range). codec_test checks it against div_rn for every significand an E2M1 x E4M3 product can
+// have and every one of the 2^23 significands of S; outside the range callers divide.
+inline constexpr float kRecipDivMinS = 0x1p-32f, kRecipDivMaxS = 0x1p32f;
+MXQ_HD_HOT bool recip_div_ok(float S) { return S >= kRecipDivMinS && S <= kRecipDivMaxS; }
+MXQ_HD_HOT float recip_div(float a, float S, float r) {
+  const float q = mul_rn(a, r);
+  return fma_rn(fma_rn(-q, S, a), r, q);
 }
 
 // NVFP4 element code (RNE) of x under multiplier m: nvfp4_encode(x, m) without stochastic rounding.

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <type_traits>
 
@@ -62,6 +63,12 @@ struct Params {
   i64 rows = 0, K = 0, cpr = 0, total = 0;  // chunks per row, chunks in all
   i64 scale_cols_padded = 0;
   FastDiv cpr_div;
+  // Flat: a dense tensor (K a multiple of g, every view row-contiguous) is run as one row of rows * K
+  // elements, so chunk i sits at element 8 * i (or 16 * i) with no division; row_blocks (blocks per
+  // real row) recovers the (row, column) of a scale where the layout needs it.
+  bool flat = false;
+  i64 row_blocks = 0;
+  FastDiv row_blocks_div;
   bool small = true;  // total < 2^31: 32-bit index arithmetic
   int g = 32, T = 4, log2T = 2;
   ScaleRule rule = ScaleRule::floor;
@@ -122,6 +129,33 @@ __device__ __forceinline__ void store_words(void* dst, const u32 (&w)[W]) {
   }
 }
 
+// Asynchronous global -> shared copies (cp.async, sm_80+): the staging ring of block_kernel. A copy of
+// N bytes reads src_bytes <= N bytes and zero-fills the rest, so partial chunks need no other path.
+__device__ __forceinline__ u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+template <int N>
+__device__ __forceinline__ void cp_async(u32 dst, const void* src, u32 src_bytes) {
+  if constexpr (N == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(N), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Unpacks W little-endian words of a DT view into fp32 bit patterns.
+template <DType DT, int C, int W>
+__device__ __forceinline__ void unpack_words(const u32 (&w)[W], u32 (&xb)[C]) {
+  using S = Storage<DT>;
+#pragma unroll
+  for (int i = 0; i < C; ++i) {
+    if constexpr (sizeof(S) == 4) xb[i] = w[i];
+    else xb[i] = to_f32_bits<DT>(static_cast<S>((w[i / 2] >> (16 * (i % 2))) & 0xFFFFu));
+  }
+}
+
 template <DType DT, int C>
 __device__ __forceinline__ void load_chunk(const Params& p, i64 row, i64 k0, bool full, u32 (&xb)[C]) {
   using S = Storage<DT>;
@@ -130,11 +164,7 @@ __device__ __forceinline__ void load_chunk(const Params& p, i64 row, i64 k0, boo
     constexpr int W = vec_bytes<DT, C>() / 4;
     u32 w[W];
     load_words<W>(src, w);
-#pragma unroll
-    for (int i = 0; i < C; ++i) {
-      if constexpr (sizeof(S) == 4) xb[i] = w[i];
-      else xb[i] = to_f32_bits<DT>(static_cast<S>((w[i / 2] >> (16 * (i % 2))) & 0xFFFFu));
-    }
+    unpack_words<DT, C, W>(w, xb);
   } else {
 #pragma unroll
     for (int i = 0; i < C; ++i) xb[i] = to_f32_bits<DT>(k0 + i < p.K ? src[i] : S(0));
@@ -172,7 +202,10 @@ __device__ __forceinline__ Coord coord(const Params& p, i64 i) {
   Coord c;
   c.active = i < p.total;
   i64 ch;
-  if (p.small) {
+  if (p.flat) {
+    c.row = 0;
+    ch = c.active ? i : 0;
+  } else if (p.small) {
     const u32 ii = c.active ? u32(i) : 0u;
     const u32 r = p.cpr_div.div(ii);
     c.row = r;
@@ -189,6 +222,10 @@ __device__ __forceinline__ Coord coord(const Params& p, i64 i) {
 }
 
 __device__ __forceinline__ i64 scale_index(const Params& p, i64 row, i64 b) {
+  if (p.flat) {  // b counts the blocks of the whole tensor (fewer than 2^31 in flat mode)
+    row = p.row_blocks_div.div(u32(b));
+    b -= row * p.row_blocks;
+  }
   return p.swizzled ? swizzled_offset(row, b, p.scale_cols_padded) : row * p.scales_stride + b;
 }
 
@@ -246,9 +283,39 @@ __device__ __forceinline__ void sr_words(u64 seed, u64 j0, u32 (&rnd)[C]) {
   }
 }
 
+// NVFP4 tensor encode scale of a launch: S (given, or from the tensor amax the amax kernel left), 1 / S
+// and whether recip_div may stand in for the division by S.
+struct NvScale {
+  float S = 1.0f, r = 1.0f;
+  bool fast = true;
+};
+__device__ __forceinline__ NvScale nv_scale(const Params& p) {
+  NvScale n;
+  if (!p.nvfp4) return n;
+  n.S = p.amax ? nvfp4_encode_scale(u2f(*p.amax)) : p.S;
+  n.r = div_rn(1.0f, n.S);
+  n.fast = recip_div_ok(n.S);
+  return n;
+}
+// a / S for a = |E2M1 value| * E4M3 block scale (a >= 0).
+template <bool FAST>
+__device__ __forceinline__ float div_S(float a, const NvScale& nv) {
+  if constexpr (FAST) return recip_div(a, nv.S, nv.r);
+  else return div_rn(a, nv.S);
+}
+
+// Output bits of the NVFP4 value sign * (a / S). Only the division path can overflow (S below
+// recip_div's range): that infinity stays an infinity, as in the reference (to_dtype_bits_nonnan).
+template <bool FAST, DType DT>
+__device__ __forceinline__ u32 nv_out(float a, u32 sign, const NvScale& nv) {
+  const float v = div_S<FAST>(a, nv);
+  if constexpr (FAST) return out_mag_bits<DT>(v) | (sign << (DT == DType::f32 ? 31 : 15));
+  else return to_dtype_bits_nonnan<DT>(u2f(f2u(v) | (sign << 31)));
+}
+
 // ---- quantize and qdq ---------------------------------------------------------------------------------
 template <ElemType ET, DType DT, int C, bool QDQ>
-__device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, u32 (&xb)[C]) {
+__device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, const NvScale& nv, u32 (&xb)[C]) {
   constexpr FloatSpec f = Elem<ET>::spec;
   constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
   u32 am = 0;
@@ -266,21 +333,37 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, u
 
   if (ET == ElemType::e2m1 && p.nvfp4) {
     // ---- NVFP4: E4M3 block scale under the tensor encode scale S
-    const float S = p.amax ? nvfp4_encode_scale(u2f(*p.amax)) : p.S;
+    const float S = nv.S;
     // nvfp4_block_scale_code and nvfp4_multiplier, branch-free: the E4M3 value of the block scale is
     // RNE(amax * S / 6) on E4M3's grid (saturating; amax * S / 6 is finite or +Inf, never NaN).
     const float sval = nonfinite ? 0.0f : rne_mag<ElemType::e4m3>(div_rn(mul_rn(u2f(am), S), 6.0f), 1.0f);
     const u32 sc = nonfinite ? u32(kE4M3NaN) : code_of<ElemType::e4m3>(sval, 0u);
     const float m = sval == 0.0f ? 0.0f : div_rn(S, sval);
     sb = static_cast<std::uint8_t>(sc);
+    if (QDQ && !p.stochastic) {
+      // The rounded magnitude is the E2M1 value itself: no code round trip. (E2M1 value * s) / S with
+      // the product exact and the quotient correctly rounded (recip_div in the usual S range).
+      auto qdq_rne = [&](auto fast) {
 #pragma unroll
-    for (int i = 0; i < C; ++i) {
-      const u32 code = p.stochastic ? nvfp4_encode_sr(xb[i], m, rnd[i]) : nvfp4_encode_rne(xb[i], m);
-      codes[i] = nonfinite ? 0u : code;
-      if (!QDQ && p.mask) keep |= u32(!nonfinite && fabs_bits(mul_rn(u2f(xb[i]), m)) < 6.0f) << i;
-      if (QDQ) {
-        const float ev = u2f(f2u(e2m1_value(code & 7u)) | ((code >> 3) << 31));
-        out[i] = nonfinite ? nan_bits(DT) : to_dtype_bits_nonnan<DT>(div_rn(mul_rn(ev, sval), S));
+        for (int i = 0; i < C; ++i) {
+          const float rm = rne_mag<ElemType::e2m1>(mul_rn(u2f(xb[i]), m), 1.0f);
+          const u32 o = nv_out<decltype(fast)::value, DT>(mul_rn(rm, sval), xb[i] >> 31, nv);
+          out[i] = nonfinite ? nan_bits(DT) : o;
+        }
+      };
+      if (nv.fast) qdq_rne(std::true_type{});
+      else qdq_rne(std::false_type{});
+    } else {
+#pragma unroll
+      for (int i = 0; i < C; ++i) {
+        const u32 code = p.stochastic ? nvfp4_encode_sr(xb[i], m, rnd[i]) : nvfp4_encode_rne(xb[i], m);
+        codes[i] = nonfinite ? 0u : code;
+        if (!QDQ && p.mask) keep |= u32(!nonfinite && fabs_bits(mul_rn(u2f(xb[i]), m)) < 6.0f) << i;
+        if (QDQ) {
+          const float a = mul_rn(e2m1_value(code & 7u), sval);
+          const u32 o = nv.fast ? nv_out<true, DT>(a, code >> 3, nv) : nv_out<false, DT>(a, code >> 3, nv);
+          out[i] = nonfinite ? nan_bits(DT) : o;
+        }
       }
     }
   } else {
@@ -301,26 +384,45 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, u
         codes[i] = nonfinite ? 0u : encode_scaled_sr<ET>(xb[i], e, rnd[i]);
         if (QDQ) out[i] = nonfinite ? nan_bits(DT) : mx_dequant_finite<ET, DT>(codes[i], scale);
       }
-    } else if (QDQ) {
-      // NOTE: as the CPU path, round in the unscaled domain where the result is a normal float with at
-      // most 8 significant bits (then bf16/fp32 output is a plain truncation); elsewhere scale, round,
-      // scale back and convert.
+    } else {
+      // NOTE: as the CPU path, round in the unscaled domain where every grid value is a normal float
+      // with at most 8 significant bits: QDQ to bf16/fp32 is then a plain truncation, and a code is
+      // read off the bits. Elsewhere (extreme scales, fp16 output) scale, round, scale back.
       constexpr int kELo = -126 - (f.emin - f.mbits);
       constexpr int kEHi = 254 - (f.emax + 1 + 127 + 23 - f.mbits);
-      if (DT != DType::f16 && e >= kELo && e <= kEHi) {
+      constexpr bool kFastOk = QDQ ? DT != DType::f16 : !f.twos_complement;
+      if (kFastOk && e >= kELo && e <= kEHi) {
         const u32 lo = u32(f.emin + e + 127) << 23, hi = u32(f.emax + 1 + e + 127) << 23;
         constexpr u32 kC = (u32(23 - f.mbits) << 23) | 0x400000u;
         const float maxv = mul_rn(u2f(max_value_bits(f)), scale);
+        // NOTE: with the amax rules every |x| <= amax < 2^(emax + 1 + e), so the upper clamp of the
+        // rounding binade never binds there; quest and the QuTLASS absmax rule can put x above it.
+        auto round_all = [&](auto clamp_hi) {
 #pragma unroll
-        for (int i = 0; i < C; ++i) {
-          const u32 xa = xb[i] & 0x7FFFFFFFu;
-          const float Cc = u2f(umin(umax(xa & 0x7F800000u, lo), hi) + kC);
-          const float rm = fminf_nn(sub_rn(add_rn(u2f(xa), Cc), Cc), maxv);
-          u32 sign = xb[i] >> 31;
-          if (f.twos_complement) sign &= u32(rm != 0.0f);  // INT8 has no -0
-          out[i] = (DT == DType::f32 ? f2u(rm) : (f2u(rm) >> 16)) | (sign << kSignBit);
-        }
-      } else {
+          for (int i = 0; i < C; ++i) {
+            const u32 xa = xb[i] & 0x7FFFFFFFu;
+            const u32 be = umax(xa & 0x7F800000u, lo);
+            const float Cc = u2f((decltype(clamp_hi)::value ? umin(be, hi) : be) + kC);
+            const float rm = fminf_nn(sub_rn(add_rn(u2f(xa), Cc), Cc), maxv);
+            if constexpr (QDQ) {
+              u32 sign = xb[i] & 0x80000000u;
+              if (f.twos_complement) sign = rm != 0.0f ? sign : 0u;  // INT8 has no -0
+              const u32 o = f2u(rm) | sign;                          // bf16: the high half, exact
+              out[i] = DT == DType::f32 ? o : o >> 16;
+            } else {
+              // Code of the grid value rm = n * 2^(E - mbits): a normal element (rm >= 2^(emin + e))
+              // has ((E - emin + 1) << mbits) + mantissa, read from the bits relative to lo; below it
+              // rm + 2^(emin + e) is exact and its mantissa bits are the subnormal code.
+              const u32 rb = f2u(rm);
+              const u32 normal = ((rb - lo) >> (23 - f.mbits)) + (1u << f.mbits);
+              const u32 sub = (f2u(add_rn(rm, u2f(lo))) - lo) >> (23 - f.mbits);
+              codes[i] = nonfinite ? 0u : ((rb >= lo ? normal : sub) | ((xb[i] >> 31) << (f.bits - 1)));
+            }
+          }
+        };
+        if (p.rule == ScaleRule::quest || p.rule == ScaleRule::qutlass_absmax) round_all(std::true_type{});
+        else round_all(std::false_type{});
+      } else if constexpr (QDQ) {
 #pragma unroll
         for (int i = 0; i < C; ++i) {
           const float rm = rne_mag<ET>(u2f(xb[i]), inv);
@@ -328,14 +430,14 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, u
           if (f.twos_complement) sign &= u32(rm != 0.0f);
           out[i] = out_mag_bits<DT>(mul_rn(rm, scale)) | (sign << kSignBit);
         }
+      } else {
+#pragma unroll
+        for (int i = 0; i < C; ++i) codes[i] = nonfinite ? 0u : code_of<ET>(rne_mag<ET>(u2f(xb[i]), inv), xb[i] >> 31);
       }
-      if (nonfinite) {
+      if (QDQ && nonfinite) {
 #pragma unroll
         for (int i = 0; i < C; ++i) out[i] = nan_bits(DT);
       }
-    } else {
-#pragma unroll
-      for (int i = 0; i < C; ++i) codes[i] = nonfinite ? 0u : code_of<ET>(rne_mag<ET>(u2f(xb[i]), inv), xb[i] >> 31);
     }
     if (!QDQ && p.mask) {  // the clip mask is optional: no compares when it is not wanted
       const float limit = mul_rn(u2f(max_value_bits(f)), scale);  // exact, or +Inf past FLT_MAX
@@ -346,9 +448,10 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, u
   // Clip-mask byte of this chunk's elements; with C = 2 four adjacent lanes share a byte and OR their
   // bits together (rows hold a multiple of 4 chunks, so the four lanes are aligned and in one row).
   const i64 valid = p.K - c.k0 < C ? p.K - c.k0 : C;  // <= 0: the chunk is padding past K
-  u32 mbyte = 0;
+  u32 mbyte = 0;  // C = 16: two bytes
   if (!QDQ && p.mask) {
-    mbyte = valid <= 0 ? 0u : (keep & (valid >= C ? 0xFFu : ((1u << valid) - 1u))) << (c.k0 % 8);
+    constexpr u32 kAll = (1u << C) - 1u;
+    mbyte = valid <= 0 ? 0u : (keep & (valid >= C ? kAll : ((1u << valid) - 1u))) << (c.k0 % 8);
     if constexpr (C == 2) {
       mbyte |= __shfl_xor_sync(kFull, mbyte, 1);
       mbyte |= __shfl_xor_sync(kFull, mbyte, 2);
@@ -379,23 +482,100 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, u
       for (int j = 0; j < NB; ++j)
         if (j < nbytes) d[j] = static_cast<std::uint8_t>(w[j / 4] >> (8 * (j % 4)));
     }
-    if (p.mask && c.k0 % 8 == 0) p.mask[c.row * p.mask_stride + c.k0 / 8] = static_cast<std::uint8_t>(mbyte);
+    if (p.mask && c.k0 % 8 == 0) {
+      std::uint8_t* mrow = p.mask + c.row * p.mask_stride + c.k0 / 8;
+      mrow[0] = static_cast<std::uint8_t>(mbyte);
+      if (C == 16 && valid > 8) mrow[1] = static_cast<std::uint8_t>(mbyte >> 8);
+    }
   }
 }
 
-// NOTE: one chunk per thread. Loading four chunks per thread before processing them (tried on the
-// H200, 2026-12-02) raised registers, halved achieved occupancy and made every case slower.
-template <ElemType ET, DType DT, int C, bool QDQ>
-__global__ void __launch_bounds__(kThreads) block_kernel(const Params p) {
-  const Coord c = coord<C>(p, i64(blockIdx.x) * kThreads + threadIdx.x);
-  u32 xb[C];
-  if (c.active) {
-    load_chunk<DT, C>(p, c.row, c.k0, c.full, xb);
+// Loads of block_kernel: with cp.async the next kStages - 1 chunks of a thread are in flight while it
+// computes one, independent of its registers.
+// NOTE: tried on the H200 (2026-12-02): one chunk per thread and plain loads left the kernels
+// latency-bound (~36% achieved occupancy, DRAM ~1/3 busy); holding four chunks per thread in
+// registers instead halved the occupancy and was slower still.
+constexpr int kStages = 4;
+
+// Issues the cp.async of chunk i (nothing when i is past the end) into the shared slot at dst.
+template <DType DT, int C>
+__device__ __forceinline__ void prefetch_chunk(const Params& p, i64 i, u32 dst) {
+  using S = Storage<DT>;
+  constexpr int B = vec_bytes<DT, C>();
+  if (i >= p.total) return;
+  const Coord c = coord<C>(p, i);
+  const std::uint8_t* row = p.x + c.row * p.x_stride;
+  const i64 valid = p.K - c.k0 < C ? (p.K - c.k0 > 0 ? p.K - c.k0 : 0) : C;  // padding chunks read nothing
+  const std::uint8_t* src = valid > 0 ? row + c.k0 * i64(sizeof(S)) : row;
+  const u32 bytes = u32(valid) * u32(sizeof(S));
+  if constexpr (B == 32) {
+    cp_async<16>(dst, src, bytes < 16 ? bytes : 16u);
+    cp_async<16>(dst + 16, bytes > 16 ? src + 16 : src, bytes > 16 ? bytes - 16 : 0u);
   } else {
-#pragma unroll
-    for (int i = 0; i < C; ++i) xb[i] = 0;
+    cp_async<B>(dst, src, bytes);
   }
-  process_chunk<ET, DT, C, QDQ>(p, c, xb);
+}
+
+template <DType DT, int C>
+__device__ __forceinline__ void read_slot(const std::uint8_t* slot, u32 (&xb)[C]) {
+  constexpr int W = vec_bytes<DT, C>() / 4;
+  u32 w[W];
+  if constexpr (W % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < W / 4; ++q) {
+      const uint4 v = reinterpret_cast<const uint4*>(slot)[q];
+      w[4 * q] = v.x, w[4 * q + 1] = v.y, w[4 * q + 2] = v.z, w[4 * q + 3] = v.w;
+    }
+  } else if constexpr (W == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(slot);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    w[0] = *reinterpret_cast<const u32*>(slot);
+  }
+  unpack_words<DT, C, W>(w, xb);
+}
+
+// Quantize (QDQ = false) or QDQ. A grid of at most one wave of resident blocks strides over the
+// chunks; every thread of a block runs the same number of iterations (the group shuffles need whole
+// warps). Views that are not vector-aligned load each chunk directly instead of through the ring.
+template <ElemType ET, DType DT, int C, bool QDQ>
+__global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const Params p) {
+  constexpr int B = vec_bytes<DT, C>();
+  __shared__ __align__(16) std::uint8_t ring[kStages * kThreads * B];
+  const NvScale nv = nv_scale(p);
+  const i64 stride = i64(gridDim.x) * kThreads;
+  const i64 block_first = i64(blockIdx.x) * kThreads;
+  const i64 iters = (p.total - block_first + stride - 1) / stride;  // the grid never exceeds the work
+  const i64 first = block_first + threadIdx.x;
+  std::uint8_t* const mine = ring + threadIdx.x * B;
+  const u32 mine_s = smem_addr(mine);
+  if (p.x_vec) {
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < iters) prefetch_chunk<DT, C>(p, first + st * stride, mine_s + st * kThreads * B);
+      cp_async_commit();
+    }
+  }
+  int stage = 0;
+  for (i64 it = 0; it < iters; ++it) {
+    const Coord c = coord<C>(p, first + it * stride);
+    u32 xb[C];
+    if (p.x_vec) {
+      const int ahead = stage == 0 ? kStages - 1 : stage - 1;  // the slot read one iteration ago
+      if (it + kStages - 1 < iters) prefetch_chunk<DT, C>(p, first + (it + kStages - 1) * stride, mine_s + ahead * kThreads * B);
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();
+      read_slot<DT, C>(mine + stage * kThreads * B, xb);
+    } else if (c.active) {
+      load_chunk<DT, C>(p, c.row, c.k0, c.full, xb);
+    }
+    if (!c.active) {
+#pragma unroll
+      for (int i = 0; i < C; ++i) xb[i] = 0;
+    }
+    process_chunk<ET, DT, C, QDQ>(p, c, nv, xb);
+    stage = stage == kStages - 1 ? 0 : stage + 1;
+  }
 }
 
 // ---- dequantize -------------------------------------------------------------------------------------------
@@ -424,18 +604,26 @@ __device__ __forceinline__ void load_codes(const Params& p, const Coord& c, u32 
 }
 
 template <ElemType ET, DType DT, int C>
-__device__ __forceinline__ void dequant_chunk(const Params& p, const Coord& c, const u32 (&codes)[C], std::uint8_t sb) {
+__device__ __forceinline__ void dequant_chunk(const Params& p, const Coord& c, const NvScale& nv, const u32 (&codes)[C],
+                                              std::uint8_t sb) {
   constexpr FloatSpec f = Elem<ET>::spec;
   constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
   u32 out[C];
   if (ET == ElemType::e2m1 && p.nvfp4) {
+    // A scale byte with its sign bit set (not produced by quantize, but any byte is accepted) flips the
+    // sign of the block: the product's sign is the XOR, its magnitude that of |s|.
     const bool nan_scale = (sb & 0x7F) == kE4M3NaN;
-    const float sval = decode_f32(sb, spec_e4m3());
+    const float sval = decode_f32(sb & 0x7Fu, spec_e4m3());
+    const u32 ssign = u32(sb) >> 7;
+    auto decode = [&](auto fast) {
 #pragma unroll
-    for (int i = 0; i < C; ++i) {
-      const float ev = u2f(f2u(e2m1_value(codes[i] & 7u)) | ((codes[i] >> 3) << 31));
-      out[i] = nan_scale ? nan_bits(DT) : to_dtype_bits_nonnan<DT>(div_rn(mul_rn(ev, sval), p.S));
-    }
+      for (int i = 0; i < C; ++i) {
+        const u32 o = nv_out<decltype(fast)::value, DT>(mul_rn(e2m1_value(codes[i] & 7u), sval), (codes[i] >> 3) ^ ssign, nv);
+        out[i] = nan_scale ? nan_bits(DT) : o;
+      }
+    };
+    if (nv.fast) decode(std::true_type{});
+    else decode(std::false_type{});
   } else {
     const float scale = pow2f(int(sb) - kE8M0Bias);
 #pragma unroll
@@ -460,7 +648,7 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const Params p) {
   u32 codes[C];
   std::uint8_t sb;
   load_codes<ET, C>(p, c, codes, sb);
-  dequant_chunk<ET, DT, C>(p, c, codes, sb);
+  dequant_chunk<ET, DT, C>(p, c, nv_scale(p), codes, sb);
 }
 
 // ---- tensor amax, scale layouts, small helpers ------------------------------------------------------------
@@ -468,15 +656,26 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const Params p) {
 // compare above +Inf, so a NaN anywhere gives NaN.
 template <DType DT>
 __global__ void __launch_bounds__(kThreads) amax_kernel(const Params p, u32* acc) {
-  constexpr int C = 8;
+  constexpr int C = 8, U = 4;  // U chunks loaded before any is reduced: loads in flight
   u32 m = 0;
   const i64 stride = i64(gridDim.x) * kThreads;
-  for (i64 i = i64(blockIdx.x) * kThreads + threadIdx.x; i < p.total; i += stride) {
-    const i64 row = i / p.cpr, k0 = (i - row * p.cpr) * C;
-    u32 xb[C];
-    load_chunk<DT, C>(p, row, k0, k0 + C <= p.K, xb);
+  for (i64 i = i64(blockIdx.x) * kThreads + threadIdx.x; i < p.total; i += U * stride) {
+    u32 xb[U][C];
 #pragma unroll
-    for (int j = 0; j < C; ++j) m = umax(m, xb[j] & 0x7FFFFFFFu);
+    for (int u = 0; u < U; ++u) {
+      const i64 j = i + u * stride;
+      const i64 row = j / p.cpr, k0 = (j - row * p.cpr) * C;
+      if (j < p.total) {
+        load_chunk<DT, C>(p, row, k0, k0 + C <= p.K, xb[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < C; ++e) xb[u][e] = 0;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int e = 0; e < C; ++e) m = umax(m, xb[u][e] & 0x7FFFFFFFu);
   }
   for (int st = 16; st > 0; st >>= 1) m = umax(m, __shfl_xor_sync(kFull, m, st));
   __shared__ u32 warp_max[kThreads / 32];
@@ -559,8 +758,51 @@ int sm_count(const char* fn) {
   return sms;
 }
 
+// Grid of a block_kernel launch: enough blocks for every chunk, at most one wave of resident blocks
+// (the kernel strides over the rest). Blocks per SM come from the occupancy calculator once per
+// kernel and device.
+template <auto Kernel>
+unsigned wave_grid(const char* fn, i64 threads) {
+  static std::atomic<int> wave[64] = {};
+  int dev = 0;
+  check(cudaGetDevice(&dev), fn, "cudaGetDevice");
+  std::atomic<int>& w = wave[dev & 63];
+  int n = w.load(std::memory_order_relaxed);
+  if (n == 0) {
+    int per_sm = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kThreads, 0), fn, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    n = std::max(per_sm, 1) * sm_count(fn);
+    w.store(n, std::memory_order_relaxed);
+  }
+  return unsigned(std::min<i64>(launch_blocks(fn, threads), n));
+}
+
+// Chunk width and layout of a launch. Dense problems (every group complete, every view
+// row-contiguous) run flat, 2-byte dtypes then 16 elements per thread (fewer per-chunk instructions
+// per element); the rest run row by row, 8 elements per thread (2 for groups of 2 and 4).
+struct Plan {
+  int C = 8;
+  bool flat = false;
+};
+Plan make_plan(const Problem& p, int dtype_bytes, bool dense_views) {
+  Plan pl;
+  pl.C = p.g >= 8 ? 8 : 2;
+  pl.flat = dense_views && pl.C == 8 && p.K % p.g == 0 && p.rows * p.K / 8 < (i64(1) << 31);
+  if (pl.flat && dtype_bytes == 2 && p.g % 16 == 0) pl.C = 16;
+  return pl;
+}
+// Row-contiguous views of the quantized side: codes, linear scales (swizzled ones are addressed by
+// (row, column) in any case) and the optional clip mask.
+bool dense_quantized(const Problem& p, const Tensor& codes, const Tensor& scales, const Tensor* mask) {
+  const i64 code_cols = p.fp4 ? p.K / 2 : p.K;
+  if (codes.stride() != code_cols) return false;
+  if (p.opt.scale_layout != ScaleLayout::swizzled && scales.stride() != p.nblocks) return false;
+  return !mask || !mask->data || mask->stride() == (p.K + 7) / 8;
+}
+
 // Geometry common to every chunked kernel.
-Params base_params(const Problem& p, int C) {
+Params base_params(const Problem& p, const Plan& pl) {
+  const int C = pl.C;
   Params k;
   k.rows = p.rows;
   k.K = p.K;
@@ -570,9 +812,17 @@ Params base_params(const Problem& p, int C) {
   while ((1 << k.log2T) < k.T) ++k.log2T;
   k.cpr = p.nblocks * k.T;
   if (C == 2) k.cpr = (k.cpr + 3) / 4 * 4;  // clip-mask bytes: 4 lanes per byte, aligned in the warp
+  if (pl.flat) {
+    k.flat = true;
+    k.row_blocks = p.nblocks;
+    k.row_blocks_div = FastDiv(u32(p.nblocks));
+    k.K = p.rows * p.K;
+    k.rows = 1;
+    k.cpr = p.rows * k.cpr;
+  }
   k.total = k.rows * k.cpr;
   k.small = k.total < (i64(1) << 31);
-  if (k.small) k.cpr_div = FastDiv(u32(k.cpr));
+  if (k.small && !k.flat) k.cpr_div = FastDiv(u32(k.cpr));
   k.scale_cols_padded = p.scale_cols_padded;
   k.rule = p.opt.rule;
   k.stochastic = p.stochastic;
@@ -584,9 +834,12 @@ Params base_params(const Problem& p, int C) {
   return k;
 }
 
-template <class F>
-void dispatch_chunk(int g, F&& f) {
-  if (g >= 8) return f(std::integral_constant<int, 8>{});
+// Chunk widths compiled: 16 for 2-byte dtypes only.
+template <DType DT, class F>
+void dispatch_chunk(int C, F&& f) {
+  if constexpr (DT != DType::f32)
+    if (C == 16) return f(std::integral_constant<int, 16>{});
+  if (C >= 8) return f(std::integral_constant<int, 8>{});
   return f(std::integral_constant<int, 2>{});
 }
 
@@ -657,8 +910,9 @@ void quantize(const char* fn, const Problem& p0, const Tensor& x, const Quantize
     }
     return;
   }
-  const int C = p.g >= 8 ? 8 : 2;
-  Params k = base_params(p, C);
+  const Plan pl = make_plan(p, dtype_size(x.dtype), x.stride() == p.K && dense_quantized(p, out.codes, out.scales, &out.clip_mask));
+  const int C = pl.C;
+  Params k = base_params(p, pl);
   k.x = static_cast<const std::uint8_t*>(x.data);
   k.x_stride = x.stride() * dtype_size(x.dtype);
   k.codes = static_cast<std::uint8_t*>(out.codes.data);
@@ -674,12 +928,12 @@ void quantize(const char* fn, const Problem& p0, const Tensor& x, const Quantize
     check(cudaMemsetAsync(k.scales, 0, p.scale_rows_padded * p.scale_cols_padded, s), fn, "zeroing swizzle padding");
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(x.dtype, [&](auto dt) {
-      dispatch_chunk(p.g, [&](auto cc) {
+      constexpr DType DT = decltype(dt)::value;
+      dispatch_chunk<DT>(pl.C, [&](auto cc) {
         constexpr ElemType ET = decltype(et)::value;
-        constexpr DType DT = decltype(dt)::value;
         constexpr int CC = decltype(cc)::value;
         k.x_vec = aligned(k.x, k.x_stride, vec_align<DT, CC>());
-        block_kernel<ET, DT, CC, false><<<unsigned(launch_blocks(fn, k.total)), kThreads, 0, s>>>(k);
+        block_kernel<ET, DT, CC, false><<<wave_grid<block_kernel<ET, DT, CC, false>>(fn, k.total), kThreads, 0, s>>>(k);
       });
     });
   });
@@ -708,8 +962,8 @@ void qdq(const char* fn, const Problem& p, const Tensor& x, const Tensor& y) {
     enqueue_amax(fn, x, acc, s);
   }
   if (x.rows == 0 || x.cols == 0) return;
-  const int C = p.g >= 8 ? 8 : 2;
-  Params k = base_params(p, C);
+  const Plan pl = make_plan(p, dtype_size(x.dtype), x.stride() == p.K && y.stride() == p.K);
+  Params k = base_params(p, pl);
   k.x = static_cast<const std::uint8_t*>(x.data);
   k.x_stride = x.stride() * dtype_size(x.dtype);
   k.y = static_cast<std::uint8_t*>(y.data);
@@ -717,13 +971,13 @@ void qdq(const char* fn, const Problem& p, const Tensor& x, const Tensor& y) {
   k.amax = acc;
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(x.dtype, [&](auto dt) {
-      dispatch_chunk(p.g, [&](auto cc) {
+      constexpr DType DT = decltype(dt)::value;
+      dispatch_chunk<DT>(pl.C, [&](auto cc) {
         constexpr ElemType ET = decltype(et)::value;
-        constexpr DType DT = decltype(dt)::value;
         constexpr int CC = decltype(cc)::value;
         k.x_vec = aligned(k.x, k.x_stride, vec_align<DT, CC>());
         k.y_vec = aligned(k.y, k.y_stride, vec_align<DT, CC>());
-        block_kernel<ET, DT, CC, true><<<unsigned(launch_blocks(fn, k.total)), kThreads, 0, s>>>(k);
+        block_kernel<ET, DT, CC, true><<<wave_grid<block_kernel<ET, DT, CC, true>>(fn, k.total), kThreads, 0, s>>>(k);
       });
     });
   });
@@ -736,8 +990,9 @@ void dequantize(const char* fn, const Problem& p, const QuantizedIn& q, const Te
   check_device_ptr(fn, "scales", q.scales.data);
   check_device_ptr(fn, "y", y.data);
   if (y.rows == 0 || y.cols == 0) return;
-  const int C = p.g >= 8 ? 8 : 2;
-  Params k = base_params(p, C);
+  const Plan pl = make_plan(p, dtype_size(y.dtype), y.stride() == p.K && dense_quantized(p, q.codes, q.scales, nullptr));
+  const int C = pl.C;
+  Params k = base_params(p, pl);
   k.codes = static_cast<std::uint8_t*>(q.codes.data);
   k.codes_stride = q.codes.stride();
   k.scales = static_cast<std::uint8_t*>(q.scales.data);
@@ -747,9 +1002,9 @@ void dequantize(const char* fn, const Problem& p, const QuantizedIn& q, const Te
   k.codes_vec = aligned(k.codes, k.codes_stride, p.fp4 ? C / 2 : C);
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(y.dtype, [&](auto dt) {
-      dispatch_chunk(p.g, [&](auto cc) {
+      constexpr DType DT = decltype(dt)::value;
+      dispatch_chunk<DT>(pl.C, [&](auto cc) {
         constexpr ElemType ET = decltype(et)::value;
-        constexpr DType DT = decltype(dt)::value;
         constexpr int CC = decltype(cc)::value;
         k.y_vec = aligned(k.y, k.y_stride, vec_align<DT, CC>());
         dequant_kernel<ET, DT, CC><<<unsigned(launch_blocks(fn, k.total)), kThreads, 0, s>>>(k);
