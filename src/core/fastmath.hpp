@@ -39,9 +39,12 @@ MXQ_HD_HOT float pow2f(int e) {
 template <ElemType ET>
 MXQ_HD_HOT float rne_mag(float x, float inv_scale) {
   constexpr FloatSpec f = Elem<ET>::spec;
+  // C = 1.5 * 2^(E - mbits + 23) for a's binade E clamped to [emin, emax + 1], built on the exponent
+  // bits (a subnormal a has exponent bits 0 and takes emin's quantum; NaN/Inf take the top binade).
+  constexpr std::uint32_t lo = std::uint32_t(f.emin + 127) << 23, hi = std::uint32_t(f.emax + 1 + 127) << 23;
+  constexpr std::uint32_t kC = (std::uint32_t(23 - f.mbits) << 23) | 0x400000u;
   const float a = mul_rn(fabs_bits(x), inv_scale);
-  const int E = imin(imax(int(f2u(a) >> 23) - 127, f.emin), f.emax + 1);
-  const float C = u2f((std::uint32_t(E - f.mbits + 150) << 23) | 0x400000u);
+  const float C = u2f(umin(umax(f2u(a) & 0x7F800000u, lo), hi) + kC);
   const float r = sub_rn(add_rn(a, C), C);
   return fminf_nn(r, u2f(max_value_bits(f)));
 }

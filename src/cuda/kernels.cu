@@ -1,10 +1,17 @@
 // The CUDA backend.
 //
-// Work decomposition: a row of K elements is cut into chunks of C contiguous elements (C = 8, or 2
-// for group sizes 2 and 4); one thread owns one chunk, and the T = g / C threads of a group are
-// adjacent lanes of one warp, so block reductions (amax, the quest sums) are xor-shuffles inside the
-// group. The shuffle tree combines chunk sums of adjacent halves, which is exactly pairwise_sum's
+// Work decomposition: a row of K elements is cut into chunks of C contiguous elements (C = 16, 8, or 2
+// for group sizes 2 and 4); one thread owns one chunk at a time, and the T = g / C threads of a group
+// are adjacent lanes of one warp, so block reductions (amax, the quest sums) are xor-shuffles inside
+// the group. The shuffle tree combines chunk sums of adjacent halves, which is exactly pairwise_sum's
 // order (fp32 addition is commutative, so both lanes of a pair compute the same bits).
+//
+// Quantize and QDQ run a grid of at most one wave of resident blocks that strides over the chunks;
+// each thread keeps its next chunks in flight through a per-thread cp.async ring in shared memory,
+// so memory parallelism does not cost registers. Dense tensors (every group complete, row-contiguous
+// views) run "flat": the tensor is one long row, a chunk's address is base + i * bytes, and 2-byte
+// dtypes take 16 elements per thread to spread the per-chunk work (scale rule, shuffles, addresses)
+// over more elements.
 //
 // Per element the kernels run the same arithmetic as the CPU backends: the branch-free helpers of
 // core/fastmath.hpp for round-to-nearest-even, the scalar codec (core/codec.hpp) for stochastic
@@ -401,22 +408,22 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
 #pragma unroll
           for (int i = 0; i < C; ++i) {
             const u32 xa = xb[i] & 0x7FFFFFFFu;
-            const u32 be = umax(xa & 0x7F800000u, lo);
-            const float Cc = u2f((decltype(clamp_hi)::value ? umin(be, hi) : be) + kC);
-            const float rm = fminf_nn(sub_rn(add_rn(u2f(xa), Cc), Cc), maxv);
+            u32 be = umax(xa & 0x7F800000u, lo);  // exponent bits of the rounding binade
+            if (decltype(clamp_hi)::value) be = umin(be, hi);
+            const float Cc = u2f(be + kC);
+            const float t = add_rn(u2f(xa), Cc);  // Cc + n quanta: the grid point is t - Cc
             if constexpr (QDQ) {
+              const float rm = fminf_nn(sub_rn(t, Cc), maxv);
               u32 sign = xb[i] & 0x80000000u;
               if (f.twos_complement) sign = rm != 0.0f ? sign : 0u;  // INT8 has no -0
               const u32 o = f2u(rm) | sign;                          // bf16: the high half, exact
               out[i] = DT == DType::f32 ? o : o >> 16;
             } else {
-              // Code of the grid value rm = n * 2^(E - mbits): a normal element (rm >= 2^(emin + e))
-              // has ((E - emin + 1) << mbits) + mantissa, read from the bits relative to lo; below it
-              // rm + 2^(emin + e) is exact and its mantissa bits are the subnormal code.
-              const u32 rb = f2u(rm);
-              const u32 normal = ((rb - lo) >> (23 - f.mbits)) + (1u << f.mbits);
-              const u32 sub = (f2u(add_rn(rm, u2f(lo))) - lo) >> (23 - f.mbits);
-              codes[i] = nonfinite ? 0u : ((rb >= lo ? normal : sub) | ((xb[i] >> 31) << (f.bits - 1)));
+              // n = bits(t) - bits(Cc) is the rounded significand in quanta of the binade Ec (the
+              // ulp of Cc), so the code is ((Ec - emin) << mbits) + n: a carry into the next binade
+              // and the subnormal range come out right, and past the largest value it saturates.
+              const u32 mag = umin(((be - lo) >> (23 - f.mbits)) + f2u(t) - (be + kC), f.maxcode);
+              codes[i] = nonfinite ? 0u : (mag | ((xb[i] >> 31) << (f.bits - 1)));
             }
           }
         };
@@ -503,6 +510,16 @@ __device__ __forceinline__ void prefetch_chunk(const Params& p, i64 i, u32 dst) 
   using S = Storage<DT>;
   constexpr int B = vec_bytes<DT, C>();
   if (i >= p.total) return;
+  if (p.flat) {  // every chunk is complete and contiguous with the previous one
+    const std::uint8_t* src = p.x + u64(i) * u64(B);
+    if constexpr (B == 32) {
+      cp_async<16>(dst, src, 16u);
+      cp_async<16>(dst + 16, src + 16, 16u);
+    } else {
+      cp_async<B>(dst, src, u32(B));
+    }
+    return;
+  }
   const Coord c = coord<C>(p, i);
   const std::uint8_t* row = p.x + c.row * p.x_stride;
   const i64 valid = p.K - c.k0 < C ? (p.K - c.k0 > 0 ? p.K - c.k0 : 0) : C;  // padding chunks read nothing
@@ -539,7 +556,7 @@ __device__ __forceinline__ void read_slot(const std::uint8_t* slot, u32 (&xb)[C]
 // chunks; every thread of a block runs the same number of iterations (the group shuffles need whole
 // warps). Views that are not vector-aligned load each chunk directly instead of through the ring.
 template <ElemType ET, DType DT, int C, bool QDQ>
-__global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, C == 16 ? 2 : 1) block_kernel(const Params p) {
   constexpr int B = vec_bytes<DT, C>();
   __shared__ __align__(16) std::uint8_t ring[kStages * kThreads * B];
   const NvScale nv = nv_scale(p);
