@@ -71,7 +71,7 @@ MXQ_HD std::uint32_t f32_to_dtype_bits(float v, DType t) {
   return u;
 }
 
-MXQ_HD std::uint32_t nan_bits(DType t) {
+MXQ_HD constexpr std::uint32_t nan_bits(DType t) {
   return t == DType::f32 ? 0x7FC00000u : (t == DType::bf16 ? 0x7FC0u : 0x7E00u);
 }
 

@@ -178,23 +178,32 @@ __device__ __forceinline__ void load_chunk(const Params& p, i64 row, i64 k0, boo
   }
 }
 
+// Output bits of a chunk: fp32/fp16 in the low bits of ob[i]; bf16 in the HIGH half (the fp32
+// pattern it truncates, so packing two is one byte permute). nan: the whole chunk is NaN.
+template <DType DT>
+__device__ __forceinline__ u32 hi16(u32 v) {
+  return DT == DType::bf16 ? v << 16 : v;
+}
 template <DType DT, int C>
-__device__ __forceinline__ void store_chunk(const Params& p, i64 row, i64 k0, bool full, const u32 (&ob)[C]) {
+__device__ __forceinline__ void store_chunk(const Params& p, i64 row, i64 k0, bool full, const u32 (&ob)[C], bool nan) {
   using S = Storage<DT>;
   S* dst = reinterpret_cast<S*>(p.y + row * p.y_stride) + k0;
   if (full && p.y_vec) {
     constexpr int W = vec_bytes<DT, C>() / 4;
+    constexpr u32 kNanWord = DT == DType::f32 ? 0x7FC00000u : nan_bits(DT) * 0x10001u;
     u32 w[W];
 #pragma unroll
     for (int j = 0; j < W; ++j) {
       if constexpr (sizeof(S) == 4) w[j] = ob[j];
+      else if constexpr (DT == DType::bf16) w[j] = __byte_perm(ob[2 * j], ob[2 * j + 1], 0x7632);
       else w[j] = (ob[2 * j] & 0xFFFFu) | (ob[2 * j + 1] << 16);
+      w[j] = nan ? kNanWord : w[j];
     }
     store_words<W>(dst, w);
   } else {
 #pragma unroll
     for (int i = 0; i < C; ++i)
-      if (k0 + i < p.K) dst[i] = static_cast<S>(ob[i]);
+      if (k0 + i < p.K) dst[i] = static_cast<S>(nan ? nan_bits(DT) : DT == DType::bf16 ? ob[i] >> 16 : ob[i]);
   }
 }
 
@@ -355,7 +364,7 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
         for (int i = 0; i < C; ++i) {
           const float rm = rne_mag<ElemType::e2m1>(mul_rn(u2f(xb[i]), m), 1.0f);
           const u32 o = nv_out<decltype(fast)::value, DT>(mul_rn(rm, sval), xb[i] >> 31, nv);
-          out[i] = nonfinite ? nan_bits(DT) : o;
+          out[i] = hi16<DT>(o);
         }
       };
       if (nv.fast) qdq_rne(std::true_type{});
@@ -364,12 +373,12 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
 #pragma unroll
       for (int i = 0; i < C; ++i) {
         const u32 code = p.stochastic ? nvfp4_encode_sr(xb[i], m, rnd[i]) : nvfp4_encode_rne(xb[i], m);
-        codes[i] = nonfinite ? 0u : code;
+        codes[i] = code;
         if (!QDQ && p.mask) keep |= u32(!nonfinite && fabs_bits(mul_rn(u2f(xb[i]), m)) < 6.0f) << i;
         if (QDQ) {
           const float a = mul_rn(e2m1_value(code & 7u), sval);
           const u32 o = nv.fast ? nv_out<true, DT>(a, code >> 3, nv) : nv_out<false, DT>(a, code >> 3, nv);
-          out[i] = nonfinite ? nan_bits(DT) : o;
+          out[i] = hi16<DT>(o);
         }
       }
     }
@@ -388,8 +397,8 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
     if (p.stochastic) {
 #pragma unroll
       for (int i = 0; i < C; ++i) {
-        codes[i] = nonfinite ? 0u : encode_scaled_sr<ET>(xb[i], e, rnd[i]);
-        if (QDQ) out[i] = nonfinite ? nan_bits(DT) : mx_dequant_finite<ET, DT>(codes[i], scale);
+        codes[i] = encode_scaled_sr<ET>(xb[i], e, rnd[i]);
+        if (QDQ) out[i] = hi16<DT>(mx_dequant_finite<ET, DT>(codes[i], scale));
       }
     } else {
       // NOTE: as the CPU path, round in the unscaled domain where every grid value is a normal float
@@ -417,13 +426,13 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
               u32 sign = xb[i] & 0x80000000u;
               if (f.twos_complement) sign = rm != 0.0f ? sign : 0u;  // INT8 has no -0
               const u32 o = f2u(rm) | sign;                          // bf16: the high half, exact
-              out[i] = DT == DType::f32 ? o : o >> 16;
+              out[i] = o;  // never fp16 here
             } else {
               // n = bits(t) - bits(Cc) is the rounded significand in quanta of the binade Ec (the
               // ulp of Cc), so the code is ((Ec - emin) << mbits) + n: a carry into the next binade
               // and the subnormal range come out right, and past the largest value it saturates.
               const u32 mag = umin(((be - lo) >> (23 - f.mbits)) + f2u(t) - (be + kC), f.maxcode);
-              codes[i] = nonfinite ? 0u : (mag | ((xb[i] >> 31) << (f.bits - 1)));
+              codes[i] = mag | ((xb[i] >> 31) << (f.bits - 1));
             }
           }
         };
@@ -435,15 +444,11 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
           const float rm = rne_mag<ET>(u2f(xb[i]), inv);
           u32 sign = xb[i] >> 31;
           if (f.twos_complement) sign &= u32(rm != 0.0f);
-          out[i] = out_mag_bits<DT>(mul_rn(rm, scale)) | (sign << kSignBit);
+          out[i] = hi16<DT>(out_mag_bits<DT>(mul_rn(rm, scale)) | (sign << kSignBit));
         }
       } else {
 #pragma unroll
-        for (int i = 0; i < C; ++i) codes[i] = nonfinite ? 0u : code_of<ET>(rne_mag<ET>(u2f(xb[i]), inv), xb[i] >> 31);
-      }
-      if (QDQ && nonfinite) {
-#pragma unroll
-        for (int i = 0; i < C; ++i) out[i] = nan_bits(DT);
+        for (int i = 0; i < C; ++i) codes[i] = code_of<ET>(rne_mag<ET>(u2f(xb[i]), inv), xb[i] >> 31);
       }
     }
     if (!QDQ && p.mask) {  // the clip mask is optional: no compares when it is not wanted
@@ -467,7 +472,7 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
   if (!c.active) return;  // every shuffle is behind us
 
   if constexpr (QDQ) {
-    store_chunk<DT, C>(p, c.row, c.k0, c.full, out);
+    store_chunk<DT, C>(p, c.row, c.k0, c.full, out, nonfinite);
   } else {
     if (valid <= 0) return;  // padding chunks own no bytes (lane 0 of a group is never padding)
     if (c.lane_in_group == 0) p.scales[scale_index(p, c.row, c.block)] = sb;
@@ -478,6 +483,8 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
     u32 w[(NB + 3) / 4] = {};
 #pragma unroll
     for (int i = 0; i < C; ++i) w[i * kBits / 32] |= (codes[i] & ((1u << kBits) - 1u)) << ((i * kBits) % 32);
+#pragma unroll
+    for (int j = 0; j < (NB + 3) / 4; ++j) w[j] = nonfinite ? 0u : w[j];  // a NaN/Inf block has zero codes
     std::uint8_t* d = crow + c.k0 * kBits / 8;
     if (c.full && p.codes_vec) {
       if constexpr (NB >= 4) store_words<NB / 4>(d, w);
@@ -582,11 +589,13 @@ __global__ void __launch_bounds__(kThreads, C == 16 ? 2 : 1) block_kernel(const 
       if (it + kStages - 1 < iters) prefetch_chunk<DT, C>(p, first + (it + kStages - 1) * stride, mine_s + ahead * kThreads * B);
       cp_async_commit();
       cp_async_wait<kStages - 1>();
+      // NOTE: a thread past the end reads a stale slot. Its group is wholly past the end too (the
+      // chunk count is a multiple of T, and of 4 when C = 2), so no shuffle mixes its values with
+      // live ones, and nothing of it is stored; zeroing would cost C selects on every chunk.
       read_slot<DT, C>(mine + stage * kThreads * B, xb);
     } else if (c.active) {
       load_chunk<DT, C>(p, c.row, c.k0, c.full, xb);
-    }
-    if (!c.active) {
+    } else {
 #pragma unroll
       for (int i = 0; i < C; ++i) xb[i] = 0;
     }
@@ -636,7 +645,7 @@ __device__ __forceinline__ void dequant_chunk(const Params& p, const Coord& c, c
 #pragma unroll
       for (int i = 0; i < C; ++i) {
         const u32 o = nv_out<decltype(fast)::value, DT>(mul_rn(e2m1_value(codes[i] & 7u), sval), (codes[i] >> 3) ^ ssign, nv);
-        out[i] = nan_scale ? nan_bits(DT) : o;
+        out[i] = hi16<DT>(o);
       }
     };
     if (nv.fast) decode(std::true_type{});
@@ -648,14 +657,14 @@ __device__ __forceinline__ void dequant_chunk(const Params& p, const Coord& c, c
       u32 sign = 0, n = 0;
       int pe = 0;
       if (sb == kE8M0NaN || !decode_parts(codes[i], f, sign, n, pe)) {
-        out[i] = mx_dequant_bits(codes[i], sb, f, DT);
+        out[i] = hi16<DT>(mx_dequant_bits(codes[i], sb, f, DT));
       } else {
         const float v = mul_rn(mul_rn(float(n), pow2f(pe)), scale);  // exact, or +Inf past FLT_MAX
-        out[i] = out_mag_bits<DT>(v) | (sign << kSignBit);
+        out[i] = hi16<DT>(out_mag_bits<DT>(v) | (sign << kSignBit));
       }
     }
   }
-  store_chunk<DT, C>(p, c.row, c.k0, c.full, out);
+  store_chunk<DT, C>(p, c.row, c.k0, c.full, out, ET == ElemType::e2m1 && p.nvfp4 && (sb & 0x7F) == kE4M3NaN);
 }
 
 template <ElemType ET, DType DT, int C>
