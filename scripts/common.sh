@@ -9,6 +9,9 @@ command -v cmake >/dev/null || need_pkgs+=(cmake)
 command -v ninja >/dev/null || need_pkgs+=(ninja-build)
 command -v g++ >/dev/null || need_pkgs+=(g++)
 [ -f /usr/include/gtest/gtest.h ] || need_pkgs+=(libgtest-dev)
+[ -f /usr/include/CLI/CLI.hpp ] || need_pkgs+=(libcli11-dev)
+[ -f /usr/include/nlohmann/json.hpp ] || need_pkgs+=(nlohmann-json3-dev)
+[ -f /usr/include/fmt/core.h ] || need_pkgs+=(libfmt-dev)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "mxq: installing ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

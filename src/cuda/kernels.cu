@@ -638,7 +638,6 @@ __device__ __forceinline__ void dequant_chunk(const Params& p, const Coord& c, c
   if (ET == ElemType::e2m1 && p.nvfp4) {
     // A scale byte with its sign bit set (not produced by quantize, but any byte is accepted) flips the
     // sign of the block: the product's sign is the XOR, its magnitude that of |s|.
-    const bool nan_scale = (sb & 0x7F) == kE4M3NaN;
     const float sval = decode_f32(sb & 0x7Fu, spec_e4m3());
     const u32 ssign = u32(sb) >> 7;
     auto decode = [&](auto fast) {

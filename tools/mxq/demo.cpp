@@ -1,4 +1,4 @@
-// mxq demo: a deterministic LLM-like workload through every format x scale rule on the fastest
+// `mxq demo`: a deterministic LLM-like workload through every format x scale rule on the fastest
 // backend present, with the error each one introduces. Run by scripts/demo.
 //
 // Workload: a weight matrix (Gaussian bulk, sigma 0.02, plus heavy-tailed outlier input channels)
@@ -14,6 +14,8 @@
 #include <vector>
 
 #include <mxq/mxq.hpp>
+
+#include "commands.hpp"
 
 namespace {
 
@@ -60,16 +62,19 @@ Workload activations(std::int64_t rows, std::int64_t K) {
 
 }  // namespace
 
-int main() {
+namespace mxq::cli {
+
+int run_demo(const DemoArgs& args) {
   const mxq::BackendChoice be = mxq::choose_backend(mxq::Backend::automatic, mxq::Device::cpu);
-  const std::int64_t K = 4096;
-  std::vector<Workload> loads = {weights(1024, K), activations(256, K)};
+  const std::int64_t K = args.K;
+  std::vector<Workload> loads = {weights(args.weight_rows, K), activations(args.activation_rows, K)};
   std::printf("mxq %s demo: backend %s (%s)\n", MXQ_VERSION_STRING, std::string(mxq::to_string(be.backend)).c_str(),
               be.reason.c_str());
-  std::printf("workloads: weights [1024, 4096] bf16 (Gaussian + outlier channels), activations [256, 4096] bf16 "
-              "(Student-t + massive channels)\n\n");
-  std::printf("%-11s %-11s %-6s %9s %10s %9s %9s %9s\n", "tensor", "format", "rule", "SQNR dB", "rel RMS", "% clip",
-              "nonfinite", "GB/s");
+  std::printf("workloads: weights [%lld, %lld] bf16 (Gaussian + outlier channels), activations [%lld, %lld] bf16 "
+              "(Student-t + massive channels)\n\n",
+              (long long)args.weight_rows, (long long)K, (long long)args.activation_rows, (long long)K);
+  std::printf("%-11s %-11s %-6s %-8s %9s %10s %9s %9s %9s  %s\n", "tensor", "format", "rule", "rotation", "SQNR dB",
+              "rel RMS", "% clip", "nonfinite", "GB/s", "backend");
 
   struct Config {
     mxq::Format f;
@@ -113,13 +118,17 @@ int main() {
       const std::uint8_t nan_byte = c.f == mxq::Format::nvfp4 ? 0x7F : 0xFF;
       for (std::uint8_t s : scales) nonfinite += (s & (c.f == mxq::Format::nvfp4 ? 0x7F : 0xFF)) == nan_byte;
       const double n = double(w.rows * w.K);
-      std::printf("%-11s %-11s %-6s %9.2f %10.4f %9.3f %9lld %9.2f\n", w.name, std::string(mxq::to_string(c.f)).c_str(),
-                  std::string(mxq::to_string(c.r)).c_str(), 10 * std::log10(ref / err), std::sqrt(err / ref),
-                  100.0 * (n - double(kept)) / n, (long long)nonfinite, 4.0 * n / sec / 1e9);
+      std::printf("%-11s %-11s %-6s %-8s %9.2f %10.4f %9.3f %9lld %9.2f  %s\n", w.name,
+                  std::string(mxq::to_string(c.f)).c_str(), std::string(mxq::to_string(c.r)).c_str(), "none",
+                  10 * std::log10(ref / err), std::sqrt(err / ref), 100.0 * (n - double(kept)) / n, (long long)nonfinite,
+                  4.0 * n / sec / 1e9, std::string(mxq::to_string(be.backend)).c_str());
     }
   }
   std::printf("\nSQNR = 10 log10(sum x^2 / sum (qdq(x) - x)^2); %% clip = elements at or beyond the element maximum "
               "after scaling;\nGB/s = QDQ bytes moved (bf16 in + out, 4 B/element) per second, %s backend.\n",
               std::string(mxq::to_string(be.backend)).c_str());
+  std::printf("rotation: none yet (rotations are a later feature); the demo's data stays on the CPU.\n");
   return 0;
 }
+
+}  // namespace mxq::cli

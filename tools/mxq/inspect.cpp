@@ -1,0 +1,43 @@
+// `mxq inspect FILE`: the tensors of a safetensors file, their dtypes, shapes and sizes.
+#include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "safetensors.hpp"
+
+namespace mxq::cli {
+
+namespace {
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string r = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+std::string human(double b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) b /= 1024, ++i;
+  return fmt::format("{:.1f} {}", b, u[i]);
+}
+}  // namespace
+
+int run_inspect(const InspectArgs& args) {
+  const st::File f(args.file);
+  const st::View& v = f.view();
+  std::uint64_t total = 0;
+  std::size_t wname = 6;
+  for (const st::TensorInfo& t : v.tensors()) wname = std::max(wname, t.name.size());
+  fmt::print("{}: {} tensors, header {} bytes\n", args.file, v.tensors().size(), v.header_bytes());
+  for (const auto& [k, val] : v.metadata()) fmt::print("  metadata {} = {}\n", k, val);
+  fmt::print("{:<{}}  {:<8} {:<22} {:>12}\n", "tensor", wname, "dtype", "shape", "bytes");
+  for (const st::TensorInfo& t : v.tensors()) {
+    fmt::print("{:<{}}  {:<8} {:<22} {:>12}\n", t.name, wname, t.dtype, shape_str(t.shape), t.bytes());
+    total += t.bytes();
+  }
+  fmt::print("total {} ({} bytes)\n", human(double(total)), total);
+  return 0;
+}
+
+}  // namespace mxq::cli

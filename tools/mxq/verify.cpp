@@ -1,0 +1,224 @@
+// `mxq verify`: what this build and machine are, which backends are usable (and why not), then a
+// bit-exactness self-test of every usable backend against the reference. Exit status 1 on any
+// mismatch.
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <mxq/mxq.hpp>
+
+#include "commands.hpp"
+
+#if defined(MXQ_TOOL_HAVE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace mxq::cli {
+
+namespace {
+
+struct Case {
+  Format format;
+  ScaleRule rule;
+  Rounding rounding;
+  ScaleLayout layout;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  for (Rounding rd : {Rounding::nearest_even, Rounding::stochastic})
+    for (ScaleLayout l : {ScaleLayout::linear, ScaleLayout::swizzled}) {
+      for (Format f : {Format::mxfp4, Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3, Format::mxfp8_e5m2,
+                       Format::mxint8})
+        for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::quest})
+          v.push_back({f, r, rd, l});
+      v.push_back({Format::nvfp4, ScaleRule::nvfp4, rd, l});
+    }
+  return v;
+}
+
+// bf16 input with outliers, a NaN block and an Inf block.
+std::vector<std::uint16_t> input(std::int64_t rows, std::int64_t K, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<std::uint16_t> x(rows * K);
+  for (std::int64_t i = 0; i < rows * K; ++i) {
+    float v = nd(rng) * (i % 97 == 5 ? 40.0f : 1.0f);
+    std::uint32_t u;
+    std::memcpy(&u, &v, 4);
+    x[i] = std::uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+  }
+  if (rows > 2) {
+    x[1 * K] = 0x7FC0;      // NaN
+    x[2 * K + 3] = 0xFF80;  // -Inf
+  }
+  return x;
+}
+
+// Output buffers of one quantize + dequantize + qdq run, as bytes.
+struct Outputs {
+  std::vector<std::uint8_t> codes, scales, mask, deq, qdq;
+  float S = 0;
+};
+
+// Runs the three operations on host buffers with `backend` (CPU backends).
+Outputs run_host(const std::vector<std::uint16_t>& x, std::int64_t rows, std::int64_t K, QuantOptions o) {
+  Outputs r;
+  const Tensor xt = Tensor::of(const_cast<std::uint16_t*>(x.data()), DType::bf16, rows, K);
+  const std::int64_t cc = code_cols(o.format, K);
+  const Shape2 ss = scale_shape(o, rows, K), ms = clip_mask_shape(rows, K);
+  r.codes.assign(rows * cc, 0);
+  r.scales.assign(ss.rows * ss.cols, 0);
+  r.mask.assign(ms.rows * ms.cols, 0);
+  QuantizedOut out;
+  out.codes = Tensor::of(r.codes.data(), DType::u8, rows, cc);
+  out.scales = Tensor::of(r.scales.data(), DType::u8, ss.rows, ss.cols);
+  out.clip_mask = Tensor::of(r.mask.data(), DType::u8, ms.rows, ms.cols);
+  out.tensor_scale = &r.S;
+  quantize(xt, out, o);
+  QuantOptions d = o;
+  if (o.format == Format::nvfp4) d.tensor_scale = r.S;
+  r.deq.assign(rows * K * 2, 0);
+  dequantize(QuantizedIn{out.codes, out.scales}, Tensor::of(r.deq.data(), DType::bf16, rows, K), d);
+  r.qdq.assign(rows * K * 2, 0);
+  qdq(xt, Tensor::of(r.qdq.data(), DType::bf16, rows, K), o);
+  return r;
+}
+
+#if defined(MXQ_TOOL_HAVE_CUDA)
+struct DevBuf {
+  void* p = nullptr;
+  explicit DevBuf(std::size_t n) {
+    if (cudaMalloc(&p, n ? n : 1) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+    cudaMemset(p, 0, n ? n : 1);
+  }
+  ~DevBuf() { cudaFree(p); }
+};
+void download(std::vector<std::uint8_t>& dst, const DevBuf& b) { cudaMemcpy(dst.data(), b.p, dst.size(), cudaMemcpyDeviceToHost); }
+
+Outputs run_cuda(const std::vector<std::uint16_t>& x, std::int64_t rows, std::int64_t K, QuantOptions o) {
+  Outputs r;
+  const std::int64_t cc = code_cols(o.format, K);
+  const Shape2 ss = scale_shape(o, rows, K), ms = clip_mask_shape(rows, K);
+  r.codes.assign(rows * cc, 0);
+  r.scales.assign(ss.rows * ss.cols, 0);
+  r.mask.assign(ms.rows * ms.cols, 0);
+  r.deq.assign(rows * K * 2, 0);
+  r.qdq.assign(rows * K * 2, 0);
+  DevBuf xd(x.size() * 2), cd(r.codes.size()), sd(r.scales.size()), md(r.mask.size()), Sd(4), ws(4), dd(r.deq.size()),
+      qd(r.qdq.size());
+  cudaMemcpy(xd.p, x.data(), x.size() * 2, cudaMemcpyHostToDevice);
+  const Tensor xt = Tensor::of(xd.p, DType::bf16, rows, K, 0, Device::cuda);
+  QuantizedOut out;
+  out.codes = Tensor::of(cd.p, DType::u8, rows, cc, 0, Device::cuda);
+  out.scales = Tensor::of(sd.p, DType::u8, ss.rows, ss.cols, 0, Device::cuda);
+  out.clip_mask = Tensor::of(md.p, DType::u8, ms.rows, ms.cols, 0, Device::cuda);
+  out.tensor_scale = static_cast<float*>(Sd.p);
+  o.workspace = ws.p;
+  quantize(xt, out, o);
+  cudaMemcpy(&r.S, Sd.p, 4, cudaMemcpyDeviceToHost);
+  QuantOptions d = o;
+  if (o.format == Format::nvfp4) d.tensor_scale = r.S;
+  dequantize(QuantizedIn{out.codes, out.scales}, Tensor::of(dd.p, DType::bf16, rows, K, 0, Device::cuda), d);
+  qdq(xt, Tensor::of(qd.p, DType::bf16, rows, K, 0, Device::cuda), o);
+  if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("CUDA error after the self-test kernels");
+  download(r.codes, cd), download(r.scales, sd), download(r.mask, md), download(r.deq, dd), download(r.qdq, qd);
+  return r;
+}
+#endif
+
+// Number of differing bytes; prints the first few.
+long compare(const char* what, const std::string& name, const std::vector<std::uint8_t>& want,
+             const std::vector<std::uint8_t>& got, bool verbose) {
+  long n = 0;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (want[i] != got[i] && n++ < 3 && verbose)
+      fmt::print("    {} {}: byte {} is {:#04x}, reference {:#04x}\n", name, what, i, got[i], want[i]);
+  return n;
+}
+
+}  // namespace
+
+int run_verify(const VerifyArgs& args) {
+  fmt::print("mxq {}\n", MXQ_VERSION_STRING);
+  fmt::print("build: CUDA backend {}", cuda_compiled() ? "compiled" : "not compiled");
+#if defined(MXQ_TOOL_CUDA_ARCHS)
+  if (cuda_compiled()) fmt::print(" (architectures {})", MXQ_TOOL_CUDA_ARCHS);
+#endif
+  fmt::print("\nmachine: {} hardware threads\n", std::thread::hardware_concurrency());
+  std::string why;
+  const bool have_cuda = cuda_available(&why);
+#if defined(MXQ_TOOL_HAVE_CUDA)
+  if (have_cuda) {
+    int dev = 0, driver = 0;
+    cudaGetDevice(&dev);
+    cudaDriverGetVersion(&driver);
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, dev);
+    fmt::print("GPU {}: {} (compute capability {}.{}, {} SMs), driver API {}.{}\n", dev, prop.name, prop.major,
+               prop.minor, prop.multiProcessorCount, driver / 1000, (driver % 1000) / 10);
+  }
+#endif
+  fmt::print("backends:\n  reference  usable (the definition every backend is checked against)\n");
+  fmt::print("  cpu        usable (multi-threaded fast path)\n");
+  fmt::print("  cuda       {}\n", have_cuda ? std::string("usable") : "not usable: " + why);
+
+  struct Backend_ {
+    const char* name;
+    bool cuda;
+  };
+  std::vector<Backend_> test = {{"cpu", false}};
+#if defined(MXQ_TOOL_HAVE_CUDA)
+  if (have_cuda) test.push_back({"cuda", true});
+#endif
+  const std::int64_t rows = 37, K = 320;
+  const std::vector<std::uint16_t> x = input(rows, K, 7);
+  long total_bad = 0;
+  for (const Backend_& b : test) {
+    long bad_cases = 0, n = 0;
+    for (const Case& c : cases()) {
+      QuantOptions o = c.format == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(c.format, c.rule);
+      o.rounding = c.rounding;
+      o.scale_layout = c.layout;
+      o.seed = 1234;
+      QuantOptions oref = o;
+      oref.backend = Backend::reference;
+      const Outputs want = run_host(x, rows, K, oref);
+      Outputs got;
+#if defined(MXQ_TOOL_HAVE_CUDA)
+      if (b.cuda) got = run_cuda(x, rows, K, o);
+      else
+#endif
+      {
+        QuantOptions oc = o;
+        oc.backend = Backend::cpu;
+        got = run_host(x, rows, K, oc);
+      }
+      const std::string name = fmt::format("{} {} {} {}", to_string(c.format), to_string(c.rule),
+                                           c.rounding == Rounding::stochastic ? "stochastic" : "rne",
+                                           c.layout == ScaleLayout::swizzled ? "swizzled" : "linear");
+      long bad = compare("codes", name, want.codes, got.codes, args.verbose) +
+                 compare("scales", name, want.scales, got.scales, args.verbose) +
+                 compare("clip mask", name, want.mask, got.mask, args.verbose) +
+                 compare("dequantize", name, want.deq, got.deq, args.verbose) +
+                 compare("qdq", name, want.qdq, got.qdq, args.verbose);
+      if (want.S != got.S) ++bad;
+      if (bad) {
+        ++bad_cases;
+        fmt::print("  MISMATCH {} on {}: {} bytes differ\n", name, b.name, bad);
+      }
+      ++n;
+    }
+    fmt::print("self-test {}: {} of {} cases bit-exact with the reference ([{}, {}] bf16; quantize, dequantize, qdq)\n",
+               b.name, n - bad_cases, n, rows, K);
+    total_bad += bad_cases;
+  }
+  fmt::print("{}\n", total_bad ? "FAILED" : "OK");
+  return total_bad ? 1 : 0;
+}
+
+}  // namespace mxq::cli
