@@ -2,6 +2,7 @@
 // The subcommands of the mxq tool; each returns the process exit status.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace mxq::cli {
 
@@ -14,6 +15,17 @@ struct InspectArgs {
   std::string file;
 };
 int run_inspect(const InspectArgs& args);
+
+struct QuantizeArgs {
+  std::string in, out, format = "mxfp4", rule, device = "auto";
+  std::vector<std::string> include, exclude;  // regular expressions searched in tensor names
+};
+int run_quantize(const QuantizeArgs& args);
+
+struct DequantizeArgs {
+  std::string in, out, dtype = "bf16";
+};
+int run_dequantize(const DequantizeArgs& args);
 
 struct VerifyArgs {
   bool verbose = false;

@@ -25,6 +25,22 @@ int main(int argc, char** argv) {
   CLI::App* c_inspect = app.add_subcommand("inspect", "tensors, dtypes, shapes and bytes of a safetensors file");
   c_inspect->add_option("file", inspect.file, "a .safetensors file")->required();
 
+  mxq::cli::QuantizeArgs quant;
+  CLI::App* c_quant = app.add_subcommand("quantize", "a safetensors checkpoint to the compressed-tensors layout vLLM loads");
+  c_quant->add_option("in", quant.in, "a .safetensors file or a checkpoint directory")->required();
+  c_quant->add_option("-o,--output", quant.out, "output directory")->required();
+  c_quant->add_option("--format", quant.format, "mxfp4, mxfp8 or nvfp4")->capture_default_str();
+  c_quant->add_option("--rule", quant.rule, "MX scale rule: floor, ceil, even (default) or rceil");
+  c_quant->add_option("--include", quant.include, "quantize only weights whose name matches this regex (repeatable)");
+  c_quant->add_option("--exclude", quant.exclude, "leave weights whose name matches this regex (repeatable)");
+  c_quant->add_option("--device", quant.device, "cpu, cuda or auto")->capture_default_str();
+
+  mxq::cli::DequantizeArgs deq;
+  CLI::App* c_deq = app.add_subcommand("dequantize", "a compressed-tensors checkpoint back to bf16/f16/f32 weights");
+  c_deq->add_option("in", deq.in, "a .safetensors file or a checkpoint directory")->required();
+  c_deq->add_option("-o,--output", deq.out, "output directory")->required();
+  c_deq->add_option("--dtype", deq.dtype, "bf16, f16 or f32")->capture_default_str();
+
   mxq::cli::VerifyArgs verify;
   CLI::App* c_verify = app.add_subcommand("verify", "build, machine, usable backends, and a bit-exactness self-test");
   c_verify->add_flag("-v,--verbose", verify.verbose, "print the first differing bytes of a mismatch");
@@ -34,6 +50,8 @@ int main(int argc, char** argv) {
     if (*c_demo) return mxq::cli::run_demo(demo);
     if (*c_inspect) return mxq::cli::run_inspect(inspect);
     if (*c_verify) return mxq::cli::run_verify(verify);
+    if (*c_quant) return mxq::cli::run_quantize(quant);
+    if (*c_deq) return mxq::cli::run_dequantize(deq);
   } catch (const mxq::st::Error& e) {
     std::fprintf(stderr, "mxq: %s\n", e.what());
     return 2;

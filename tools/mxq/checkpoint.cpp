@@ -1,0 +1,488 @@
+// `mxq quantize` and `mxq dequantize`: safetensors checkpoints (one file, or a Hugging Face directory
+// with model.safetensors.index.json) to and from the compressed-tensors layout vLLM loads
+// (docs/cli.md lists what is written). Inputs are memory-mapped and processed tensor by tensor:
+// peak memory is about one tensor, its fp32 copy and its outputs. Every output file is written to a
+// temporary name and renamed into place, so a failure leaves no partial checkpoint file.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <mxq/mxq.hpp>
+
+#include "commands.hpp"
+#include "safetensors.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace mxq::cli {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
+
+// The shards of a checkpoint: the index's files, model.safetensors, or the one file given.
+struct Checkpoint {
+  fs::path dir;                      // where config.json and the shards live
+  std::vector<std::string> shards;   // file names relative to dir
+  std::optional<json> index;         // model.safetensors.index.json, when sharded
+};
+
+Checkpoint open_checkpoint(const std::string& in) {
+  Checkpoint c;
+  const fs::path p(in);
+  if (fs::is_directory(p)) {
+    c.dir = p;
+    const fs::path idx = p / "model.safetensors.index.json";
+    if (fs::exists(idx)) {
+      std::ifstream f(idx);
+      try {
+        c.index = json::parse(f);
+      } catch (const json::exception& e) {
+        fail(idx.string() + ": not valid JSON: " + e.what());
+      }
+      if (!c.index->contains("weight_map") || !(*c.index)["weight_map"].is_object())
+        fail(idx.string() + ": no 'weight_map' object");
+      std::set<std::string> files;
+      for (auto& [name, file] : (*c.index)["weight_map"].items()) {
+        if (!file.is_string()) fail(idx.string() + ": weight_map entry '" + name + "' is not a file name");
+        const std::string fn = file.get<std::string>();
+        if (fn.find('/') != std::string::npos || fn.find("..") != std::string::npos)
+          fail(idx.string() + ": weight_map entry '" + name + "' names a file outside the checkpoint: " + fn);
+        files.insert(fn);
+      }
+      c.shards.assign(files.begin(), files.end());
+    } else if (fs::exists(p / "model.safetensors")) {
+      c.shards = {"model.safetensors"};
+    } else {
+      fail(in + ": neither model.safetensors.index.json nor model.safetensors in this directory");
+    }
+  } else if (fs::is_regular_file(p)) {
+    c.dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+    c.shards = {p.filename().string()};
+  } else {
+    fail(in + ": no such file or directory");
+  }
+  return c;
+}
+
+float load_f32(const std::uint8_t* p, const std::string& dt) {
+  if (dt == "F32") {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  std::uint32_t u;
+  if (dt == "BF16") {
+    u = std::uint32_t(h) << 16;
+  } else {  // F16, exactly
+    const std::uint32_t s = std::uint32_t(h >> 15) << 31, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    if (e == 0x1F) u = s | 0x7F800000u | (m << 13);
+    else if (e) u = s | ((e + 112) << 23) | (m << 13);
+    else if (m == 0) u = s;
+    else {
+      int sh = 0;
+      std::uint32_t mm = m;
+      while (!(mm & 0x400)) mm <<= 1, ++sh;
+      u = s | (std::uint32_t(113 - sh) << 23) | ((mm & 0x3FF) << 13);
+    }
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+DType mxq_dtype(const std::string& dt) { return dt == "F32" ? DType::f32 : dt == "F16" ? DType::f16 : DType::bf16; }
+
+// The projections that share one NVFP4 global scale: q/k/v of an attention block, gate/up of an MLP,
+// w1/w3 of an expert. Returns the group key ("" when the tensor fuses with nothing).
+std::string fused_group(const std::string& module) {
+  static const std::regex qkv(R"((.*)\.(q_proj|k_proj|v_proj)$)"), gu(R"((.*)\.(gate_proj|up_proj)$)"),
+      w13(R"((.*)\.(w1|w3)$)");
+  std::smatch m;
+  if (std::regex_match(module, m, qkv)) return m[1].str() + ".qkv";
+  if (std::regex_match(module, m, gu)) return m[1].str() + ".gate_up";
+  if (std::regex_match(module, m, w13)) return m[1].str() + ".w13";
+  return "";
+}
+
+// Modules vLLM expects unquantized (checkpoint-formats.md): the LM head, embeddings, MoE routers,
+// vision towers.
+bool default_ignored(const std::string& module) {
+  static const std::regex re(
+      R"((^|.*\.)lm_head$|.*embed.*|.*\.mlp\.gate$|.*router.*|.*shared_expert_gate$|.*(visual|vision).*)");
+  return std::regex_match(module, re);
+}
+
+// The NVFP4 encode scale S = 448 * 6 / amax (numerics.md section 3), 1 for a zero or non-finite amax.
+float encode_scale(float amax) {
+  if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
+  const float s = 2688.0f / amax;
+  return std::isfinite(s) ? s : std::numeric_limits<float>::max();
+}
+
+double sqnr_db(const std::vector<float>& x, const std::vector<float>& y) {
+  double e = 0, r = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (!std::isfinite(x[i])) continue;
+    const double d = double(y[i]) - x[i];
+    e += d * d;
+    r += double(x[i]) * x[i];
+  }
+  return e == 0 ? INFINITY : 10 * std::log10(r / e);
+}
+
+long peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024;
+}
+
+void copy_side_files(const Checkpoint& c, const fs::path& out, const std::set<std::string>& skip) {
+  for (const auto& e : fs::directory_iterator(c.dir)) {
+    if (!e.is_regular_file()) continue;
+    const std::string n = e.path().filename().string();
+    if (skip.count(n) || n.ends_with(".safetensors") || n == "model.safetensors.index.json") continue;
+    fs::copy_file(e.path(), out / n, fs::copy_options::overwrite_existing);
+  }
+}
+
+// Writes text to path through a temporary name.
+void write_text(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << text;
+    if (!f) fail(tmp.string() + ": write failed");
+  }
+  fs::rename(tmp, path);
+}
+
+}  // namespace
+
+int run_quantize(const QuantizeArgs& a) {
+  Format format;
+  ScaleRule rule;
+  std::string ct_format;
+  if (a.format == "mxfp4") format = Format::mxfp4, rule = ScaleRule::even, ct_format = "mxfp4-pack-quantized";
+  else if (a.format == "mxfp8" || a.format == "mxfp8_e4m3") format = Format::mxfp8_e4m3, rule = ScaleRule::even, ct_format = "mxfp8-quantized";
+  else if (a.format == "nvfp4") format = Format::nvfp4, rule = ScaleRule::nvfp4, ct_format = "nvfp4-pack-quantized";
+  else fail("--format '" + a.format + "': the checkpoint layouts vLLM loads are mxfp4, mxfp8 and nvfp4");
+  if (!a.rule.empty()) {
+    if (format == Format::nvfp4) fail("--rule: nvfp4 has one scale rule (E4M3 block scales under the tensor scale)");
+    rule = parse_rule(a.rule);
+    if (rule == ScaleRule::nvfp4 || rule == ScaleRule::quest || rule == ScaleRule::qutlass_absmax)
+      fail("--rule '" + a.rule + "': a checkpoint takes floor, ceil, even or rceil");
+  }
+  if (a.device == "cuda") fail("--device cuda: checkpoint conversion runs on the CPU in this version");
+  const int g = format == Format::nvfp4 ? 16 : 32;
+  std::vector<std::regex> inc, exc;
+  for (const std::string& s : a.include) inc.emplace_back(s);
+  for (const std::string& s : a.exclude) exc.emplace_back(s);
+
+  const Checkpoint c = open_checkpoint(a.in);
+  const fs::path out(a.out);
+  if (fs::exists(out) && !fs::is_directory(out)) fail(a.out + ": exists and is not a directory");
+  fs::create_directories(out);
+
+  // Plan: which tensors are quantized, and (NVFP4) the tensor amax of each, for the shared scales.
+  struct Plan {
+    bool quantize = false;
+    std::string why;  // why not
+  };
+  std::map<std::string, Plan> plan;
+  std::vector<std::string> ignored_modules, unfit;
+  std::map<std::string, float> amax;  // NVFP4: per module
+  for (const std::string& shard : c.shards) {
+    const st::File f((c.dir / shard).string());
+    for (const st::TensorInfo& t : f.view().tensors()) {
+      Plan p;
+      const bool is_weight = t.name.ends_with(".weight");
+      const std::string module = is_weight ? t.name.substr(0, t.name.size() - 7) : t.name;
+      const bool floating = t.dtype == "BF16" || t.dtype == "F16" || t.dtype == "F32";
+      if (!is_weight || t.shape.size() != 2 || !floating) {
+        p.why = "not a 2-D floating weight";
+      } else if (default_ignored(module)) {
+        p.why = "left unquantized for vLLM (head, embedding, router, vision)";
+        ignored_modules.push_back(module);
+      } else if (!inc.empty() && std::none_of(inc.begin(), inc.end(), [&](const std::regex& r) { return std::regex_search(t.name, r); })) {
+        p.why = "not matched by --include";
+        ignored_modules.push_back(module);
+      } else if (std::any_of(exc.begin(), exc.end(), [&](const std::regex& r) { return std::regex_search(t.name, r); })) {
+        p.why = "matched by --exclude";
+        ignored_modules.push_back(module);
+      } else if (t.shape[1] % g != 0) {
+        p.why = fmt::format("K = {} is not a multiple of {} (vLLM could not load it)", t.shape[1], g);
+        ignored_modules.push_back(module);
+        unfit.push_back(t.name);
+      } else {
+        p.quantize = true;
+        if (format == Format::nvfp4) {
+          const auto d = f.view().data(t);
+          const int es = st::find_dtype(t.dtype)->bytes;
+          float m = 0;
+          for (std::int64_t i = 0; i < t.numel(); ++i) {
+            const float v = std::fabs(load_f32(d.data() + i * es, t.dtype));
+            if (!(v <= m)) m = v;  // NaN propagates
+          }
+          amax[module] = m;
+        }
+      }
+      plan[shard + "/" + t.name] = p;
+    }
+  }
+  // Shared global scales of fused projections: the largest amax of the group.
+  std::map<std::string, float> group_amax;
+  for (const auto& [m, v] : amax) {
+    const std::string gk = fused_group(m);
+    if (!gk.empty()) group_amax[gk] = std::max(group_amax[gk], v);
+  }
+
+  json weight_map = json::object();
+  std::int64_t n_quant = 0, n_copy = 0;
+  double bytes_in = 0, bytes_out = 0;
+  std::size_t done = 0, total = plan.size();
+  for (const std::string& shard : c.shards) {
+    const st::File f((c.dir / shard).string());
+    st::Writer w((out / shard).string());
+    w.metadata("format", "pt");
+    for (const auto& [k, v] : f.view().metadata())
+      if (k != "format") w.metadata(k, v);
+    // Declare every output tensor of this shard, then write them in order.
+    for (const st::TensorInfo& t : f.view().tensors()) {
+      const std::string module = t.name.substr(0, t.name.size() - 7);
+      if (!plan[shard + "/" + t.name].quantize) {
+        w.declare(t.name, t.dtype, t.shape);
+        weight_map[t.name] = shard;
+        continue;
+      }
+      const std::int64_t N = t.shape[0], K = t.shape[1];
+      if (format == Format::mxfp8_e4m3) w.declare(module + ".weight", "F8_E4M3", {N, K});
+      else w.declare(module + ".weight_packed", "U8", {N, K / 2});
+      w.declare(module + ".weight_scale", format == Format::nvfp4 ? "F8_E4M3" : "U8", {N, K / g});
+      if (format == Format::nvfp4) w.declare(module + ".weight_global_scale", "F32", {1});
+      weight_map[module + (format == Format::mxfp8_e4m3 ? ".weight" : ".weight_packed")] = shard;
+      weight_map[module + ".weight_scale"] = shard;
+      if (format == Format::nvfp4) weight_map[module + ".weight_global_scale"] = shard;
+    }
+
+    for (const st::TensorInfo& t : f.view().tensors()) {
+      ++done;
+      const auto src = f.view().data(t);
+      bytes_in += double(src.size());
+      if (!plan[shard + "/" + t.name].quantize) {
+        w.write(t.name, src);
+        bytes_out += double(src.size());
+        ++n_copy;
+        continue;
+      }
+      const std::string module = t.name.substr(0, t.name.size() - 7);
+      const std::int64_t N = t.shape[0], K = t.shape[1];
+      // An aligned copy of the input (the mapping gives no alignment guarantee for the view).
+      const int es = st::find_dtype(t.dtype)->bytes;
+      std::vector<std::uint8_t> xin(src.begin(), src.end());
+      const Tensor xt = Tensor::of(xin.data(), mxq_dtype(t.dtype), N, K);
+      QuantOptions o = format == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(format, rule);
+      if (format == Format::nvfp4) {
+        const std::string gk = fused_group(module);
+        o.tensor_scale = encode_scale(gk.empty() ? amax[module] : group_amax[gk]);
+      }
+      const Shape2 ss = scale_shape(o, N, K);
+      std::vector<std::uint8_t> codes(N * code_cols(format, K)), scales(ss.rows * ss.cols);
+      QuantizedOut q;
+      q.codes = Tensor::of(codes.data(), DType::u8, N, code_cols(format, K));
+      q.scales = Tensor::of(scales.data(), DType::u8, ss.rows, ss.cols);
+      try {
+        quantize(xt, q, o);
+      } catch (const std::exception& e) {
+        fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
+      }
+      // The error this tensor carries: dequantize and compare.
+      std::vector<float> x(N * K), y(N * K);
+      for (std::int64_t i = 0; i < N * K; ++i) x[i] = load_f32(xin.data() + i * es, t.dtype);
+      dequantize(QuantizedIn{q.codes, q.scales}, Tensor::of(y.data(), DType::f32, N, K), o);
+      if (format == Format::mxfp8_e4m3) w.write(module + ".weight", codes);
+      else w.write(module + ".weight_packed", codes);
+      w.write(module + ".weight_scale", scales);
+      bytes_out += double(codes.size() + scales.size());
+      if (format == Format::nvfp4) {
+        const float S = *o.tensor_scale;
+        w.write(module + ".weight_global_scale", {reinterpret_cast<const std::uint8_t*>(&S), 4});
+        bytes_out += 4;
+      }
+      ++n_quant;
+      fmt::print("[{}/{}] {} [{}, {}] {} -> {}: SQNR {:.2f} dB\n", done, total, t.name, N, K, t.dtype, a.format,
+                 sqnr_db(x, y));
+      std::fflush(stdout);
+    }
+    w.commit();
+  }
+
+  if (c.index) {
+    json idx = *c.index;
+    idx["weight_map"] = weight_map;
+    if (idx.contains("metadata") && idx["metadata"].is_object()) idx["metadata"]["total_size"] = std::uint64_t(bytes_out);
+    write_text(out / "model.safetensors.index.json", idx.dump(2) + "\n");
+  }
+
+  // config.json with the quantization_config vLLM reads.
+  std::sort(ignored_modules.begin(), ignored_modules.end());
+  ignored_modules.erase(std::unique(ignored_modules.begin(), ignored_modules.end()), ignored_modules.end());
+  if (std::find(ignored_modules.begin(), ignored_modules.end(), "lm_head") == ignored_modules.end())
+    ignored_modules.insert(ignored_modules.begin(), "lm_head");
+  json weights = {{"num_bits", format == Format::mxfp8_e4m3 ? 8 : 4},
+                  {"type", "float"},
+                  {"strategy", format == Format::nvfp4 ? "tensor_group" : "group"},
+                  {"group_size", g},
+                  {"symmetric", true},
+                  {"dynamic", false},
+                  {"scale_dtype", format == Format::nvfp4 ? "torch.float8_e4m3fn" : "torch.uint8"}};
+  json qc = {{"quant_method", "compressed-tensors"},
+             {"format", ct_format},
+             {"quantization_status", "compressed"},
+             {"ignore", ignored_modules},
+             {"config_groups",
+              {{"group_0",
+                {{"targets", {"Linear"}},
+                 {"format", ct_format},
+                 {"weights", weights},
+                 {"input_activations", nullptr},
+                 {"output_activations", nullptr}}}}},
+             {"kv_cache_scheme", nullptr},
+             {"sparsity_config", json::object()},
+             {"transform_config", json::object()},
+             {"global_compression_ratio", nullptr}};
+  if (fs::is_directory(a.in) && fs::exists(c.dir / "config.json")) {
+    json cfg;
+    std::ifstream cf(c.dir / "config.json");
+    try {
+      cfg = json::parse(cf);
+    } catch (const json::exception& e) {
+      fail((c.dir / "config.json").string() + ": not valid JSON: " + e.what());
+    }
+    cfg["quantization_config"] = qc;
+    copy_side_files(c, out, {"config.json"});
+    write_text(out / "config.json", cfg.dump(2) + "\n");
+  } else {
+    write_text(out / "quantization_config.json", qc.dump(2) + "\n");
+  }
+
+  fmt::print("quantized {} tensors to {}, copied {} unchanged; {:.1f} MiB -> {:.1f} MiB; peak memory {} MiB\n", n_quant,
+             a.format, n_copy, bytes_in / 1048576, bytes_out / 1048576, peak_rss_mib());
+  for (const std::string& u : unfit) fmt::print("left unquantized (shape vLLM could not load): {}\n", u);
+  return 0;
+}
+
+int run_dequantize(const DequantizeArgs& a) {
+  const DType odt = a.dtype == "bf16" ? DType::bf16 : a.dtype == "f16" ? DType::f16 : a.dtype == "f32" ? DType::f32 : DType::u8;
+  if (odt == DType::u8) fail("--dtype '" + a.dtype + "': expected bf16, f16 or f32");
+  const char* st_dt = odt == DType::bf16 ? "BF16" : odt == DType::f16 ? "F16" : "F32";
+  const int ob = odt == DType::f32 ? 4 : 2;
+  const Checkpoint c = open_checkpoint(a.in);
+  const fs::path out(a.out);
+  if (fs::exists(out) && !fs::is_directory(out)) fail(a.out + ": exists and is not a directory");
+  fs::create_directories(out);
+  json weight_map = json::object();
+  std::int64_t n_deq = 0;
+  for (const std::string& shard : c.shards) {
+    const std::string path = (c.dir / shard).string();
+    const st::File f(path);
+    const st::View& v = f.view();
+    // A quantized module: X.weight_scale plus X.weight_packed (FP4) or an F8_E4M3 X.weight (MXFP8).
+    struct Mod {
+      Format format;
+      const st::TensorInfo *codes, *scale, *global;
+    };
+    std::map<std::string, Mod> mods;
+    std::set<std::string> consumed;
+    for (const st::TensorInfo& t : v.tensors()) {
+      if (!t.name.ends_with(".weight_scale")) continue;
+      const std::string m = t.name.substr(0, t.name.size() - 13);
+      const st::TensorInfo* packed = v.find(m + ".weight_packed");
+      const st::TensorInfo* w8 = v.find(m + ".weight");
+      const st::TensorInfo* gs = v.find(m + ".weight_global_scale");
+      Mod md{};
+      if (packed) md = {gs ? Format::nvfp4 : Format::mxfp4, packed, &t, gs};
+      else if (w8 && w8->dtype == "F8_E4M3") md = {Format::mxfp8_e4m3, w8, &t, nullptr};
+      else fail(path + ": tensor '" + t.name + "' has no X.weight_packed or F8_E4M3 X.weight beside it in this file");
+      if (md.codes->shape.size() != 2 || t.shape.size() != 2)
+        fail(path + ": tensor '" + md.codes->name + "': expected 2-D codes and scales");
+      mods[m] = md;
+      consumed.insert(md.codes->name);
+      consumed.insert(t.name);
+      if (gs) consumed.insert(gs->name);
+    }
+    st::Writer w((out / shard).string());
+    w.metadata("format", "pt");
+    for (const st::TensorInfo& t : v.tensors()) {
+      if (consumed.count(t.name)) continue;
+      w.declare(t.name, t.dtype, t.shape);
+      weight_map[t.name] = shard;
+    }
+    for (const auto& [m, md] : mods) {
+      const std::int64_t N = md.codes->shape[0], K = md.format == Format::mxfp8_e4m3 ? md.codes->shape[1] : 2 * md.codes->shape[1];
+      w.declare(m + ".weight", st_dt, {N, K});
+      weight_map[m + ".weight"] = shard;
+    }
+    for (const st::TensorInfo& t : v.tensors())
+      if (!consumed.count(t.name)) w.write(t.name, v.data(t));
+    for (const auto& [m, md] : mods) {
+      const std::int64_t N = md.codes->shape[0], K = md.format == Format::mxfp8_e4m3 ? md.codes->shape[1] : 2 * md.codes->shape[1];
+      QuantOptions o = md.format == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(md.format, ScaleRule::even);
+      if (md.format == Format::nvfp4) {
+        if (md.global->bytes() != 4) fail(path + ": tensor '" + md.global->name + "': expected one F32");
+        float S;
+        std::memcpy(&S, v.data(*md.global).data(), 4);
+        o.tensor_scale = S;
+      }
+      const Shape2 ss = scale_shape(o, N, K);
+      if (md.scale->shape[0] != ss.rows || md.scale->shape[1] != ss.cols)
+        fail(path + ": tensor '" + md.scale->name + "': shape does not match codes of [" + std::to_string(N) + ", " +
+             std::to_string(K) + "]");
+      std::vector<std::uint8_t> codes(v.data(*md.codes).begin(), v.data(*md.codes).end()),
+          scales(v.data(*md.scale).begin(), v.data(*md.scale).end()), y(N * K * ob);
+      try {
+        dequantize(QuantizedIn{Tensor::of(codes.data(), DType::u8, N, code_cols(md.format, K)),
+                               Tensor::of(scales.data(), DType::u8, ss.rows, ss.cols)},
+                   Tensor::of(y.data(), odt, N, K), o);
+      } catch (const std::exception& e) {
+        fail(path + ": module '" + m + "': " + e.what());
+      }
+      w.write(m + ".weight", y);
+      ++n_deq;
+    }
+    w.commit();
+  }
+  if (c.index) {
+    json idx = *c.index;
+    idx["weight_map"] = weight_map;
+    write_text(out / "model.safetensors.index.json", idx.dump(2) + "\n");
+  }
+  if (fs::is_directory(a.in) && fs::exists(c.dir / "config.json")) {
+    json cfg = json::parse(std::ifstream(c.dir / "config.json"), nullptr, false);
+    if (cfg.is_discarded()) fail((c.dir / "config.json").string() + ": not valid JSON");
+    cfg.erase("quantization_config");
+    copy_side_files(c, out, {"config.json"});
+    write_text(out / "config.json", cfg.dump(2) + "\n");
+  }
+  fmt::print("dequantized {} modules to {}; peak memory {} MiB\n", n_deq, a.dtype, peak_rss_mib());
+  return 0;
+}
+
+}  // namespace mxq::cli

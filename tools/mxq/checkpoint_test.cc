@@ -1,0 +1,213 @@
+// mxq quantize / dequantize on a two-shard checkpoint this test writes: the files vLLM reads (names,
+// dtypes, shapes, index, config) and the numbers, checked against the library's own quantize and qdq.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <mxq/mxq.hpp>
+
+#include "commands.hpp"
+#include "safetensors.hpp"
+
+namespace fs = std::filesystem;
+namespace st = mxq::st;
+using json = nlohmann::json;
+
+namespace {
+
+struct Spec {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  int shard;
+};
+
+const std::vector<Spec> kSpecs = {
+    {"model.embed_tokens.weight", {100, 128}, 0},
+    {"model.layers.0.input_layernorm.weight", {128}, 0},
+    {"model.layers.0.self_attn.q_proj.weight", {64, 128}, 0},
+    {"model.layers.0.self_attn.k_proj.weight", {32, 128}, 0},
+    {"model.layers.0.self_attn.v_proj.weight", {32, 128}, 1},  // shares q/k's NVFP4 scale across shards
+    {"model.layers.0.self_attn.o_proj.weight", {128, 64}, 1},
+    {"model.layers.0.mlp.odd_proj.weight", {8, 40}, 1},  // K = 40: vLLM could not load it quantized
+    {"lm_head.weight", {100, 128}, 1},
+};
+
+std::uint16_t bf16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return std::uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+std::map<std::string, std::vector<std::uint16_t>> make_checkpoint(const fs::path& dir) {
+  fs::create_directories(dir);
+  std::map<std::string, std::vector<std::uint16_t>> data;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  json wm = json::object();
+  for (int s = 0; s < 2; ++s) {
+    const std::string file = "model-0000" + std::to_string(s + 1) + "-of-00002.safetensors";
+    st::Writer w((dir / file).string());
+    for (const Spec& sp : kSpecs)
+      if (sp.shard == s) {
+        w.declare(sp.name, "BF16", sp.shape);
+        wm[sp.name] = file;
+      }
+    for (const Spec& sp : kSpecs)
+      if (sp.shard == s) {
+        std::int64_t n = 1;
+        for (auto d : sp.shape) n *= d;
+        std::vector<std::uint16_t> v(n);
+        for (std::int64_t i = 0; i < n; ++i) v[i] = bf16(nd(rng) * (i % 37 == 3 ? 20.0f : 1.0f));
+        w.write(sp.name, {reinterpret_cast<const std::uint8_t*>(v.data()), v.size() * 2});
+        data[sp.name] = std::move(v);
+      }
+    w.commit();
+  }
+  std::ofstream(dir / "model.safetensors.index.json") << json{{"metadata", {{"total_size", 0}}}, {"weight_map", wm}}.dump();
+  std::ofstream(dir / "config.json") << R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 128})";
+  std::ofstream(dir / "tokenizer.json") << "{}";
+  return data;
+}
+
+// Loads one tensor of an output checkpoint through its index.
+std::vector<std::uint8_t> load(const fs::path& dir, const std::string& name, const std::string& dtype,
+                               std::vector<std::int64_t> shape) {
+  json idx = json::parse(std::ifstream(dir / "model.safetensors.index.json"));
+  EXPECT_TRUE(idx["weight_map"].contains(name)) << name;
+  if (!idx["weight_map"].contains(name)) return {};
+  const st::File f((dir / idx["weight_map"][name].get<std::string>()).string());
+  const st::TensorInfo* t = f.view().find(name);
+  EXPECT_NE(t, nullptr) << name;
+  if (!t) return {};
+  EXPECT_EQ(t->dtype, dtype) << name;
+  EXPECT_EQ(t->shape, shape) << name;
+  return {f.view().data(*t).begin(), f.view().data(*t).end()};
+}
+
+class Checkpoint : public testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+TEST_P(Checkpoint, QuantizeDequantizeMatchTheLibrary) {
+  const std::string format = GetParam();
+  const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_" + format + "_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const auto data = make_checkpoint(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  qa.format = format;
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  mxq::cli::DequantizeArgs da;
+  da.in = qa.out;
+  da.out = (root / "dq").string();
+  ASSERT_EQ(mxq::cli::run_dequantize(da), 0);
+
+  const bool nv = format == "nvfp4", fp8 = format == "mxfp8";
+  const mxq::Format f = nv ? mxq::Format::nvfp4 : fp8 ? mxq::Format::mxfp8_e4m3 : mxq::Format::mxfp4;
+  const int g = nv ? 16 : 32;
+  // The shared NVFP4 scale of q/k/v: from the largest amax of the three.
+  float qkv_amax = 0;
+  for (const char* m : {"q_proj", "k_proj", "v_proj"})
+    for (std::uint16_t h : data.at(std::string("model.layers.0.self_attn.") + m + ".weight")) {
+      const std::uint32_t u = std::uint32_t(h) << 16;
+      float v;
+      std::memcpy(&v, &u, 4);
+      qkv_amax = std::max(qkv_amax, std::fabs(v));
+    }
+  for (const char* m : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+    const std::string mod = std::string("model.layers.0.self_attn.") + m;
+    const auto& x = data.at(mod + ".weight");
+    const std::int64_t N = std::int64_t(x.size()) / (m == std::string("o_proj") ? 64 : 128), K = std::int64_t(x.size()) / N;
+    mxq::QuantOptions o = nv ? mxq::QuantOptions::nvfp4() : mxq::QuantOptions::mx(f, mxq::ScaleRule::even);
+    if (nv) {
+      float amax = qkv_amax;
+      if (m == std::string("o_proj")) {
+        amax = 0;
+        for (std::uint16_t h : x) {
+          const std::uint32_t u = std::uint32_t(h & 0x7FFF) << 16;
+          float v;
+          std::memcpy(&v, &u, 4);
+          amax = std::max(amax, v);
+        }
+      }
+      o.tensor_scale = 2688.0f / amax;
+    }
+    // codes and scales as the library writes them
+    const mxq::Tensor xt = mxq::Tensor::of(const_cast<std::uint16_t*>(x.data()), mxq::DType::bf16, N, K);
+    std::vector<std::uint8_t> codes(N * mxq::code_cols(f, K)), scales(N * (K / g));
+    mxq::QuantizedOut q;
+    q.codes = mxq::Tensor::of(codes.data(), mxq::DType::u8, N, mxq::code_cols(f, K));
+    q.scales = mxq::Tensor::of(scales.data(), mxq::DType::u8, N, K / g);
+    mxq::quantize(xt, q, o);
+    const fs::path qd = root / "q";
+    EXPECT_EQ(load(qd, mod + (fp8 ? ".weight" : ".weight_packed"), fp8 ? "F8_E4M3" : "U8", {N, fp8 ? K : K / 2}), codes) << mod;
+    EXPECT_EQ(load(qd, mod + ".weight_scale", nv ? "F8_E4M3" : "U8", {N, K / g}), scales) << mod;
+    if (nv) {
+      const auto gs = load(qd, mod + ".weight_global_scale", "F32", {1});
+      float S = 0;
+      if (gs.size() == 4) std::memcpy(&S, gs.data(), 4);
+      EXPECT_EQ(S, *o.tensor_scale) << mod;
+    }
+    // dequantized weights equal the library's QDQ
+    std::vector<std::uint16_t> y(x.size());
+    mxq::qdq(xt, mxq::Tensor::of(y.data(), mxq::DType::bf16, N, K), o);
+    const auto got = load(root / "dq", mod + ".weight", "BF16", {N, K});
+    EXPECT_EQ(got.size(), y.size() * 2);
+    if (got.size() == y.size() * 2) EXPECT_EQ(std::memcmp(got.data(), y.data(), got.size()), 0) << mod;
+  }
+  // unquantized tensors are copied byte for byte
+  for (const char* n : {"model.embed_tokens.weight", "lm_head.weight", "model.layers.0.mlp.odd_proj.weight",
+                        "model.layers.0.input_layernorm.weight"}) {
+    const auto& x = data.at(n);
+    std::vector<std::int64_t> shape;
+    for (const Spec& s : kSpecs)
+      if (s.name == n) shape = s.shape;
+    const auto got = load(root / "q", n, "BF16", shape);
+    EXPECT_EQ(got.size(), x.size() * 2);
+    if (got.size() == x.size() * 2) EXPECT_EQ(std::memcmp(got.data(), x.data(), got.size()), 0) << n;
+  }
+  // config: the quantization_config, ignore list, side files
+  const json cfg = json::parse(std::ifstream(root / "q" / "config.json"));
+  ASSERT_TRUE(cfg.contains("quantization_config"));
+  const json& qc = cfg["quantization_config"];
+  EXPECT_EQ(qc["quant_method"], "compressed-tensors");
+  EXPECT_EQ(qc["format"], nv ? "nvfp4-pack-quantized" : fp8 ? "mxfp8-quantized" : "mxfp4-pack-quantized");
+  EXPECT_EQ(qc["config_groups"]["group_0"]["weights"]["group_size"], g);
+  const auto ign = qc["ignore"].get<std::vector<std::string>>();
+  EXPECT_NE(std::find(ign.begin(), ign.end(), "lm_head"), ign.end());
+  EXPECT_NE(std::find(ign.begin(), ign.end(), "model.layers.0.mlp.odd_proj"), ign.end());
+  EXPECT_EQ(cfg["hidden_size"], 128);
+  EXPECT_TRUE(fs::exists(root / "q" / "tokenizer.json"));
+  EXPECT_FALSE(json::parse(std::ifstream(root / "dq" / "config.json")).contains("quantization_config"));
+  // nothing temporary left behind
+  for (const char* d : {"q", "dq"})
+    for (const auto& e : fs::directory_iterator(root / d))
+      EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  fs::remove_all(root);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, Checkpoint, testing::Values("mxfp4", "mxfp8", "nvfp4"));
+
+TEST(CheckpointErrors, OneLineNamingTheProblem) {
+  mxq::cli::QuantizeArgs qa;
+  qa.in = "/nonexistent/dir";
+  qa.out = testing::TempDir() + "/never";
+  try {
+    mxq::cli::run_quantize(qa);
+    ADD_FAILURE() << "accepted a missing input";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/dir"), std::string::npos) << e.what();
+  }
+  qa.format = "int3";
+  EXPECT_THROW(mxq::cli::run_quantize(qa), std::exception);
+}
