@@ -180,14 +180,17 @@ int run_quantize(const QuantizeArgs& a) {
   Format format;
   ScaleRule rule;
   std::string ct_format;
-  if (a.format == "mxfp4") format = Format::mxfp4, rule = ScaleRule::even, ct_format = "mxfp4-pack-quantized";
+  if (a.fake) {  // QDQ: every format and rule of the library
+    format = parse_format(a.format == "mxfp8" ? "mxfp8_e4m3" : a.format);
+    rule = format == Format::nvfp4 ? ScaleRule::nvfp4 : ScaleRule::even;
+  } else if (a.format == "mxfp4") format = Format::mxfp4, rule = ScaleRule::even, ct_format = "mxfp4-pack-quantized";
   else if (a.format == "mxfp8" || a.format == "mxfp8_e4m3") format = Format::mxfp8_e4m3, rule = ScaleRule::even, ct_format = "mxfp8-quantized";
   else if (a.format == "nvfp4") format = Format::nvfp4, rule = ScaleRule::nvfp4, ct_format = "nvfp4-pack-quantized";
   else fail("--format '" + a.format + "': the checkpoint layouts vLLM loads are mxfp4, mxfp8 and nvfp4");
   if (!a.rule.empty()) {
     if (format == Format::nvfp4) fail("--rule: nvfp4 has one scale rule (E4M3 block scales under the tensor scale)");
     rule = parse_rule(a.rule);
-    if (rule == ScaleRule::nvfp4 || rule == ScaleRule::quest || rule == ScaleRule::qutlass_absmax)
+    if (rule == ScaleRule::nvfp4 || (!a.fake && (rule == ScaleRule::quest || rule == ScaleRule::qutlass_absmax)))
       fail("--rule '" + a.rule + "': a checkpoint takes floor, ceil, even or rceil");
   }
   if (a.device == "cuda") fail("--device cuda: checkpoint conversion runs on the CPU in this version");
@@ -227,7 +230,7 @@ int run_quantize(const QuantizeArgs& a) {
       } else if (std::any_of(exc.begin(), exc.end(), [&](const std::regex& r) { return std::regex_search(t.name, r); })) {
         p.why = "matched by --exclude";
         ignored_modules.push_back(module);
-      } else if (t.shape[1] % g != 0) {
+      } else if (!a.fake && t.shape[1] % g != 0) {
         p.why = fmt::format("K = {} is not a multiple of {} (vLLM could not load it)", t.shape[1], g);
         ignored_modules.push_back(module);
         unfit.push_back(t.name);
@@ -273,6 +276,11 @@ int run_quantize(const QuantizeArgs& a) {
         continue;
       }
       const std::int64_t N = t.shape[0], K = t.shape[1];
+      if (a.fake) {  // the fake-quantized weight replaces the original, same name, dtype and shape
+        w.declare(t.name, t.dtype, t.shape);
+        weight_map[t.name] = shard;
+        continue;
+      }
       if (format == Format::mxfp8_e4m3) w.declare(module + ".weight", "F8_E4M3", {N, K});
       else w.declare(module + ".weight_packed", "U8", {N, K / 2});
       w.declare(module + ".weight_scale", format == Format::nvfp4 ? "F8_E4M3" : "U8", {N, K / g});
@@ -303,6 +311,24 @@ int run_quantize(const QuantizeArgs& a) {
         const std::string gk = fused_group(module);
         o.tensor_scale = encode_scale(gk.empty() ? amax[module] : group_amax[gk]);
       }
+      std::vector<float> x(N * K), y(N * K);
+      for (std::int64_t i = 0; i < N * K; ++i) x[i] = load_f32(xin.data() + i * es, t.dtype);
+      if (a.fake) {
+        std::vector<std::uint8_t> yq(xin.size());
+        try {
+          qdq(xt, Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K), o);
+        } catch (const std::exception& e) {
+          fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
+        }
+        for (std::int64_t i = 0; i < N * K; ++i) y[i] = load_f32(yq.data() + i * es, t.dtype);
+        w.write(t.name, yq);
+        bytes_out += double(yq.size());
+        ++n_quant;
+        fmt::print("[{}/{}] {} [{}, {}] {} -> qdq {}: SQNR {:.2f} dB\n", done, total, t.name, N, K, t.dtype, a.format,
+                   sqnr_db(x, y));
+        std::fflush(stdout);
+        continue;
+      }
       const Shape2 ss = scale_shape(o, N, K);
       std::vector<std::uint8_t> codes(N * code_cols(format, K)), scales(ss.rows * ss.cols);
       QuantizedOut q;
@@ -314,8 +340,6 @@ int run_quantize(const QuantizeArgs& a) {
         fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
       }
       // The error this tensor carries: dequantize and compare.
-      std::vector<float> x(N * K), y(N * K);
-      for (std::int64_t i = 0; i < N * K; ++i) x[i] = load_f32(xin.data() + i * es, t.dtype);
       dequantize(QuantizedIn{q.codes, q.scales}, Tensor::of(y.data(), DType::f32, N, K), o);
       if (format == Format::mxfp8_e4m3) w.write(module + ".weight", codes);
       else w.write(module + ".weight_packed", codes);
@@ -341,6 +365,12 @@ int run_quantize(const QuantizeArgs& a) {
     write_text(out / "model.safetensors.index.json", idx.dump(2) + "\n");
   }
 
+  if (a.fake) {  // a fake-quantized checkpoint loads as the original model
+    if (fs::is_directory(a.in)) copy_side_files(c, out, {});
+    fmt::print("fake-quantized {} tensors ({}), copied {} unchanged; peak memory {} MiB\n", n_quant, a.format, n_copy,
+               peak_rss_mib());
+    return 0;
+  }
   // config.json with the quantization_config vLLM reads.
   std::sort(ignored_modules.begin(), ignored_modules.end());
   ignored_modules.erase(std::unique(ignored_modules.begin(), ignored_modules.end()), ignored_modules.end());

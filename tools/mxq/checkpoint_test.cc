@@ -211,3 +211,35 @@ TEST(CheckpointErrors, OneLineNamingTheProblem) {
   qa.format = "int3";
   EXPECT_THROW(mxq::cli::run_quantize(qa), std::exception);
 }
+
+TEST(CheckpointQdq, FakeQuantizedWeightsMatchTheLibrary) {
+  const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_qdq_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const auto data = make_checkpoint(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "fq").string();
+  qa.format = "mxfp6_e3m2";
+  qa.rule = "rceil";
+  qa.fake = true;
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  // Every weight keeps its name, dtype and shape; the quantizable ones equal mxq::qdq, K = 40 included.
+  for (const char* n : {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.odd_proj.weight"}) {
+    const auto& x = data.at(n);
+    std::vector<std::int64_t> shape;
+    for (const Spec& s : kSpecs)
+      if (s.name == n) shape = s.shape;
+    std::vector<std::uint16_t> y(x.size());
+    mxq::qdq(mxq::Tensor::of(const_cast<std::uint16_t*>(x.data()), mxq::DType::bf16, shape[0], shape[1]),
+             mxq::Tensor::of(y.data(), mxq::DType::bf16, shape[0], shape[1]),
+             mxq::QuantOptions::mx(mxq::Format::mxfp6_e3m2, mxq::ScaleRule::rceil));
+    const auto got = load(root / "fq", n, "BF16", shape);
+    ASSERT_EQ(got.size(), y.size() * 2) << n;
+    EXPECT_EQ(std::memcmp(got.data(), y.data(), got.size()), 0) << n;
+  }
+  const auto head = load(root / "fq", "lm_head.weight", "BF16", {100, 128});  // left alone
+  ASSERT_EQ(head.size(), data.at("lm_head.weight").size() * 2);
+  EXPECT_EQ(std::memcmp(head.data(), data.at("lm_head.weight").data(), head.size()), 0);
+  EXPECT_FALSE(json::parse(std::ifstream(root / "fq" / "config.json")).contains("quantization_config"));
+  fs::remove_all(root);
+}

@@ -19,6 +19,7 @@ int run_inspect(const InspectArgs& args);
 struct QuantizeArgs {
   std::string in, out, format = "mxfp4", rule, device = "auto";
   std::vector<std::string> include, exclude;  // regular expressions searched in tensor names
+  bool fake = false;  // mxq qdq: write the fake-quantized weights in their own dtype instead
 };
 int run_quantize(const QuantizeArgs& args);
 

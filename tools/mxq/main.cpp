@@ -35,6 +35,17 @@ int main(int argc, char** argv) {
   c_quant->add_option("--exclude", quant.exclude, "leave weights whose name matches this regex (repeatable)");
   c_quant->add_option("--device", quant.device, "cpu, cuda or auto")->capture_default_str();
 
+  mxq::cli::QuantizeArgs fq;
+  fq.fake = true;
+  CLI::App* c_qdq = app.add_subcommand("qdq", "a fake-quantized copy of a checkpoint, weights in their original dtype");
+  c_qdq->add_option("in", fq.in, "a .safetensors file or a checkpoint directory")->required();
+  c_qdq->add_option("-o,--output", fq.out, "output directory")->required();
+  c_qdq->add_option("--format", fq.format, "any format: mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3, mxfp8_e5m2, mxint8, nvfp4")
+      ->capture_default_str();
+  c_qdq->add_option("--rule", fq.rule, "MX scale rule: floor, ceil, even (default), rceil, quest");
+  c_qdq->add_option("--include", fq.include, "fake-quantize only weights whose name matches this regex (repeatable)");
+  c_qdq->add_option("--exclude", fq.exclude, "leave weights whose name matches this regex (repeatable)");
+
   mxq::cli::DequantizeArgs deq;
   CLI::App* c_deq = app.add_subcommand("dequantize", "a compressed-tensors checkpoint back to bf16/f16/f32 weights");
   c_deq->add_option("in", deq.in, "a .safetensors file or a checkpoint directory")->required();
@@ -52,6 +63,7 @@ int main(int argc, char** argv) {
     if (*c_verify) return mxq::cli::run_verify(verify);
     if (*c_quant) return mxq::cli::run_quantize(quant);
     if (*c_deq) return mxq::cli::run_dequantize(deq);
+    if (*c_qdq) return mxq::cli::run_quantize(fq);
   } catch (const mxq::st::Error& e) {
     std::fprintf(stderr, "mxq: %s\n", e.what());
     return 2;
