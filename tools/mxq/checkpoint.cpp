@@ -4,6 +4,7 @@
 // peak memory is about one tensor, its fp32 copy and its outputs. Every output file is written to a
 // temporary name and renamed into place, so a failure leaves no partial checkpoint file.
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -174,6 +175,39 @@ void write_text(const fs::path& path, const std::string& text) {
   fs::rename(tmp, path);
 }
 
+// Output staging: every file is written into OUT/.mxq-staging-<pid>/ and moved into OUT only when
+// the whole checkpoint was written; on any failure the staging directory is removed, so OUT never
+// holds part of a conversion.
+class Staging {
+ public:
+  explicit Staging(const fs::path& out) : out_(out) {
+    if (fs::exists(out) && !fs::is_directory(out)) fail(out.string() + ": exists and is not a directory");
+    created_ = !fs::exists(out);
+    fs::create_directories(out);
+    dir_ = out / (".mxq-staging-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  ~Staging() {
+    std::error_code ec;
+    if (published_) return;
+    fs::remove_all(dir_, ec);
+    if (created_ && fs::is_empty(out_, ec)) fs::remove(out_, ec);
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  const fs::path& dir() const { return dir_; }
+  void publish() {
+    for (const auto& e : fs::directory_iterator(dir_)) fs::rename(e.path(), out_ / e.path().filename());
+    fs::remove(dir_);
+    published_ = true;
+  }
+
+ private:
+  fs::path out_, dir_;
+  bool created_ = false, published_ = false;
+};
+
 }  // namespace
 
 int run_quantize(const QuantizeArgs& a) {
@@ -200,9 +234,8 @@ int run_quantize(const QuantizeArgs& a) {
   for (const std::string& s : a.exclude) exc.emplace_back(s);
 
   const Checkpoint c = open_checkpoint(a.in);
-  const fs::path out(a.out);
-  if (fs::exists(out) && !fs::is_directory(out)) fail(a.out + ": exists and is not a directory");
-  fs::create_directories(out);
+  Staging stage{fs::path(a.out)};
+  const fs::path& out = stage.dir();
 
   // Plan: which tensors are quantized, and (NVFP4) the tensor amax of each, for the shared scales.
   struct Plan {
@@ -367,6 +400,7 @@ int run_quantize(const QuantizeArgs& a) {
 
   if (a.fake) {  // a fake-quantized checkpoint loads as the original model
     if (fs::is_directory(a.in)) copy_side_files(c, out, {});
+    stage.publish();
     fmt::print("fake-quantized {} tensors ({}), copied {} unchanged; peak memory {} MiB\n", n_quant, a.format, n_copy,
                peak_rss_mib());
     return 0;
@@ -413,6 +447,7 @@ int run_quantize(const QuantizeArgs& a) {
     write_text(out / "quantization_config.json", qc.dump(2) + "\n");
   }
 
+  stage.publish();
   fmt::print("quantized {} tensors to {}, copied {} unchanged; {:.1f} MiB -> {:.1f} MiB; peak memory {} MiB\n", n_quant,
              a.format, n_copy, bytes_in / 1048576, bytes_out / 1048576, peak_rss_mib());
   for (const std::string& u : unfit) fmt::print("left unquantized (shape vLLM could not load): {}\n", u);
@@ -425,9 +460,8 @@ int run_dequantize(const DequantizeArgs& a) {
   const char* st_dt = odt == DType::bf16 ? "BF16" : odt == DType::f16 ? "F16" : "F32";
   const int ob = odt == DType::f32 ? 4 : 2;
   const Checkpoint c = open_checkpoint(a.in);
-  const fs::path out(a.out);
-  if (fs::exists(out) && !fs::is_directory(out)) fail(a.out + ": exists and is not a directory");
-  fs::create_directories(out);
+  Staging stage{fs::path(a.out)};
+  const fs::path& out = stage.dir();
   json weight_map = json::object();
   std::int64_t n_deq = 0;
   for (const std::string& shard : c.shards) {
@@ -511,6 +545,7 @@ int run_dequantize(const DequantizeArgs& a) {
     copy_side_files(c, out, {"config.json"});
     write_text(out / "config.json", cfg.dump(2) + "\n");
   }
+  stage.publish();
   fmt::print("dequantized {} modules to {}; peak memory {} MiB\n", n_deq, a.dtype, peak_rss_mib());
   return 0;
 }

@@ -243,3 +243,24 @@ TEST(CheckpointQdq, FakeQuantizedWeightsMatchTheLibrary) {
   EXPECT_FALSE(json::parse(std::ifstream(root / "fq" / "config.json")).contains("quantization_config"));
   fs::remove_all(root);
 }
+
+TEST(CheckpointErrors, CorruptShardLeavesNoOutput) {
+  const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_bad_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  make_checkpoint(root / "in");
+  const fs::path bad = root / "in" / "model-00002-of-00002.safetensors";
+  fs::resize_file(bad, 200);  // truncated: the header now claims more than the file holds
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  try {
+    mxq::cli::run_quantize(qa);
+    ADD_FAILURE() << "accepted a truncated shard";
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("model-00002-of-00002.safetensors"), std::string::npos) << m;
+    EXPECT_NE(m.find("truncated"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(root / "q")) << "a failed conversion left output behind";
+  fs::remove_all(root);
+}
