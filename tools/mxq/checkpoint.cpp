@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <regex>
 #include <set>
@@ -547,6 +548,95 @@ int run_dequantize(const DequantizeArgs& a) {
   }
   stage.publish();
   fmt::print("dequantized {} modules to {}; peak memory {} MiB\n", n_deq, a.dtype, peak_rss_mib());
+  return 0;
+}
+
+}  // namespace mxq::cli
+
+namespace mxq::cli {
+
+// `mxq inspect FILE --against ORIGINAL`: the error of every tensor of FILE against ORIGINAL (a file or
+// a checkpoint directory): quantized modules are dequantized first, plain floating tensors compared
+// as they are (a fake-quantized copy).
+int run_inspect_against(const std::string& file, const std::string& original) {
+  const st::File f(file);
+  const st::View& v = f.view();
+  const Checkpoint oc = open_checkpoint(original);
+  std::map<std::string, std::string> where;  // tensor -> shard of the original
+  std::map<std::string, std::unique_ptr<st::File>> open;
+  for (const std::string& shard : oc.shards) {
+    auto of = std::make_unique<st::File>((oc.dir / shard).string());
+    for (const st::TensorInfo& t : of->view().tensors()) where[t.name] = shard;
+    open[shard] = std::move(of);
+  }
+  auto original_f32 = [&](const std::string& name, std::int64_t numel) -> std::optional<std::vector<float>> {
+    const auto it = where.find(name);
+    if (it == where.end()) return std::nullopt;
+    const st::View& ov = open[it->second]->view();
+    const st::TensorInfo* t = ov.find(name);
+    if (t->numel() != numel || (t->dtype != "BF16" && t->dtype != "F16" && t->dtype != "F32")) return std::nullopt;
+    std::vector<float> x(numel);
+    const int es = st::find_dtype(t->dtype)->bytes;
+    for (std::int64_t i = 0; i < numel; ++i) x[i] = load_f32(ov.data(*t).data() + i * es, t->dtype);
+    return x;
+  };
+  auto report = [](const std::string& name, const std::string& what, const std::vector<float>& x, const std::vector<float>& y) {
+    double e = 0, r = 0, mx = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (!std::isfinite(x[i])) continue;
+      const double d = double(y[i]) - x[i];
+      e += d * d, r += double(x[i]) * x[i], mx = std::max(mx, std::fabs(d));
+    }
+    fmt::print("{:<60} {:<22} {:>9.2f} {:>10.5f} {:>12.4g}\n", name, what, e == 0 ? INFINITY : 10 * std::log10(r / e),
+               r == 0 ? 0.0 : std::sqrt(e / r), mx);
+  };
+  fmt::print("{:<60} {:<22} {:>9} {:>10} {:>12}\n", "tensor", "kind", "SQNR dB", "rel RMS", "max |err|");
+  std::set<std::string> consumed;
+  int compared = 0;
+  for (const st::TensorInfo& t : v.tensors()) {
+    if (!t.name.ends_with(".weight_scale")) continue;
+    const std::string m = t.name.substr(0, t.name.size() - 13);
+    const st::TensorInfo* packed = v.find(m + ".weight_packed");
+    const st::TensorInfo* w8 = v.find(m + ".weight");
+    const st::TensorInfo* gs = v.find(m + ".weight_global_scale");
+    const st::TensorInfo* codes = packed ? packed : (w8 && w8->dtype == "F8_E4M3" ? w8 : nullptr);
+    if (!codes || codes->shape.size() != 2) continue;
+    const Format fm = packed ? (gs ? Format::nvfp4 : Format::mxfp4) : Format::mxfp8_e4m3;
+    const std::int64_t N = codes->shape[0], K = packed ? 2 * codes->shape[1] : codes->shape[1];
+    QuantOptions o = fm == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(fm, ScaleRule::even);
+    if (gs) {
+      float S;
+      std::memcpy(&S, v.data(*gs).data(), 4);
+      o.tensor_scale = S;
+    }
+    const Shape2 ss = scale_shape(o, N, K);
+    if (t.shape.size() != 2 || t.shape[0] != ss.rows || t.shape[1] != ss.cols)
+      fail(file + ": tensor '" + t.name + "': shape does not match its codes");
+    std::vector<std::uint8_t> cb(v.data(*codes).begin(), v.data(*codes).end()), sb(v.data(t).begin(), v.data(t).end());
+    std::vector<float> y(N * K);
+    dequantize(QuantizedIn{Tensor::of(cb.data(), DType::u8, N, code_cols(fm, K)), Tensor::of(sb.data(), DType::u8, ss.rows, ss.cols)},
+               Tensor::of(y.data(), DType::f32, N, K), o);
+    consumed.insert(codes->name), consumed.insert(t.name);
+    if (gs) consumed.insert(gs->name);
+    const auto x = original_f32(m + ".weight", N * K);
+    if (!x) {
+      fmt::print("{:<60} no matching {}.weight in {}\n", m, m, original);
+      continue;
+    }
+    report(m + ".weight", std::string(to_string(fm)) + " (dequantized)", *x, y);
+    ++compared;
+  }
+  for (const st::TensorInfo& t : v.tensors()) {
+    if (consumed.count(t.name) || (t.dtype != "BF16" && t.dtype != "F16" && t.dtype != "F32")) continue;
+    const auto x = original_f32(t.name, t.numel());
+    if (!x) continue;
+    std::vector<float> y(t.numel());
+    const int es = st::find_dtype(t.dtype)->bytes;
+    for (std::int64_t i = 0; i < t.numel(); ++i) y[i] = load_f32(v.data(t).data() + i * es, t.dtype);
+    report(t.name, t.dtype, *x, y);
+    ++compared;
+  }
+  fmt::print("{} tensors compared against {}\n", compared, original);
   return 0;
 }
 

@@ -189,6 +189,13 @@ TEST_P(Checkpoint, QuantizeDequantizeMatchTheLibrary) {
   EXPECT_EQ(cfg["hidden_size"], 128);
   EXPECT_TRUE(fs::exists(root / "q" / "tokenizer.json"));
   EXPECT_FALSE(json::parse(std::ifstream(root / "dq" / "config.json")).contains("quantization_config"));
+  // inspect --against: the error of each quantized module against the original checkpoint
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(mxq::cli::run_inspect_against((root / "q" / "model-00001-of-00002.safetensors").string(), (root / "in").string()), 0);
+  const std::string report = testing::internal::GetCapturedStdout();
+  EXPECT_NE(report.find("model.layers.0.self_attn.q_proj.weight"), std::string::npos) << report;
+  EXPECT_NE(report.find("(dequantized)"), std::string::npos) << report;
+  EXPECT_NE(report.find("4 tensors compared"), std::string::npos) << report;  // q, k (quantized), embed, norm (copies)
   // nothing temporary left behind
   for (const char* d : {"q", "dq"})
     for (const auto& e : fs::directory_iterator(root / d))

@@ -12,9 +12,10 @@ struct DemoArgs {
 int run_demo(const DemoArgs& args);
 
 struct InspectArgs {
-  std::string file;
+  std::string file, against;
 };
 int run_inspect(const InspectArgs& args);
+int run_inspect_against(const std::string& file, const std::string& original);
 
 struct QuantizeArgs {
   std::string in, out, format = "mxfp4", rule, device = "auto";

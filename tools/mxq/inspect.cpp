@@ -24,6 +24,7 @@ std::string human(double b) {
 }  // namespace
 
 int run_inspect(const InspectArgs& args) {
+  if (!args.against.empty()) return run_inspect_against(args.file, args.against);
   const st::File f(args.file);
   const st::View& v = f.view();
   std::uint64_t total = 0;

@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   mxq::cli::InspectArgs inspect;
   CLI::App* c_inspect = app.add_subcommand("inspect", "tensors, dtypes, shapes and bytes of a safetensors file");
   c_inspect->add_option("file", inspect.file, "a .safetensors file")->required();
+  c_inspect->add_option("--against", inspect.against,
+                        "original .safetensors file or checkpoint directory: per-tensor error (quantized modules dequantized)");
 
   mxq::cli::QuantizeArgs quant;
   CLI::App* c_quant = app.add_subcommand("quantize", "a safetensors checkpoint to the compressed-tensors layout vLLM loads");
