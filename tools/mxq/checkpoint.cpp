@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -176,6 +177,35 @@ void write_text(const fs::path& path, const std::string& text) {
   fs::rename(tmp, path);
 }
 
+// A progress bar on stderr when it is a terminal (tensors done, bytes read); nothing otherwise, where
+// the per-tensor lines on stdout are the record.
+class Progress {
+ public:
+  explicit Progress(std::size_t total) : total_(total), tty_(::isatty(2) != 0) {}
+  ~Progress() {
+    if (tty_ && shown_) std::fprintf(stderr, "\n");
+  }
+  void step(const std::string& name, double bytes) {
+    ++done_;
+    bytes_ += bytes;
+    if (!tty_) return;
+    constexpr int kWidth = 30;
+    const int fill = total_ ? int(kWidth * done_ / total_) : kWidth;
+    std::fprintf(stderr, "\r[%.*s%*s] %zu/%zu tensors, %.1f MiB  %-40.40s", fill, "##############################",
+                 kWidth - fill, "", done_, total_, bytes_ / 1048576, name.c_str());
+    std::fflush(stderr);
+    shown_ = true;
+  }
+  void clear_line() {
+    if (tty_ && shown_) std::fprintf(stderr, "\r%*s\r", 110, "");
+  }
+
+ private:
+  std::size_t total_, done_ = 0;
+  double bytes_ = 0;
+  bool tty_, shown_ = false;
+};
+
 // Output staging: every file is written into OUT/.mxq-staging-<pid>/ and moved into OUT only when
 // the whole checkpoint was written; on any failure the staging directory is removed, so OUT never
 // holds part of a conversion.
@@ -292,6 +322,7 @@ int run_quantize(const QuantizeArgs& a) {
   }
 
   json weight_map = json::object();
+  Progress progress(plan.size());
   std::int64_t n_quant = 0, n_copy = 0;
   double bytes_in = 0, bytes_out = 0;
   std::size_t done = 0, total = plan.size();
@@ -328,6 +359,7 @@ int run_quantize(const QuantizeArgs& a) {
       ++done;
       const auto src = f.view().data(t);
       bytes_in += double(src.size());
+      progress.step(t.name, double(src.size()));
       if (!plan[shard + "/" + t.name].quantize) {
         w.write(t.name, src);
         bytes_out += double(src.size());
@@ -358,6 +390,7 @@ int run_quantize(const QuantizeArgs& a) {
         w.write(t.name, yq);
         bytes_out += double(yq.size());
         ++n_quant;
+        progress.clear_line();
         fmt::print("[{}/{}] {} [{}, {}] {} -> qdq {}: SQNR {:.2f} dB\n", done, total, t.name, N, K, t.dtype, a.format,
                    sqnr_db(x, y));
         std::fflush(stdout);
@@ -385,6 +418,7 @@ int run_quantize(const QuantizeArgs& a) {
         bytes_out += 4;
       }
       ++n_quant;
+      progress.clear_line();
       fmt::print("[{}/{}] {} [{}, {}] {} -> {}: SQNR {:.2f} dB\n", done, total, t.name, N, K, t.dtype, a.format,
                  sqnr_db(x, y));
       std::fflush(stdout);
