@@ -29,6 +29,15 @@ struct DequantizeArgs {
 };
 int run_dequantize(const DequantizeArgs& args);
 
+struct BenchArgs {
+  std::vector<std::string> shapes{"1024x4096"};
+  std::vector<std::string> formats{"mxfp4", "mxfp8_e4m3", "nvfp4"};
+  std::vector<std::string> ops;  // empty: qdq, quantize, dequantize
+  int reps = 10;
+  bool reference = true, gpu = true;
+};
+int run_bench(const BenchArgs& args);
+
 struct VerifyArgs {
   bool verbose = false;
 };

@@ -54,6 +54,15 @@ int main(int argc, char** argv) {
   c_deq->add_option("-o,--output", deq.out, "output directory")->required();
   c_deq->add_option("--dtype", deq.dtype, "bf16, f16 or f32")->capture_default_str();
 
+  mxq::cli::BenchArgs bench;
+  CLI::App* c_bench = app.add_subcommand("bench", "time each operation x format on each usable backend");
+  c_bench->add_option("--shape", bench.shapes, "ROWSxCOLS (repeatable)")->capture_default_str();
+  c_bench->add_option("--format", bench.formats, "formats (repeatable)")->capture_default_str();
+  c_bench->add_option("--op", bench.ops, "qdq, quantize, dequantize (repeatable; default all)");
+  c_bench->add_option("--reps", bench.reps, "timed runs per case (median)")->check(CLI::PositiveNumber)->capture_default_str();
+  c_bench->add_flag("!--no-reference", bench.reference, "skip the (slow) reference backend");
+  c_bench->add_flag("!--no-gpu", bench.gpu, "skip the CUDA backend");
+
   mxq::cli::VerifyArgs verify;
   CLI::App* c_verify = app.add_subcommand("verify", "build, machine, usable backends, and a bit-exactness self-test");
   c_verify->add_flag("-v,--verbose", verify.verbose, "print the first differing bytes of a mismatch");
@@ -66,6 +75,7 @@ int main(int argc, char** argv) {
     if (*c_quant) return mxq::cli::run_quantize(quant);
     if (*c_deq) return mxq::cli::run_dequantize(deq);
     if (*c_qdq) return mxq::cli::run_quantize(fq);
+    if (*c_bench) return mxq::cli::run_bench(bench);
   } catch (const mxq::st::Error& e) {
     std::fprintf(stderr, "mxq: %s\n", e.what());
     return 2;
