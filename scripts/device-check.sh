@@ -2,7 +2,7 @@
 # One call on the GPU machine: build from a bare checkout, run every CPU and GPU test, the sanitizers
 # and the benchmarks, write logs under $OUT, end with a short table.
 #   MXQ_DEVICE_ARCH   CUDA architectures to build here (default: 90a, the H200; CI builds 80;89;90a)
-#   MXQ_CHECK_SKIP    space-separated stages to skip: cpu-tests gpu-tests sanitizer bench peers
+#   MXQ_CHECK_SKIP    space-separated stages to skip: cpu-tests gpu-tests cli sanitizer bench peers
 #   MXQ_CHECK_NCU     ';'-separated cuda_bench rows to profile with Nsight Compute (summary lines printed)
 #   MXQ_CHECK_NCU_SOURCE  one cuda_bench row: per-instruction SASS counts into $OUT/ncu-source.csv
 set -uo pipefail
@@ -40,6 +40,13 @@ if ! skipped gpu-tests; then
   rc=$?
   status "cuda_test (GPU vs reference)" "$(grep -E '^\[  PASSED  \]' "$LOG/cuda_test.log" | head -1) $(grep -E '^\[  FAILED  \] [0-9]+ test' "$LOG/cuda_test.log") rc=$rc ($((SECONDS - t0)) s)"
   [ $rc -ne 0 ] && grep -B2 -A12 'Failure' "$LOG/cuda_test.log" | head -60
+fi
+
+if ! skipped cli && [ -x "$BUILD/tools/mxq/mxq" ]; then  # the tool's self-test on this GPU
+  "$BUILD/tools/mxq/mxq" verify > "$LOG/mxq_verify.txt" 2>&1
+  rc=$?
+  status "mxq verify (cpu + cuda self-test)" "$(grep -E '^self-test cuda' "$LOG/mxq_verify.txt" | head -1) rc=$rc"
+  [ $rc -ne 0 ] && tail -20 "$LOG/mxq_verify.txt"
 fi
 
 if ! skipped sanitizer; then
