@@ -140,16 +140,17 @@ float encode_scale(float amax) {
   return std::isfinite(s) ? s : std::numeric_limits<float>::max();
 }
 
-double sqnr_db(const std::vector<float>& x, const std::vector<float>& y) {
+// Signal and error energy over finite inputs: SQNR = 10 log10(sum x^2 / sum (y - x)^2).
+struct ErrorSum {
   double e = 0, r = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    if (!std::isfinite(x[i])) continue;
-    const double d = double(y[i]) - x[i];
+  void add(float x, float y) {
+    if (!std::isfinite(x)) return;
+    const double d = double(y) - x;
     e += d * d;
-    r += double(x[i]) * x[i];
+    r += double(x) * x;
   }
-  return e == 0 ? INFINITY : 10 * std::log10(r / e);
-}
+  double sqnr_db() const { return e == 0 ? INFINITY : 10 * std::log10(r / e); }
+};
 
 long peak_rss_mib() {
   rusage u{};
@@ -377,8 +378,6 @@ int run_quantize(const QuantizeArgs& a) {
         const std::string gk = fused_group(module);
         o.tensor_scale = encode_scale(gk.empty() ? amax[module] : group_amax[gk]);
       }
-      std::vector<float> x(N * K), y(N * K);
-      for (std::int64_t i = 0; i < N * K; ++i) x[i] = load_f32(xin.data() + i * es, t.dtype);
       if (a.fake) {
         std::vector<std::uint8_t> yq(xin.size());
         try {
@@ -386,13 +385,14 @@ int run_quantize(const QuantizeArgs& a) {
         } catch (const std::exception& e) {
           fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
         }
-        for (std::int64_t i = 0; i < N * K; ++i) y[i] = load_f32(yq.data() + i * es, t.dtype);
+        ErrorSum err;
+        for (std::int64_t i = 0; i < N * K; ++i) err.add(load_f32(xin.data() + i * es, t.dtype), load_f32(yq.data() + i * es, t.dtype));
         w.write(t.name, yq);
         bytes_out += double(yq.size());
         ++n_quant;
         progress.clear_line();
         fmt::print("[{}/{}] {} [{}, {}] {} -> qdq {}: SQNR {:.2f} dB\n", done, total, t.name, N, K, t.dtype, a.format,
-                   sqnr_db(x, y));
+                   err.sqnr_db());
         std::fflush(stdout);
         continue;
       }
@@ -406,8 +406,20 @@ int run_quantize(const QuantizeArgs& a) {
       } catch (const std::exception& e) {
         fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
       }
-      // The error this tensor carries: dequantize and compare.
-      dequantize(QuantizedIn{q.codes, q.scales}, Tensor::of(y.data(), DType::f32, N, K), o);
+      // The error this tensor carries: dequantize a band of rows at a time and compare (no full-size
+      // fp32 copies: peak memory stays about the input tensor plus its outputs).
+      ErrorSum err;
+      {
+        const std::int64_t band = std::max<std::int64_t>(1, (1 << 20) / K), cc = code_cols(format, K);
+        std::vector<float> y(band * K);
+        for (std::int64_t r0 = 0; r0 < N; r0 += band) {
+          const std::int64_t nr = std::min(band, N - r0);
+          dequantize(QuantizedIn{Tensor::of(codes.data() + r0 * cc, DType::u8, nr, cc),
+                                 Tensor::of(scales.data() + r0 * ss.cols, DType::u8, nr, ss.cols)},
+                     Tensor::of(y.data(), DType::f32, nr, K), o);
+          for (std::int64_t i = 0; i < nr * K; ++i) err.add(load_f32(xin.data() + (r0 * K + i) * es, t.dtype), y[i]);
+        }
+      }
       if (format == Format::mxfp8_e4m3) w.write(module + ".weight", codes);
       else w.write(module + ".weight_packed", codes);
       w.write(module + ".weight_scale", scales);
@@ -420,7 +432,7 @@ int run_quantize(const QuantizeArgs& a) {
       ++n_quant;
       progress.clear_line();
       fmt::print("[{}/{}] {} [{}, {}] {} -> {}: SQNR {:.2f} dB\n", done, total, t.name, N, K, t.dtype, a.format,
-                 sqnr_db(x, y));
+                 err.sqnr_db());
       std::fflush(stdout);
     }
     w.commit();
