@@ -1,6 +1,8 @@
 // The fast CPU path against the reference, byte for byte: every format x rule x rounding, every
 // input dtype, both scale layouts, awkward shapes, strided rows, several thread counts.
 #include <algorithm>
+#include <bit>
+#include <random>
 #include <tuple>
 
 #include <gtest/gtest.h>
@@ -9,6 +11,7 @@
 #include <omp.h>
 #endif
 
+#include "core/fastmath.hpp"
 #include "helpers.hpp"
 
 using namespace mxq;
@@ -168,3 +171,52 @@ TEST(FastVsReferenceExhaustive, AllBf16PatternsThroughQuantizeAndQdq) {
 }
 
 }  // namespace
+
+// sr_round_unscaled (the kernels' stochastic-rounding form, in the unscaled domain) against the
+// scalar codec: every bf16 pattern below 2^(emax+1+e), at every scale of the fast range that puts it
+// near the grid, with random words and the words on either side of each rounding threshold.
+TEST(FastStochastic, UnscaledRoundingMatchesTheCodecForEveryBf16) {
+  using namespace mxq::core;
+  std::mt19937 rng(9);
+  auto check = [&](auto et) {
+    constexpr ElemType ET = decltype(et)::value;
+    constexpr FloatSpec f = mxq::core::Elem<ET>::spec;
+    long bad = 0, n = 0;
+    const int elo = -126 - (f.emin - f.mbits), ehi = 254 - (f.emax + 1 + 127 + 23 - f.mbits);  // the kernels' fast range
+    for (std::uint32_t h = 0; h < 0x8000; ++h) {
+      const std::uint32_t xb = h << 16;
+      if ((xb & 0x7F800000u) == 0x7F800000u) continue;  // Inf/NaN: never reach the rounding
+      const int ex = int((xb >> 23) & 0xFF) - 127;
+      for (int e = std::max(elo, ex - f.emax - 12); e <= std::min(ehi, ex - f.emax + 12); ++e) {
+        if (xb != 0 && ex >= f.emax + 1 + e) continue;  // above the binade the amax rules allow
+        // The rounding threshold floor(frac(|x| / Q) * 2^32), in integers: |x| = sig * 2^p.
+        const std::uint32_t mant = xb & 0x7FFFFFu, fld = (xb >> 23) & 0xFFu;
+        const std::uint64_t sig = fld ? (mant | 0x800000u) : mant;
+        const int p = fld ? int(fld) - 150 : -149;
+        std::uint64_t thr = 0;
+        if (sig) {
+          const int E = p + 63 - std::countl_zero(sig);
+          const int s = std::max(E, f.emin + e) - f.mbits - p;  // bits of sig below the quantum
+          const std::uint64_t rem = s <= 0 ? 0 : s >= 64 ? sig : sig & ((std::uint64_t(1) << s) - 1);
+          thr = s <= 0 ? 0 : s <= 32 ? rem << (32 - s) : (s - 32 >= 64 ? 0 : rem >> (s - 32));
+        }
+        for (int k = 0; k < 5; ++k) {
+          const std::uint32_t rnd = k == 0 ? 0u : k == 1 ? 0xFFFFFFFFu : k == 2 ? std::uint32_t(rng())
+                                   : k == 3 ? std::uint32_t(thr ? thr - 1 : 0) : std::uint32_t(thr);
+          const float want = mul_rn(decode_f32(encode_scaled_sr<ET>(xb, e, rnd) & ((1u << (f.bits - 1)) - 1u), f), pow2f(e));
+          const float got = sr_round_unscaled<ET>(xb, e, rnd);
+          ++n;
+          if (std::bit_cast<std::uint32_t>(got) != std::bit_cast<std::uint32_t>(want) && bad++ < 5)
+            ADD_FAILURE() << to_string(ET) << " x=" << std::hex << xb << " e=" << std::dec << e << " rnd=" << rnd
+                          << ": got " << got << " want " << want;
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0) << to_string(ET) << ": " << bad << " of " << n;
+  };
+  check(std::integral_constant<ElemType, ElemType::e2m1>{});
+  check(std::integral_constant<ElemType, ElemType::e2m3>{});
+  check(std::integral_constant<ElemType, ElemType::e3m2>{});
+  check(std::integral_constant<ElemType, ElemType::e4m3>{});
+  check(std::integral_constant<ElemType, ElemType::e5m2>{});
+}

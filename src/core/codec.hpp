@@ -68,6 +68,34 @@ MXQ_HD float div_rn(float a, float b) {
   return a / b;
 #endif
 }
+// a + b rounded toward zero.
+MXQ_HD float add_rz(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rz(a, b);
+#else
+  // NOTE: the host has no per-operation rounding mode. For a, b >= 0 with a finite sum (the only use):
+  // round to nearest, then step down one ulp when that rounded up; TwoSum's error term (exact,
+  // whatever the operands' order) says which way it went.
+  const float s = a + b;
+  const float bb = s - a;
+  const float err = (a - (s - bb)) + (b - bb);
+  const bool up = err < 0.0f;
+  std::uint32_t u;
+  std::memcpy(&u, &s, 4);
+  if (up) --u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+#endif
+}
+// Truncation of a float in [0, 2^32) to an unsigned integer.
+MXQ_HD std::uint32_t f2u_trunc(float v) {
+#if defined(__CUDA_ARCH__)
+  return __float2uint_rz(v);
+#else
+  return static_cast<std::uint32_t>(v);
+#endif
+}
 // a * b + c with one rounding (IEEE fusedMultiplyAdd).
 MXQ_HD float fma_rn(float a, float b, float c) {
 #if defined(__CUDA_ARCH__)

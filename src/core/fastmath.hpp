@@ -132,6 +132,31 @@ MXQ_HD_HOT std::uint32_t encode_scaled_sr(std::uint32_t xbits, int scale_exp, st
   return signed_code(sig ? round_magnitude32(sig, exp, f, true, rnd) : 0u, sign, f);
 }
 
+// Stochastic rounding in the unscaled domain (the fast paths' form of encode_scaled_sr): the rounded
+// magnitude of |x| on ET's grid scaled by 2^e, for a finite x, |x| < 2^(emax+1+e) (the amax rules)
+// and e in the kernels' fast range [-126 - (emin - mbits), 254 - (emax + 151 - mbits)]: every
+// quantum is a normal fp32 and the rounding constant stays finite. t = |x| truncated to its binade's quantum Q by a round-toward-zero add, and
+// it rounds up by Q when rnd < floor((|x| - t) / Q * 2^32): round_magnitude32's comparison on the
+// same fixed-point fraction. Saturates at the largest value. fast_test checks it against
+// decode(encode_scaled_sr) for every bf16 pattern at every such scale.
+template <ElemType ET>
+MXQ_HD_HOT float sr_round_unscaled(std::uint32_t xbits, int e, std::uint32_t rnd) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  constexpr std::uint32_t kC = (std::uint32_t(23 - f.mbits) << 23) | 0x400000u;
+  const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 23;
+  const std::uint32_t xa = xbits & 0x7FFFFFFFu;
+  const std::uint32_t be = umax(xa & 0x7F800000u, lo);                    // the binade's exponent bits
+  const float Cc = u2f(be + kC);
+  const float t = sub_rn(add_rz(u2f(xa), Cc), Cc);                        // truncated to the grid
+  const float q = u2f(be - (std::uint32_t(f.mbits) << 23));               // the quantum Q
+  const int qexp = int(be >> 23) - 127 - f.mbits;
+  // (|x| - t) / Q * 2^32, exact where it is >= 1 (below 1 its floor is 0 whatever the rounding)
+  const float frac = mul_rn(mul_rn(sub_rn(u2f(xa), t), pow2f(-qexp)), 4294967296.0f);
+  const std::uint32_t thr = frac >= 4294967296.0f ? 0xFFFFFFFFu : f2u_trunc(frac);
+  const float r = rnd < thr ? add_rn(t, q) : t;
+  return fminf_nn(r, mul_rn(u2f(max_value_bits(f)), pow2f(e)));
+}
+
 // nvfp4_encode with stochastic rounding (x * m rounded once in fp32, then onto E2M1).
 MXQ_HD_HOT std::uint32_t nvfp4_encode_sr(std::uint32_t xbits, float m, std::uint32_t rnd) {
   if ((xbits & 0x7FFFFFFFu) == 0) return (xbits >> 31) << 3;
