@@ -310,6 +310,7 @@ int run_quantize(const QuantizeArgs& a) {
             if (!(v <= m)) m = v;  // NaN propagates
           }
           amax[module] = m;
+          f.release(t);
         }
       }
       plan[shard + "/" + t.name] = p;
@@ -363,32 +364,41 @@ int run_quantize(const QuantizeArgs& a) {
       progress.step(t.name, double(src.size()));
       if (!plan[shard + "/" + t.name].quantize) {
         w.write(t.name, src);
+        f.release(t);
         bytes_out += double(src.size());
         ++n_copy;
         continue;
       }
       const std::string module = t.name.substr(0, t.name.size() - 7);
       const std::int64_t N = t.shape[0], K = t.shape[1];
-      // An aligned copy of the input (the mapping gives no alignment guarantee for the view).
+      // The mapped bytes themselves, or an aligned copy where the file puts the tensor at an offset
+      // that is not a multiple of its element size.
       const int es = st::find_dtype(t.dtype)->bytes;
-      std::vector<std::uint8_t> xin(src.begin(), src.end());
-      const Tensor xt = Tensor::of(xin.data(), mxq_dtype(t.dtype), N, K);
+      std::vector<std::uint8_t> xcopy;
+      const std::uint8_t* xp = src.data();
+      if (reinterpret_cast<std::uintptr_t>(xp) % std::uintptr_t(es) != 0) {
+        xcopy.assign(src.begin(), src.end());
+        xp = xcopy.data();
+        f.release(t);
+      }
+      const Tensor xt = Tensor::of(const_cast<std::uint8_t*>(xp), mxq_dtype(t.dtype), N, K);  // read only
       QuantOptions o = format == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(format, rule);
       if (format == Format::nvfp4) {
         const std::string gk = fused_group(module);
         o.tensor_scale = encode_scale(gk.empty() ? amax[module] : group_amax[gk]);
       }
       if (a.fake) {
-        std::vector<std::uint8_t> yq(xin.size());
+        std::vector<std::uint8_t> yq(src.size());
         try {
           qdq(xt, Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K), o);
         } catch (const std::exception& e) {
           fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
         }
         ErrorSum err;
-        for (std::int64_t i = 0; i < N * K; ++i) err.add(load_f32(xin.data() + i * es, t.dtype), load_f32(yq.data() + i * es, t.dtype));
+        for (std::int64_t i = 0; i < N * K; ++i) err.add(load_f32(xp + i * es, t.dtype), load_f32(yq.data() + i * es, t.dtype));
         w.write(t.name, yq);
         bytes_out += double(yq.size());
+        f.release(t);
         ++n_quant;
         progress.clear_line();
         fmt::print("[{}/{}] {} [{}, {}] {} -> qdq {}: SQNR {:.2f} dB\n", done, total, t.name, N, K, t.dtype, a.format,
@@ -417,7 +427,7 @@ int run_quantize(const QuantizeArgs& a) {
           dequantize(QuantizedIn{Tensor::of(codes.data() + r0 * cc, DType::u8, nr, cc),
                                  Tensor::of(scales.data() + r0 * ss.cols, DType::u8, nr, ss.cols)},
                      Tensor::of(y.data(), DType::f32, nr, K), o);
-          for (std::int64_t i = 0; i < nr * K; ++i) err.add(load_f32(xin.data() + (r0 * K + i) * es, t.dtype), y[i]);
+          for (std::int64_t i = 0; i < nr * K; ++i) err.add(load_f32(xp + (r0 * K + i) * es, t.dtype), y[i]);
         }
       }
       if (format == Format::mxfp8_e4m3) w.write(module + ".weight", codes);
@@ -429,6 +439,7 @@ int run_quantize(const QuantizeArgs& a) {
         w.write(module + ".weight_global_scale", {reinterpret_cast<const std::uint8_t*>(&S), 4});
         bytes_out += 4;
       }
+      f.release(t);
       ++n_quant;
       progress.clear_line();
       fmt::print("[{}/{}] {} [{}, {}] {} -> {}: SQNR {:.2f} dB\n", done, total, t.name, N, K, t.dtype, a.format,

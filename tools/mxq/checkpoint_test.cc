@@ -271,3 +271,39 @@ TEST(CheckpointErrors, CorruptShardLeavesNoOutput) {
   EXPECT_FALSE(fs::exists(root / "q")) << "a failed conversion left output behind";
   fs::remove_all(root);
 }
+
+// A tensor at an odd offset (after a 1-byte tensor) is copied to aligned memory before quantizing.
+TEST(CheckpointQuantize, MisalignedTensorInALoneFile) {
+  const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_odd_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  std::vector<std::uint16_t> x(32 * 64);
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : x) v = bf16(nd(rng));
+  {
+    st::Writer w((root / "odd.safetensors").string());
+    w.declare("pad", "U8", {1});
+    w.declare("proj.weight", "BF16", {32, 64});
+    const std::uint8_t one = 7;
+    w.write("pad", {&one, 1});
+    w.write("proj.weight", {reinterpret_cast<const std::uint8_t*>(x.data()), x.size() * 2});
+    w.commit();
+  }
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "odd.safetensors").string();
+  qa.out = (root / "q").string();
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  std::vector<std::uint8_t> codes(32 * 32), scales(32 * 2);
+  mxq::QuantizedOut q;
+  q.codes = mxq::Tensor::of(codes.data(), mxq::DType::u8, 32, 32);
+  q.scales = mxq::Tensor::of(scales.data(), mxq::DType::u8, 32, 2);
+  mxq::quantize(mxq::Tensor::of(x.data(), mxq::DType::bf16, 32, 64), q,
+                mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::even));
+  const st::File f((root / "q" / "odd.safetensors").string());
+  const st::TensorInfo* packed = f.view().find("proj.weight_packed");
+  ASSERT_NE(packed, nullptr);
+  EXPECT_TRUE(std::equal(codes.begin(), codes.end(), f.view().data(*packed).begin()));
+  EXPECT_TRUE(fs::exists(root / "q" / "quantization_config.json"));
+  fs::remove_all(root);
+}

@@ -159,6 +159,14 @@ Mapping::Mapping(const std::string& path) {
   ::close(fd);
 }
 
+void Mapping::release(std::span<const std::uint8_t> range) const {
+  if (range.empty()) return;
+  const std::uintptr_t page = std::uintptr_t(::sysconf(_SC_PAGESIZE));
+  const std::uintptr_t lo = (reinterpret_cast<std::uintptr_t>(range.data()) + page - 1) / page * page;
+  const std::uintptr_t hi = (reinterpret_cast<std::uintptr_t>(range.data()) + range.size()) / page * page;
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: errors are harmless
+}
+
 Mapping::~Mapping() {
   if (ptr_) ::munmap(ptr_, size_);
 }

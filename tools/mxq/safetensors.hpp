@@ -72,6 +72,9 @@ class Mapping {
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   std::span<const std::uint8_t> bytes() const { return {static_cast<const std::uint8_t*>(ptr_), size_}; }
+  // Lets the kernel drop the pages wholly inside `range` (a later read maps them in again): keeps
+  // the resident set of a streaming pass near one tensor.
+  void release(std::span<const std::uint8_t> range) const;
 
  private:
   void* ptr_ = nullptr;
@@ -83,6 +86,7 @@ class File {
  public:
   explicit File(const std::string& path) : map_(std::make_unique<Mapping>(path)), view_(map_->bytes(), path) {}
   const View& view() const { return view_; }
+  void release(const TensorInfo& t) const { map_->release(view_.data(t)); }
 
  private:
   std::unique_ptr<Mapping> map_;
