@@ -19,6 +19,7 @@
 #include <mxq/mxq.hpp>
 
 #include "commands.hpp"
+#include "convert.hpp"
 
 #if defined(MXQ_TOOL_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -120,12 +121,7 @@ int run_bench(const BenchArgs& a) {
     std::mt19937 rng(1);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<std::uint16_t> x(rows * K);
-    for (auto& v : x) {
-      const float f = nd(rng);
-      std::uint32_t u;
-      std::memcpy(&u, &f, 4);
-      v = std::uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-    }
+    for (auto& v : x) v = to_bf16(nd(rng));
     std::vector<std::uint16_t> y(x.size());
     for (Format f : formats) {
       QuantOptions o = f == Format::nvfp4 ? QuantOptions::nvfp4(1.0f) : QuantOptions::mx(f, ScaleRule::even);

@@ -27,6 +27,7 @@
 #include <mxq/mxq.hpp>
 
 #include "commands.hpp"
+#include "convert.hpp"
 #include "safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -83,34 +84,6 @@ Checkpoint open_checkpoint(const std::string& in) {
   return c;
 }
 
-float load_f32(const std::uint8_t* p, const std::string& dt) {
-  if (dt == "F32") {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  std::uint16_t h;
-  std::memcpy(&h, p, 2);
-  std::uint32_t u;
-  if (dt == "BF16") {
-    u = std::uint32_t(h) << 16;
-  } else {  // F16, exactly
-    const std::uint32_t s = std::uint32_t(h >> 15) << 31, e = (h >> 10) & 0x1F, m = h & 0x3FF;
-    if (e == 0x1F) u = s | 0x7F800000u | (m << 13);
-    else if (e) u = s | ((e + 112) << 23) | (m << 13);
-    else if (m == 0) u = s;
-    else {
-      int sh = 0;
-      std::uint32_t mm = m;
-      while (!(mm & 0x400)) mm <<= 1, ++sh;
-      u = s | (std::uint32_t(113 - sh) << 23) | ((mm & 0x3FF) << 13);
-    }
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 DType mxq_dtype(const std::string& dt) { return dt == "F32" ? DType::f32 : dt == "F16" ? DType::f16 : DType::bf16; }
 
 // The projections that share one NVFP4 global scale: q/k/v of an attention block, gate/up of an MLP,
@@ -123,6 +96,63 @@ std::string fused_group(const std::string& module) {
   if (std::regex_match(module, m, gu)) return m[1].str() + ".gate_up";
   if (std::regex_match(module, m, w13)) return m[1].str() + ".w13";
   return "";
+}
+
+// A quantized module of a compressed-tensors file: X.weight_scale beside X.weight_packed (FP4; NVFP4
+// when X.weight_global_scale is there too) or beside an F8_E4M3 X.weight (MXFP8).
+struct QuantizedModule {
+  Format format;
+  const st::TensorInfo *codes, *scale, *global;  // global: NVFP4 only
+  std::int64_t N, K;                             // the weight's shape
+  QuantOptions options;                          // what dequantizes it (NVFP4: with its tensor scale)
+};
+
+// The quantized modules of one file, by name. A scale without its codes, a global scale that is not
+// one F32, or shapes that do not fit together fail with one line naming the tensor.
+std::map<std::string, QuantizedModule> quantized_modules(const st::View& v, const std::string& path) {
+  std::map<std::string, QuantizedModule> mods;
+  for (const st::TensorInfo& t : v.tensors()) {
+    if (!t.name.ends_with(".weight_scale")) continue;
+    const std::string m = t.name.substr(0, t.name.size() - 13);
+    const st::TensorInfo* packed = v.find(m + ".weight_packed");
+    const st::TensorInfo* w8 = v.find(m + ".weight");
+    const st::TensorInfo* gs = v.find(m + ".weight_global_scale");
+    QuantizedModule md{};
+    if (packed) md = {gs ? Format::nvfp4 : Format::mxfp4, packed, &t, gs, 0, 0, {}};
+    else if (w8 && w8->dtype == "F8_E4M3") md = {Format::mxfp8_e4m3, w8, &t, nullptr, 0, 0, {}};
+    else fail(path + ": tensor '" + t.name + "' has no X.weight_packed or F8_E4M3 X.weight beside it in this file");
+    if (md.codes->shape.size() != 2 || t.shape.size() != 2)
+      fail(path + ": tensor '" + md.codes->name + "': expected 2-D codes and scales");
+    md.N = md.codes->shape[0];
+    md.K = md.format == Format::mxfp8_e4m3 ? md.codes->shape[1] : 2 * md.codes->shape[1];
+    md.options = md.format == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(md.format, ScaleRule::even);
+    if (gs) {
+      if (gs->bytes() != 4) fail(path + ": tensor '" + gs->name + "': expected one F32");
+      float S;
+      std::memcpy(&S, v.data(*gs).data(), 4);
+      md.options.tensor_scale = S;
+    }
+    const Shape2 ss = scale_shape(md.options, md.N, md.K);
+    if (t.shape[0] != ss.rows || t.shape[1] != ss.cols)
+      fail(path + ": tensor '" + t.name + "': shape does not match codes of [" + std::to_string(md.N) + ", " +
+           std::to_string(md.K) + "]");
+    mods[m] = md;
+  }
+  return mods;
+}
+
+// Dequantizes one module into y ([N, K] of dtype odt), reading codes and scales in place (bytes need
+// no alignment).
+void dequantize_module(const st::View& v, const std::string& path, const std::string& name, const QuantizedModule& m,
+                       DType odt, void* y) {
+  const Shape2 ss = scale_shape(m.options, m.N, m.K);
+  try {
+    dequantize(QuantizedIn{Tensor::of(const_cast<std::uint8_t*>(v.data(*m.codes).data()), DType::u8, m.N, code_cols(m.format, m.K)),
+                           Tensor::of(const_cast<std::uint8_t*>(v.data(*m.scale).data()), DType::u8, ss.rows, ss.cols)},
+               Tensor::of(y, odt, m.N, m.K), m.options);
+  } catch (const std::exception& e) {
+    fail(path + ": module '" + name + "': " + e.what());
+  }
 }
 
 // Modules vLLM expects unquantized (checkpoint-formats.md): the LM head, embeddings, MoE routers,
@@ -357,6 +387,15 @@ int run_quantize(const QuantizeArgs& a) {
       if (format == Format::nvfp4) weight_map[module + ".weight_global_scale"] = shard;
     }
 
+    // A converted tensor: its pages released, counted, and its error line printed.
+    auto finish_tensor = [&](const st::TensorInfo& t, const std::string& to, const ErrorSum& err) {
+      f.release(t);
+      ++n_quant;
+      progress.clear_line();
+      fmt::print("[{}/{}] {} [{}, {}] {} -> {}: SQNR {:.2f} dB\n", done, total, t.name, t.shape[0], t.shape[1], t.dtype,
+                 to, err.sqnr_db());
+      std::fflush(stdout);
+    };
     for (const st::TensorInfo& t : f.view().tensors()) {
       ++done;
       const auto src = f.view().data(t);
@@ -398,12 +437,7 @@ int run_quantize(const QuantizeArgs& a) {
         for (std::int64_t i = 0; i < N * K; ++i) err.add(load_f32(xp + i * es, t.dtype), load_f32(yq.data() + i * es, t.dtype));
         w.write(t.name, yq);
         bytes_out += double(yq.size());
-        f.release(t);
-        ++n_quant;
-        progress.clear_line();
-        fmt::print("[{}/{}] {} [{}, {}] {} -> qdq {}: SQNR {:.2f} dB\n", done, total, t.name, N, K, t.dtype, a.format,
-                   err.sqnr_db());
-        std::fflush(stdout);
+        finish_tensor(t, "qdq " + a.format, err);
         continue;
       }
       const Shape2 ss = scale_shape(o, N, K);
@@ -439,12 +473,7 @@ int run_quantize(const QuantizeArgs& a) {
         w.write(module + ".weight_global_scale", {reinterpret_cast<const std::uint8_t*>(&S), 4});
         bytes_out += 4;
       }
-      f.release(t);
-      ++n_quant;
-      progress.clear_line();
-      fmt::print("[{}/{}] {} [{}, {}] {} -> {}: SQNR {:.2f} dB\n", done, total, t.name, N, K, t.dtype, a.format,
-                 err.sqnr_db());
-      std::fflush(stdout);
+      finish_tensor(t, a.format, err);
     }
     w.commit();
   }
@@ -526,29 +555,12 @@ int run_dequantize(const DequantizeArgs& a) {
     const std::string path = (c.dir / shard).string();
     const st::File f(path);
     const st::View& v = f.view();
-    // A quantized module: X.weight_scale plus X.weight_packed (FP4) or an F8_E4M3 X.weight (MXFP8).
-    struct Mod {
-      Format format;
-      const st::TensorInfo *codes, *scale, *global;
-    };
-    std::map<std::string, Mod> mods;
+    const std::map<std::string, QuantizedModule> mods = quantized_modules(v, path);
     std::set<std::string> consumed;
-    for (const st::TensorInfo& t : v.tensors()) {
-      if (!t.name.ends_with(".weight_scale")) continue;
-      const std::string m = t.name.substr(0, t.name.size() - 13);
-      const st::TensorInfo* packed = v.find(m + ".weight_packed");
-      const st::TensorInfo* w8 = v.find(m + ".weight");
-      const st::TensorInfo* gs = v.find(m + ".weight_global_scale");
-      Mod md{};
-      if (packed) md = {gs ? Format::nvfp4 : Format::mxfp4, packed, &t, gs};
-      else if (w8 && w8->dtype == "F8_E4M3") md = {Format::mxfp8_e4m3, w8, &t, nullptr};
-      else fail(path + ": tensor '" + t.name + "' has no X.weight_packed or F8_E4M3 X.weight beside it in this file");
-      if (md.codes->shape.size() != 2 || t.shape.size() != 2)
-        fail(path + ": tensor '" + md.codes->name + "': expected 2-D codes and scales");
-      mods[m] = md;
+    for (const auto& [m, md] : mods) {
       consumed.insert(md.codes->name);
-      consumed.insert(t.name);
-      if (gs) consumed.insert(gs->name);
+      consumed.insert(md.scale->name);
+      if (md.global) consumed.insert(md.global->name);
     }
     st::Writer w((out / shard).string());
     w.metadata("format", "pt");
@@ -558,34 +570,14 @@ int run_dequantize(const DequantizeArgs& a) {
       weight_map[t.name] = shard;
     }
     for (const auto& [m, md] : mods) {
-      const std::int64_t N = md.codes->shape[0], K = md.format == Format::mxfp8_e4m3 ? md.codes->shape[1] : 2 * md.codes->shape[1];
-      w.declare(m + ".weight", st_dt, {N, K});
+      w.declare(m + ".weight", st_dt, {md.N, md.K});
       weight_map[m + ".weight"] = shard;
     }
     for (const st::TensorInfo& t : v.tensors())
       if (!consumed.count(t.name)) w.write(t.name, v.data(t));
     for (const auto& [m, md] : mods) {
-      const std::int64_t N = md.codes->shape[0], K = md.format == Format::mxfp8_e4m3 ? md.codes->shape[1] : 2 * md.codes->shape[1];
-      QuantOptions o = md.format == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(md.format, ScaleRule::even);
-      if (md.format == Format::nvfp4) {
-        if (md.global->bytes() != 4) fail(path + ": tensor '" + md.global->name + "': expected one F32");
-        float S;
-        std::memcpy(&S, v.data(*md.global).data(), 4);
-        o.tensor_scale = S;
-      }
-      const Shape2 ss = scale_shape(o, N, K);
-      if (md.scale->shape[0] != ss.rows || md.scale->shape[1] != ss.cols)
-        fail(path + ": tensor '" + md.scale->name + "': shape does not match codes of [" + std::to_string(N) + ", " +
-             std::to_string(K) + "]");
-      std::vector<std::uint8_t> codes(v.data(*md.codes).begin(), v.data(*md.codes).end()),
-          scales(v.data(*md.scale).begin(), v.data(*md.scale).end()), y(N * K * ob);
-      try {
-        dequantize(QuantizedIn{Tensor::of(codes.data(), DType::u8, N, code_cols(md.format, K)),
-                               Tensor::of(scales.data(), DType::u8, ss.rows, ss.cols)},
-                   Tensor::of(y.data(), odt, N, K), o);
-      } catch (const std::exception& e) {
-        fail(path + ": module '" + m + "': " + e.what());
-      }
+      std::vector<std::uint8_t> y(md.N * md.K * ob);
+      dequantize_module(v, path, m, md, odt, y.data());
       w.write(m + ".weight", y);
       ++n_deq;
     }
@@ -650,37 +642,18 @@ int run_inspect_against(const std::string& file, const std::string& original) {
   fmt::print("{:<60} {:<22} {:>9} {:>10} {:>12}\n", "tensor", "kind", "SQNR dB", "rel RMS", "max |err|");
   std::set<std::string> consumed;
   int compared = 0;
-  for (const st::TensorInfo& t : v.tensors()) {
-    if (!t.name.ends_with(".weight_scale")) continue;
-    const std::string m = t.name.substr(0, t.name.size() - 13);
-    const st::TensorInfo* packed = v.find(m + ".weight_packed");
-    const st::TensorInfo* w8 = v.find(m + ".weight");
-    const st::TensorInfo* gs = v.find(m + ".weight_global_scale");
-    const st::TensorInfo* codes = packed ? packed : (w8 && w8->dtype == "F8_E4M3" ? w8 : nullptr);
-    if (!codes || codes->shape.size() != 2) continue;
-    const Format fm = packed ? (gs ? Format::nvfp4 : Format::mxfp4) : Format::mxfp8_e4m3;
-    const std::int64_t N = codes->shape[0], K = packed ? 2 * codes->shape[1] : codes->shape[1];
-    QuantOptions o = fm == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(fm, ScaleRule::even);
-    if (gs) {
-      float S;
-      std::memcpy(&S, v.data(*gs).data(), 4);
-      o.tensor_scale = S;
-    }
-    const Shape2 ss = scale_shape(o, N, K);
-    if (t.shape.size() != 2 || t.shape[0] != ss.rows || t.shape[1] != ss.cols)
-      fail(file + ": tensor '" + t.name + "': shape does not match its codes");
-    std::vector<std::uint8_t> cb(v.data(*codes).begin(), v.data(*codes).end()), sb(v.data(t).begin(), v.data(t).end());
+  for (const auto& [m, md] : quantized_modules(v, file)) {
+    const std::int64_t N = md.N, K = md.K;
     std::vector<float> y(N * K);
-    dequantize(QuantizedIn{Tensor::of(cb.data(), DType::u8, N, code_cols(fm, K)), Tensor::of(sb.data(), DType::u8, ss.rows, ss.cols)},
-               Tensor::of(y.data(), DType::f32, N, K), o);
-    consumed.insert(codes->name), consumed.insert(t.name);
-    if (gs) consumed.insert(gs->name);
+    dequantize_module(v, file, m, md, DType::f32, y.data());
+    consumed.insert(md.codes->name), consumed.insert(md.scale->name);
+    if (md.global) consumed.insert(md.global->name);
     const auto x = original_f32(m + ".weight", N * K);
     if (!x) {
       fmt::print("{:<60} no matching {}.weight in {}\n", m, m, original);
       continue;
     }
-    report(m + ".weight", std::string(to_string(fm)) + " (dequantized)", *x, y);
+    report(m + ".weight", std::string(to_string(md.format)) + " (dequantized)", *x, y);
     ++compared;
   }
   for (const st::TensorInfo& t : v.tensors()) {

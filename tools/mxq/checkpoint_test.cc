@@ -16,6 +16,7 @@
 #include <mxq/mxq.hpp>
 
 #include "commands.hpp"
+#include "convert.hpp"
 #include "safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -41,11 +42,7 @@ const std::vector<Spec> kSpecs = {
     {"lm_head.weight", {100, 128}, 1},
 };
 
-std::uint16_t bf16(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return std::uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
+using mxq::cli::to_bf16;
 
 std::map<std::string, std::vector<std::uint16_t>> make_checkpoint(const fs::path& dir) {
   fs::create_directories(dir);
@@ -66,7 +63,7 @@ std::map<std::string, std::vector<std::uint16_t>> make_checkpoint(const fs::path
         std::int64_t n = 1;
         for (auto d : sp.shape) n *= d;
         std::vector<std::uint16_t> v(n);
-        for (std::int64_t i = 0; i < n; ++i) v[i] = bf16(nd(rng) * (i % 37 == 3 ? 20.0f : 1.0f));
+        for (std::int64_t i = 0; i < n; ++i) v[i] = to_bf16(nd(rng) * (i % 37 == 3 ? 20.0f : 1.0f));
         w.write(sp.name, {reinterpret_cast<const std::uint8_t*>(v.data()), v.size() * 2});
         data[sp.name] = std::move(v);
       }
@@ -280,7 +277,7 @@ TEST(CheckpointQuantize, MisalignedTensorInALoneFile) {
   std::vector<std::uint16_t> x(32 * 64);
   std::mt19937 rng(4);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (auto& v : x) v = bf16(nd(rng));
+  for (auto& v : x) v = to_bf16(nd(rng));
   {
     st::Writer w((root / "odd.safetensors").string());
     w.declare("pad", "U8", {1});

@@ -16,20 +16,12 @@
 #include <mxq/mxq.hpp>
 
 #include "commands.hpp"
+#include "convert.hpp"
 
 namespace {
 
-std::uint16_t to_bf16(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<std::uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
-float from_bf16(std::uint16_t h) {
-  const std::uint32_t u = std::uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using mxq::cli::to_bf16;
+float from_bf16(std::uint16_t h) { return mxq::cli::load_f32(reinterpret_cast<const std::uint8_t*>(&h), "BF16"); }
 
 struct Workload {
   const char* name;

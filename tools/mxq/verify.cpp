@@ -12,6 +12,7 @@
 #include <mxq/mxq.hpp>
 
 #include "commands.hpp"
+#include "convert.hpp"
 
 #if defined(MXQ_TOOL_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -47,10 +48,7 @@ std::vector<std::uint16_t> input(std::int64_t rows, std::int64_t K, unsigned see
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<std::uint16_t> x(rows * K);
   for (std::int64_t i = 0; i < rows * K; ++i) {
-    float v = nd(rng) * (i % 97 == 5 ? 40.0f : 1.0f);
-    std::uint32_t u;
-    std::memcpy(&u, &v, 4);
-    x[i] = std::uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+    x[i] = to_bf16(nd(rng) * (i % 97 == 5 ? 40.0f : 1.0f));
   }
   if (rows > 2) {
     x[1 * K] = 0x7FC0;      // NaN
