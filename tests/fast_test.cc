@@ -4,6 +4,7 @@
 #include <bit>
 #include <random>
 #include <tuple>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -173,8 +174,9 @@ TEST(FastVsReferenceExhaustive, AllBf16PatternsThroughQuantizeAndQdq) {
 }  // namespace
 
 // sr_round_unscaled (the kernels' stochastic-rounding form, in the unscaled domain) against the
-// scalar codec: every bf16 pattern below 2^(emax+1+e), at every scale of the fast range that puts it
-// near the grid, with random words and the words on either side of each rounding threshold.
+// scalar codec: every finite bf16 pattern, at every scale of the fast range that puts it near the
+// grid (or up to 12 binades above it: saturation), with random words and the words on either side
+// of each rounding threshold.
 TEST(FastStochastic, UnscaledRoundingMatchesTheCodecForEveryBf16) {
   using namespace mxq::core;
   std::mt19937 rng(9);
@@ -187,8 +189,10 @@ TEST(FastStochastic, UnscaledRoundingMatchesTheCodecForEveryBf16) {
       const std::uint32_t xb = h << 16;
       if ((xb & 0x7F800000u) == 0x7F800000u) continue;  // Inf/NaN: never reach the rounding
       const int ex = int((xb >> 23) & 0xFF) - 127;
-      for (int e = std::max(elo, ex - f.emax - 12); e <= std::min(ehi, ex - f.emax + 12); ++e) {
-        if (xb != 0 && ex >= f.emax + 1 + e) continue;  // above the binade the amax rules allow
+      // Scales near x's (x up to 12 binades above the top one, as quest can put it), and the smallest.
+      std::vector<int> scales{elo};
+      for (int e = std::max(elo + 1, ex - f.emax - 12); e <= std::min(ehi, ex - f.emax + 12); ++e) scales.push_back(e);
+      for (const int e : scales) {
         // The rounding threshold floor(frac(|x| / Q) * 2^32), in integers: |x| = sig * 2^p.
         const std::uint32_t mant = xb & 0x7FFFFFu, fld = (xb >> 23) & 0xFFu;
         const std::uint64_t sig = fld ? (mant | 0x800000u) : mant;

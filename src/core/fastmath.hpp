@@ -144,7 +144,9 @@ MXQ_HD_HOT float sr_round_unscaled(std::uint32_t xbits, int e, std::uint32_t rnd
   constexpr FloatSpec f = Elem<ET>::spec;
   constexpr std::uint32_t kC = (std::uint32_t(23 - f.mbits) << 23) | 0x400000u;
   const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 23;
-  const std::uint32_t xa = xbits & 0x7FFFFFFFu;
+  // |x| at or above 2^(emax + 1 + e) (quest, the QuTLASS rule) saturates: clamping it there keeps the
+  // rounding constant finite and still rounds to the largest value.
+  const std::uint32_t xa = umin(xbits & 0x7FFFFFFFu, std::uint32_t(f.emax + 1 + e + 127) << 23);
   const std::uint32_t be = umax(xa & 0x7F800000u, lo);                    // the binade's exponent bits
   const float Cc = u2f(be + kC);
   const float t = sub_rn(add_rz(u2f(xa), Cc), Cc);                        // truncated to the grid

@@ -394,22 +394,38 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
       for (int i = 0; i < C; ++i) xb[i] = f2u(mul_rn(3.0f, u2f(xb[i])));
     }
     const float inv = pow2f(-e), scale = pow2f(e);
+    // NOTE: as the CPU path, round in the unscaled domain where every grid value is a normal float
+    // with at most 8 significant bits: QDQ to bf16/fp32 is then a plain truncation, and a code is
+    // read off the bits. Elsewhere (extreme scales, fp16 output) scale, round, scale back.
+    constexpr int kELo = -126 - (f.emin - f.mbits);
+    constexpr int kEHi = 254 - (f.emax + 1 + 127 + 23 - f.mbits);
+    constexpr bool kFastOk = QDQ ? DT != DType::f16 : !f.twos_complement;
+    const u32 lo = u32(f.emin + e + 127) << 23, hi = u32(f.emax + 1 + e + 127) << 23;
+    constexpr u32 kC = (u32(23 - f.mbits) << 23) | 0x400000u;
     if (p.stochastic) {
+      if (kFastOk && !f.twos_complement && e >= kELo && e <= kEHi) {
+        // The unscaled stochastic rounding (fast_test proves it equal to encode_scaled_sr there).
 #pragma unroll
-      for (int i = 0; i < C; ++i) {
-        codes[i] = encode_scaled_sr<ET>(xb[i], e, rnd[i]);
-        if (QDQ) out[i] = hi16<DT>(mx_dequant_finite<ET, DT>(codes[i], scale));
+        for (int i = 0; i < C; ++i) {
+          const float r = sr_round_unscaled<ET>(xb[i], e, rnd[i]);
+          if constexpr (QDQ) {
+            out[i] = f2u(r) | (xb[i] & 0x80000000u);  // bf16: the high half, exact
+          } else {
+            // r is a grid value: r + Cc is exact, and its bits count r's quanta (as below).
+            const u32 be = umax(f2u(r) & 0x7F800000u, lo);
+            const u32 mag = umin(((be - lo) >> (23 - f.mbits)) + f2u(add_rn(r, u2f(be + kC))) - (be + kC), f.maxcode);
+            codes[i] = mag | ((xb[i] >> 31) << (f.bits - 1));
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < C; ++i) {
+          codes[i] = encode_scaled_sr<ET>(xb[i], e, rnd[i]);
+          if (QDQ) out[i] = hi16<DT>(mx_dequant_finite<ET, DT>(codes[i], scale));
+        }
       }
     } else {
-      // NOTE: as the CPU path, round in the unscaled domain where every grid value is a normal float
-      // with at most 8 significant bits: QDQ to bf16/fp32 is then a plain truncation, and a code is
-      // read off the bits. Elsewhere (extreme scales, fp16 output) scale, round, scale back.
-      constexpr int kELo = -126 - (f.emin - f.mbits);
-      constexpr int kEHi = 254 - (f.emax + 1 + 127 + 23 - f.mbits);
-      constexpr bool kFastOk = QDQ ? DT != DType::f16 : !f.twos_complement;
       if (kFastOk && e >= kELo && e <= kEHi) {
-        const u32 lo = u32(f.emin + e + 127) << 23, hi = u32(f.emax + 1 + e + 127) << 23;
-        constexpr u32 kC = (u32(23 - f.mbits) << 23) | 0x400000u;
         const float maxv = mul_rn(u2f(max_value_bits(f)), scale);
         // NOTE: with the amax rules every |x| <= amax < 2^(emax + 1 + e), so the upper clamp of the
         // rounding binade never binds there; quest and the QuTLASS absmax rule can put x above it.
@@ -482,7 +498,9 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
     constexpr int NB = C * kBits / 8;  // bytes of this chunk
     u32 w[(NB + 3) / 4] = {};
 #pragma unroll
-    for (int i = 0; i < C; ++i) w[i * kBits / 32] |= (codes[i] & ((1u << kBits) - 1u)) << ((i * kBits) % 32);
+    // NOTE: every code is below 2^bits (sign bit included), so the fields do not overlap and a
+    // shift-add (one LEA) packs each.
+    for (int i = 0; i < C; ++i) w[i * kBits / 32] += codes[i] << ((i * kBits) % 32);
 #pragma unroll
     for (int j = 0; j < (NB + 3) / 4; ++j) w[j] = nonfinite ? 0u : w[j];  // a NaN/Inf block has zero codes
     std::uint8_t* d = crow + c.k0 * kBits / 8;
