@@ -47,6 +47,15 @@ if ! skipped cli && [ -x "$BUILD/tools/mxq/mxq" ]; then  # the tool's self-test 
   rc=$?
   status "mxq verify (cpu + cuda self-test)" "$(grep -E '^self-test cuda' "$LOG/mxq_verify.txt" | head -1) rc=$rc"
   [ $rc -ne 0 ] && tail -20 "$LOG/mxq_verify.txt"
+  t0=$SECONDS
+  "$BUILD/tools/mxq/mxq" demo --device cuda > "$OUT/mxq_demo.txt" 2>&1
+  status "mxq demo --device cuda" "rc=$? ($((SECONDS - t0)) s, mxq_demo.txt)"
+  "$BUILD/tools/mxq/mxq" bench --shape 8192x8192 --shape 16x8192 --no-reference --reps 20 > "$OUT/mxq_bench.txt" 2>&1
+  status "mxq bench (cpu + cuda)" "rc=$? (mxq_bench.txt)"
+  "$BUILD/tools/mxq/checkpoint_test" --gtest_filter='CheckpointDevice.*' --gtest_brief=1 > "$LOG/checkpoint_device.log" 2>&1
+  rc=$?
+  status "checkpoint: GPU == CPU bytes" "$(grep -E '^\[  (PASSED|SKIPPED|FAILED)  \]' "$LOG/checkpoint_device.log" | tr '\n' ' ') rc=$rc"
+  [ $rc -ne 0 ] && grep -A8 'Failure' "$LOG/checkpoint_device.log" | head -30
 fi
 
 if ! skipped sanitizer; then
@@ -71,10 +80,12 @@ fi
 if [ -n "${MXQ_CHECK_NCU:-}" ]; then  # optional: Nsight Compute on chosen benchmark rows (';'-separated)
   IFS=';' read -ra CASES <<< "$MXQ_CHECK_NCU"
   for c in "${CASES[@]}"; do
-    ncu --clock-control none -k regex:'block_kernel|dequant_kernel' -s 2 -c 1 --section SpeedOfLight --section Occupancy \
+    kern='block_kernel'; [[ "$c" == dequantize* ]] && kern='dequant_kernel'
+    ncu --clock-control none -k regex:"$kern" -s 2 -c 1 --section SpeedOfLight --section Occupancy \
       --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
+      --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_read.sum \
       "$BUILD/bench/cuda_bench" --quick --reps 1 --only "$c" > "$LOG/ncu-${c// /_}.txt" 2>&1
-    echo "== ncu: $c"; grep -E 'Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Executed Ipc A|Issue Slots Busy|Executed Instructions  |Stall|Local' "$LOG/ncu-${c// /_}.txt" | head -24
+    echo "== ncu: $c"; grep -E 'Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Executed Ipc A|Issue Slots Busy|Executed Instructions  |Stall|Local|dram__bytes|lts__t_sectors|Hit Rate|Mem Busy' "$LOG/ncu-${c// /_}.txt" | head -32
   done
 fi
 

@@ -28,6 +28,7 @@
 
 #include "commands.hpp"
 #include "convert.hpp"
+#include "engine.hpp"
 #include "safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -143,11 +144,11 @@ std::map<std::string, QuantizedModule> quantized_modules(const st::View& v, cons
 
 // Dequantizes one module into y ([N, K] of dtype odt), reading codes and scales in place (bytes need
 // no alignment).
-void dequantize_module(const st::View& v, const std::string& path, const std::string& name, const QuantizedModule& m,
-                       DType odt, void* y) {
+void dequantize_module(Engine& eng, const st::View& v, const std::string& path, const std::string& name,
+                       const QuantizedModule& m, DType odt, void* y) {
   const Shape2 ss = scale_shape(m.options, m.N, m.K);
   try {
-    dequantize(QuantizedIn{Tensor::of(const_cast<std::uint8_t*>(v.data(*m.codes).data()), DType::u8, m.N, code_cols(m.format, m.K)),
+    eng.dequantize(QuantizedIn{Tensor::of(const_cast<std::uint8_t*>(v.data(*m.codes).data()), DType::u8, m.N, code_cols(m.format, m.K)),
                            Tensor::of(const_cast<std::uint8_t*>(v.data(*m.scale).data()), DType::u8, ss.rows, ss.cols)},
                Tensor::of(y, odt, m.N, m.K), m.options);
   } catch (const std::exception& e) {
@@ -289,15 +290,16 @@ int run_quantize(const QuantizeArgs& a) {
     if (rule == ScaleRule::nvfp4 || (!a.fake && (rule == ScaleRule::quest || rule == ScaleRule::qutlass_absmax)))
       fail("--rule '" + a.rule + "': a checkpoint takes floor, ceil, even or rceil");
   }
-  if (a.device == "cuda") fail("--device cuda: checkpoint conversion runs on the CPU in this version");
   const int g = format == Format::nvfp4 ? 16 : 32;
   std::vector<std::regex> inc, exc;
   for (const std::string& s : a.include) inc.emplace_back(s);
   for (const std::string& s : a.exclude) exc.emplace_back(s);
 
+  Engine eng(a.device);
   const Checkpoint c = open_checkpoint(a.in);
   Staging stage{fs::path(a.out)};
   const fs::path& out = stage.dir();
+  fmt::print("device: {} ({})\n", eng.name(), eng.why());
 
   // Plan: which tensors are quantized, and (NVFP4) the tensor amax of each, for the shared scales.
   struct Plan {
@@ -429,7 +431,7 @@ int run_quantize(const QuantizeArgs& a) {
       if (a.fake) {
         std::vector<std::uint8_t> yq(src.size());
         try {
-          qdq(xt, Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K), o);
+          eng.qdq(xt, Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K), o);
         } catch (const std::exception& e) {
           fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
         }
@@ -446,7 +448,7 @@ int run_quantize(const QuantizeArgs& a) {
       q.codes = Tensor::of(codes.data(), DType::u8, N, code_cols(format, K));
       q.scales = Tensor::of(scales.data(), DType::u8, ss.rows, ss.cols);
       try {
-        quantize(xt, q, o);
+        eng.quantize(xt, q, o);
       } catch (const std::exception& e) {
         fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
       }
@@ -458,9 +460,9 @@ int run_quantize(const QuantizeArgs& a) {
         std::vector<float> y(band * K);
         for (std::int64_t r0 = 0; r0 < N; r0 += band) {
           const std::int64_t nr = std::min(band, N - r0);
-          dequantize(QuantizedIn{Tensor::of(codes.data() + r0 * cc, DType::u8, nr, cc),
-                                 Tensor::of(scales.data() + r0 * ss.cols, DType::u8, nr, ss.cols)},
-                     Tensor::of(y.data(), DType::f32, nr, K), o);
+          eng.dequantize(QuantizedIn{Tensor::of(codes.data() + r0 * cc, DType::u8, nr, cc),
+                                     Tensor::of(scales.data() + r0 * ss.cols, DType::u8, nr, ss.cols)},
+                         Tensor::of(y.data(), DType::f32, nr, K), o);
           for (std::int64_t i = 0; i < nr * K; ++i) err.add(load_f32(xp + (r0 * K + i) * es, t.dtype), y[i]);
         }
       }
@@ -546,9 +548,11 @@ int run_dequantize(const DequantizeArgs& a) {
   if (odt == DType::u8) fail("--dtype '" + a.dtype + "': expected bf16, f16 or f32");
   const char* st_dt = odt == DType::bf16 ? "BF16" : odt == DType::f16 ? "F16" : "F32";
   const int ob = odt == DType::f32 ? 4 : 2;
+  Engine eng(a.device);
   const Checkpoint c = open_checkpoint(a.in);
   Staging stage{fs::path(a.out)};
   const fs::path& out = stage.dir();
+  fmt::print("device: {} ({})\n", eng.name(), eng.why());
   json weight_map = json::object();
   std::int64_t n_deq = 0;
   for (const std::string& shard : c.shards) {
@@ -577,7 +581,7 @@ int run_dequantize(const DequantizeArgs& a) {
       if (!consumed.count(t.name)) w.write(t.name, v.data(t));
     for (const auto& [m, md] : mods) {
       std::vector<std::uint8_t> y(md.N * md.K * ob);
-      dequantize_module(v, path, m, md, odt, y.data());
+      dequantize_module(eng, v, path, m, md, odt, y.data());
       w.write(m + ".weight", y);
       ++n_deq;
     }
@@ -608,6 +612,7 @@ namespace mxq::cli {
 // a checkpoint directory): quantized modules are dequantized first, plain floating tensors compared
 // as they are (a fake-quantized copy).
 int run_inspect_against(const std::string& file, const std::string& original) {
+  Engine eng("auto");
   const st::File f(file);
   const st::View& v = f.view();
   const Checkpoint oc = open_checkpoint(original);
@@ -645,7 +650,7 @@ int run_inspect_against(const std::string& file, const std::string& original) {
   for (const auto& [m, md] : quantized_modules(v, file)) {
     const std::int64_t N = md.N, K = md.K;
     std::vector<float> y(N * K);
-    dequantize_module(v, file, m, md, DType::f32, y.data());
+    dequantize_module(eng, v, file, m, md, DType::f32, y.data());
     consumed.insert(md.codes->name), consumed.insert(md.scale->name);
     if (md.global) consumed.insert(md.global->name);
     const auto x = original_f32(m + ".weight", N * K);

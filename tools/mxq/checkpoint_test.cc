@@ -6,6 +6,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -302,5 +304,82 @@ TEST(CheckpointQuantize, MisalignedTensorInALoneFile) {
   ASSERT_NE(packed, nullptr);
   EXPECT_TRUE(std::equal(codes.begin(), codes.end(), f.view().data(*packed).begin()));
   EXPECT_TRUE(fs::exists(root / "q" / "quantization_config.json"));
+  fs::remove_all(root);
+}
+
+namespace {
+// Every regular file under dir (relative name -> bytes).
+std::map<std::string, std::string> read_tree(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) {
+      std::ifstream f(e.path(), std::ios::binary);
+      files[fs::relative(e.path(), dir).string()] = std::string(std::istreambuf_iterator<char>(f), {});
+    }
+  return files;
+}
+}  // namespace
+
+// --device: an unknown name is refused; cuda without a usable GPU is refused, saying why.
+TEST(CheckpointDevice, RefusesUnknownOrUnusableDevices) {
+  mxq::cli::QuantizeArgs qa;
+  qa.in = "/nonexistent/dir";
+  qa.out = testing::TempDir() + "/never";
+  qa.device = "gpu";
+  try {
+    mxq::cli::run_quantize(qa);
+    ADD_FAILURE() << "accepted --device gpu";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("expected cpu, cuda or auto"), std::string::npos) << e.what();
+  }
+  if (!mxq::cuda_available()) {
+    qa.device = "cuda";
+    try {
+      mxq::cli::run_quantize(qa);
+      ADD_FAILURE() << "accepted --device cuda without a GPU";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The same conversions on the GPU and on the CPU write the same files, byte for byte: quantize to
+// each vLLM layout, dequantize each back, and a fake-quantized copy.
+TEST(CheckpointDevice, GpuWritesTheSameBytesAsCpu) {
+  std::string why;
+  if (!mxq::cuda_available(&why)) GTEST_SKIP() << "no usable GPU: " << why;
+  const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_dev_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  make_checkpoint(root / "in");
+  testing::internal::CaptureStdout();  // the per-tensor lines
+  for (const std::string format : {"mxfp4", "mxfp8", "nvfp4", "mxfp6_e3m2"}) {
+    std::map<std::string, std::string> tree[2];
+    for (int d = 0; d < 2; ++d) {
+      const std::string dev = d ? "cuda" : "cpu", tag = format + "_" + dev;
+      mxq::cli::QuantizeArgs qa;
+      qa.in = (root / "in").string();
+      qa.out = (root / ("q_" + tag)).string();
+      qa.format = format;
+      qa.device = dev;
+      qa.fake = format == "mxfp6_e3m2";
+      ASSERT_EQ(mxq::cli::run_quantize(qa), 0) << tag;
+      tree[d] = read_tree(qa.out);
+      if (!qa.fake) {
+        mxq::cli::DequantizeArgs da;
+        da.in = qa.out;
+        da.out = (root / ("dq_" + tag)).string();
+        da.device = dev;
+        ASSERT_EQ(mxq::cli::run_dequantize(da), 0) << tag;
+        for (auto& [n, b] : read_tree(da.out)) tree[d]["dq/" + n] = b;
+      }
+    }
+    EXPECT_GT(tree[0].size(), 3u) << format;
+    ASSERT_EQ(tree[0].size(), tree[1].size()) << format;
+    for (const auto& [n, b] : tree[0]) {
+      ASSERT_TRUE(tree[1].count(n)) << format << ": " << n << " missing from the GPU's output";
+      EXPECT_TRUE(tree[1][n] == b) << format << ": " << n << " differs between the GPU and the CPU";
+    }
+  }
+  testing::internal::GetCapturedStdout();
   fs::remove_all(root);
 }

@@ -7,7 +7,8 @@
 namespace mxq::cli {
 
 struct DemoArgs {
-  std::int64_t weight_rows = 1024, activation_rows = 256, K = 4096;
+  std::int64_t weight_rows = 0, activation_rows = 0, K = 4096;  // rows 0: 4096 and 2048 on a GPU, 1024 and 256 on a CPU
+  std::string device = "auto";
 };
 int run_demo(const DemoArgs& args);
 
@@ -25,7 +26,7 @@ struct QuantizeArgs {
 int run_quantize(const QuantizeArgs& args);
 
 struct DequantizeArgs {
-  std::string in, out, dtype = "bf16";
+  std::string in, out, dtype = "bf16", device = "auto";
 };
 int run_dequantize(const DequantizeArgs& args);
 

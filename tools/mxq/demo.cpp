@@ -4,7 +4,6 @@
 // Workload: a weight matrix (Gaussian bulk, sigma 0.02, plus heavy-tailed outlier input channels)
 // and an activation matrix (Student-t bulk plus a few massive outlier channels), at a real layer
 // width (K = 4096), fewer rows on a CPU.
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -17,6 +16,7 @@
 
 #include "commands.hpp"
 #include "convert.hpp"
+#include "engine.hpp"
 
 namespace {
 
@@ -57,14 +57,15 @@ Workload activations(std::int64_t rows, std::int64_t K) {
 namespace mxq::cli {
 
 int run_demo(const DemoArgs& args) {
-  const mxq::BackendChoice be = mxq::choose_backend(mxq::Backend::automatic, mxq::Device::cpu);
+  Engine eng(args.device);
   const std::int64_t K = args.K;
-  std::vector<Workload> loads = {weights(args.weight_rows, K), activations(args.activation_rows, K)};
-  std::printf("mxq %s demo: backend %s (%s)\n", MXQ_VERSION_STRING, std::string(mxq::to_string(be.backend)).c_str(),
-              be.reason.c_str());
+  const std::int64_t wr = args.weight_rows ? args.weight_rows : eng.gpu() ? 4096 : 1024;
+  const std::int64_t ar = args.activation_rows ? args.activation_rows : eng.gpu() ? 2048 : 256;
+  std::vector<Workload> loads = {weights(wr, K), activations(ar, K)};
+  std::printf("mxq %s demo: backend %s (%s)\n", MXQ_VERSION_STRING, eng.name().c_str(), eng.why().c_str());
   std::printf("workloads: weights [%lld, %lld] bf16 (Gaussian + outlier channels), activations [%lld, %lld] bf16 "
               "(Student-t + massive channels)\n\n",
-              (long long)args.weight_rows, (long long)K, (long long)args.activation_rows, (long long)K);
+              (long long)wr, (long long)K, (long long)ar, (long long)K);
   std::printf("%-11s %-11s %-6s %-8s %9s %10s %9s %9s %9s  %s\n", "tensor", "format", "rule", "rotation", "SQNR dB",
               "rel RMS", "% clip", "nonfinite", "GB/s", "backend");
 
@@ -86,10 +87,8 @@ int run_demo(const DemoArgs& args) {
     const mxq::Tensor yt = mxq::Tensor::of(y.data(), mxq::DType::bf16, w.rows, w.K);
     for (const Config& c : configs) {
       const mxq::QuantOptions o = c.f == mxq::Format::nvfp4 ? mxq::QuantOptions::nvfp4() : mxq::QuantOptions::mx(c.f, c.r);
-      mxq::qdq(xt, yt, o);  // warm-up
-      const auto t0 = std::chrono::steady_clock::now();
-      mxq::qdq(xt, yt, o);
-      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      eng.qdq(xt, yt, o);  // warm-up
+      const double sec = eng.qdq(xt, yt, o);
       double err = 0, ref = 0;
       for (std::size_t i = 0; i < w.x.size(); ++i) {
         const double a = from_bf16(w.x[i]), d = from_bf16(y[i]) - a;
@@ -104,7 +103,7 @@ int run_demo(const DemoArgs& args) {
       out.codes = mxq::Tensor::of(codes.data(), mxq::DType::u8, w.rows, cc);
       out.scales = mxq::Tensor::of(scales.data(), mxq::DType::u8, ss.rows, ss.cols);
       out.clip_mask = mxq::Tensor::of(mask.data(), mxq::DType::u8, ms.rows, ms.cols);
-      mxq::quantize(xt, out, o);
+      eng.quantize(xt, out, o);
       std::int64_t kept = 0, nonfinite = 0;
       for (std::uint8_t m : mask) kept += __builtin_popcount(m);
       const std::uint8_t nan_byte = c.f == mxq::Format::nvfp4 ? 0x7F : 0xFF;
@@ -113,13 +112,14 @@ int run_demo(const DemoArgs& args) {
       std::printf("%-11s %-11s %-6s %-8s %9.2f %10.4f %9.3f %9lld %9.2f  %s\n", w.name,
                   std::string(mxq::to_string(c.f)).c_str(), std::string(mxq::to_string(c.r)).c_str(), "none",
                   10 * std::log10(ref / err), std::sqrt(err / ref), 100.0 * (n - double(kept)) / n, (long long)nonfinite,
-                  4.0 * n / sec / 1e9, std::string(mxq::to_string(be.backend)).c_str());
+                  4.0 * n / sec / 1e9, eng.name().c_str());
     }
   }
   std::printf("\nSQNR = 10 log10(sum x^2 / sum (qdq(x) - x)^2); %% clip = elements at or beyond the element maximum "
-              "after scaling;\nGB/s = QDQ bytes moved (bf16 in + out, 4 B/element) per second, %s backend.\n",
-              std::string(mxq::to_string(be.backend)).c_str());
-  std::printf("rotation: none yet (rotations are a later feature); the demo's data stays on the CPU.\n");
+              "after scaling;\nGB/s = QDQ bytes moved (bf16 in + out, 4 B/element) per second by the operation itself, "
+              "%s\n",
+              eng.gpu() ? "on the GPU (host transfers excluded; L2 warm: `mxq bench` measures cold)" : "on the CPU");
+  std::printf("rotation: none yet (rotations are a later feature).\n");
   return 0;
 }
 

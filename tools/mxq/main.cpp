@@ -17,9 +17,12 @@ int main(int argc, char** argv) {
 
   mxq::cli::DemoArgs demo;
   CLI::App* c_demo = app.add_subcommand("demo", "every format x scale rule on an LLM-like workload: error and throughput");
-  c_demo->add_option("--weight-rows", demo.weight_rows, "rows of the weight matrix")->check(CLI::PositiveNumber);
-  c_demo->add_option("--activation-rows", demo.activation_rows, "rows of the activation matrix")->check(CLI::PositiveNumber);
+  c_demo->add_option("--weight-rows", demo.weight_rows, "rows of the weight matrix (default 4096 on a GPU, 1024 on a CPU)")
+      ->check(CLI::PositiveNumber);
+  c_demo->add_option("--activation-rows", demo.activation_rows, "rows of the activation matrix (default 2048 on a GPU, 256 on a CPU)")
+      ->check(CLI::PositiveNumber);
   c_demo->add_option("-K,--cols", demo.K, "columns of both")->check(CLI::PositiveNumber);
+  c_demo->add_option("--device", demo.device, "cpu, cuda or auto")->capture_default_str();
 
   mxq::cli::InspectArgs inspect;
   CLI::App* c_inspect = app.add_subcommand("inspect", "tensors, dtypes, shapes and bytes of a safetensors file");
@@ -47,12 +50,14 @@ int main(int argc, char** argv) {
   c_qdq->add_option("--rule", fq.rule, "MX scale rule: floor, ceil, even (default), rceil, quest");
   c_qdq->add_option("--include", fq.include, "fake-quantize only weights whose name matches this regex (repeatable)");
   c_qdq->add_option("--exclude", fq.exclude, "leave weights whose name matches this regex (repeatable)");
+  c_qdq->add_option("--device", fq.device, "cpu, cuda or auto")->capture_default_str();
 
   mxq::cli::DequantizeArgs deq;
   CLI::App* c_deq = app.add_subcommand("dequantize", "a compressed-tensors checkpoint back to bf16/f16/f32 weights");
   c_deq->add_option("in", deq.in, "a .safetensors file or a checkpoint directory")->required();
   c_deq->add_option("-o,--output", deq.out, "output directory")->required();
   c_deq->add_option("--dtype", deq.dtype, "bf16, f16 or f32")->capture_default_str();
+  c_deq->add_option("--device", deq.device, "cpu, cuda or auto")->capture_default_str();
 
   mxq::cli::BenchArgs bench;
   CLI::App* c_bench = app.add_subcommand("bench", "time each operation x format on each usable backend");

@@ -1,0 +1,37 @@
+#pragma once
+// Where the tool's conversions run: on the CPU with the host tensors themselves, or on the GPU with
+// the host tensors staged through device buffers (grown as needed, reused from tensor to tensor).
+// The results are the same bytes either way (the backends are bit-exact with the reference).
+#include <memory>
+#include <string>
+
+#include <mxq/mxq.hpp>
+
+namespace mxq::cli {
+
+class Engine {
+ public:
+  // device: "cpu", "cuda" or "auto" (the GPU when one is usable). "cuda" without a usable GPU fails,
+  // naming why; anything else fails naming the accepted values.
+  explicit Engine(const std::string& device);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  bool gpu() const { return gpu_ != nullptr; }
+  const std::string& name() const { return name_; }  // "cpu" or "cuda"
+  const std::string& why() const { return why_; }    // how the choice was made, for one line of output
+
+  // Host tensors in, host tensors out (dense rows). Each returns the seconds the operation itself took
+  // (on the GPU: between events around the kernels, transfers excluded).
+  double quantize(const Tensor& x, const QuantizedOut& q, const QuantOptions& o);
+  double qdq(const Tensor& x, const Tensor& y, const QuantOptions& o);
+  double dequantize(const QuantizedIn& in, const Tensor& y, const QuantOptions& o);
+
+ private:
+  struct Gpu;
+  std::unique_ptr<Gpu> gpu_;
+  std::string name_, why_;
+};
+
+}  // namespace mxq::cli
