@@ -497,9 +497,9 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
     constexpr int kBits = f.bits == 4 ? 4 : 8;
     constexpr int NB = C * kBits / 8;  // bytes of this chunk
     u32 w[(NB + 3) / 4] = {};
-#pragma unroll
     // NOTE: every code is below 2^bits (sign bit included), so the fields do not overlap and a
     // shift-add (one LEA) packs each.
+#pragma unroll
     for (int i = 0; i < C; ++i) w[i * kBits / 32] += codes[i] << ((i * kBits) % 32);
 #pragma unroll
     for (int j = 0; j < (NB + 3) / 4; ++j) w[j] = nonfinite ? 0u : w[j];  // a NaN/Inf block has zero codes
