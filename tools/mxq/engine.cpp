@@ -87,11 +87,10 @@ struct Engine::Gpu {
     if (n) check(cudaMemcpyAsync(host.data, dev.data, n, cudaMemcpyDeviceToHost, stream), "copy from the GPU");
   }
   template <class F>
-  double timed(F&& f) {
+  void timed(F&& f) {
     check(cudaEventRecord(start, stream), "cudaEventRecord");
     f();
     check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    return 0;
   }
   double finish() {
     check(cudaStreamSynchronize(stream), "the GPU operation");
@@ -159,18 +158,24 @@ double Engine::quantize(const Tensor& x, const QuantizedOut& q, const QuantOptio
   return wall([&] { mxq::quantize(x, q, o); });
 }
 
-double Engine::qdq(const Tensor& x, const Tensor& y, const QuantOptions& o) {
+double Engine::qdq(const Tensor& x, const Tensor& y, const QuantOptions& o, int reps) {
+  reps = reps < 1 ? 1 : reps;
 #if defined(MXQ_TOOL_HAVE_CUDA)
   if (gpu_) {
     Gpu& g = *gpu_;
     const Tensor xd = g.stage(0, x, true), yd = g.stage(1, y, false);
     const QuantOptions od = g.on_stream(o);
-    g.timed([&] { mxq::qdq(xd, yd, od); });
+    g.timed([&] {
+      for (int r = 0; r < reps; ++r) mxq::qdq(xd, yd, od);
+    });
     g.download(y, yd);
-    return g.finish();
+    return g.finish() / reps;
   }
 #endif
-  return wall([&] { mxq::qdq(x, y, o); });
+  return wall([&] {
+           for (int r = 0; r < reps; ++r) mxq::qdq(x, y, o);
+         }) /
+         reps;
 }
 
 double Engine::dequantize(const QuantizedIn& in, const Tensor& y, const QuantOptions& o) {

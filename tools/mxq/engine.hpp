@@ -25,7 +25,8 @@ class Engine {
   // Host tensors in, host tensors out (dense rows). Each returns the seconds the operation itself took
   // (on the GPU: between events around the kernels, transfers excluded).
   double quantize(const Tensor& x, const QuantizedOut& q, const QuantOptions& o);
-  double qdq(const Tensor& x, const Tensor& y, const QuantOptions& o);
+  // qdq: reps > 1 runs it that many times back to back and returns the mean.
+  double qdq(const Tensor& x, const Tensor& y, const QuantOptions& o, int reps = 1);
   double dequantize(const QuantizedIn& in, const Tensor& y, const QuantOptions& o);
 
  private:
