@@ -213,12 +213,19 @@ struct Coord {
   int lane_in_group;
   bool active, full;
 };
+// Flat launches: every dense problem, and every launch with C = 16 (make_plan), so known at compile
+// time there: no row arithmetic, every chunk complete.
+template <int C>
+__device__ __forceinline__ bool is_flat(const Params& p) {
+  return C == 16 || p.flat;
+}
+
 template <int C>
 __device__ __forceinline__ Coord coord(const Params& p, i64 i) {
   Coord c;
   c.active = i < p.total;
   i64 ch;
-  if (p.flat) {
+  if (is_flat<C>(p)) {
     c.row = 0;
     ch = c.active ? i : 0;
   } else if (p.small) {
@@ -233,14 +240,21 @@ __device__ __forceinline__ Coord coord(const Params& p, i64 i) {
   c.k0 = ch * C;
   c.block = ch >> p.log2T;
   c.lane_in_group = int(ch & (p.T - 1));
-  c.full = c.k0 + C <= p.K;
+  c.full = is_flat<C>(p) || c.k0 + C <= p.K;
   return c;
 }
 
+// swizzled_offset in 32-bit arithmetic (flat launches: the padded layout is below 2^32 bytes).
+__device__ __forceinline__ u32 swizzled_offset32(u32 r, u32 c, u32 Cp) {
+  return ((r >> 7) * (Cp >> 2) + (c >> 2)) * 512u + ((r & 31u) << 4) + (((r >> 5) & 3u) << 2) + (c & 3u);
+}
+
+template <int C>
 __device__ __forceinline__ i64 scale_index(const Params& p, i64 row, i64 b) {
-  if (p.flat) {  // b counts the blocks of the whole tensor (fewer than 2^31 in flat mode)
-    row = p.row_blocks_div.div(u32(b));
-    b -= row * p.row_blocks;
+  if (is_flat<C>(p)) {  // b counts the blocks of the whole tensor (fewer than 2^31 in flat mode)
+    if (!p.swizzled) return b;  // dense linear scales: row * blocks per row + column
+    const u32 r = p.row_blocks_div.div(u32(b));
+    return swizzled_offset32(r, u32(b) - r * u32(p.row_blocks), u32(p.scale_cols_padded));
   }
   return p.swizzled ? swizzled_offset(row, b, p.scale_cols_padded) : row * p.scales_stride + b;
 }
@@ -475,7 +489,7 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
   }
   // Clip-mask byte of this chunk's elements; with C = 2 four adjacent lanes share a byte and OR their
   // bits together (rows hold a multiple of 4 chunks, so the four lanes are aligned and in one row).
-  const i64 valid = p.K - c.k0 < C ? p.K - c.k0 : C;  // <= 0: the chunk is padding past K
+  const i64 valid = is_flat<C>(p) ? C : p.K - c.k0 < C ? p.K - c.k0 : C;  // <= 0: the chunk is padding past K
   u32 mbyte = 0;  // C = 16: two bytes
   if (!QDQ && p.mask) {
     constexpr u32 kAll = (1u << C) - 1u;
@@ -491,7 +505,7 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
     store_chunk<DT, C>(p, c.row, c.k0, c.full, out, nonfinite);
   } else {
     if (valid <= 0) return;  // padding chunks own no bytes (lane 0 of a group is never padding)
-    if (c.lane_in_group == 0) p.scales[scale_index(p, c.row, c.block)] = sb;
+    if (c.lane_in_group == 0) p.scales[scale_index<C>(p, c.row, c.block)] = sb;
     std::uint8_t* crow = p.codes + c.row * p.codes_stride;
     // Codes packed into 32-bit words: FP4 two per byte (low nibble first), others one per byte.
     constexpr int kBits = f.bits == 4 ? 4 : 8;
@@ -535,7 +549,7 @@ __device__ __forceinline__ void prefetch_chunk(const Params& p, i64 i, u32 dst) 
   using S = Storage<DT>;
   constexpr int B = vec_bytes<DT, C>();
   if (i >= p.total) return;
-  if (p.flat) {  // every chunk is complete and contiguous with the previous one
+  if (is_flat<C>(p)) {  // every chunk is complete and contiguous with the previous one
     const std::uint8_t* src = p.x + u64(i) * u64(B);
     if constexpr (B == 32) {
       cp_async<16>(dst, src, 16u);
@@ -624,14 +638,16 @@ __global__ void __launch_bounds__(kThreads, C == 16 ? 2 : 1) block_kernel(const 
 
 // ---- dequantize -------------------------------------------------------------------------------------------
 template <ElemType ET, int C>
-__device__ __forceinline__ void load_codes(const Params& p, const Coord& c, u32 (&codes)[C], std::uint8_t& sb) {
+__device__ __forceinline__ void load_codes(const Params& p, const Coord& c, u32 (&codes)[C], std::uint8_t& sb,
+                                           u32 (&w)[(C * (Elem<ET>::spec.bits == 4 ? 4 : 8) / 8 + 3) / 4]) {
   constexpr FloatSpec f = Elem<ET>::spec;
-  sb = p.scales[scale_index(p, c.row, c.block)];
+  sb = p.scales[scale_index<C>(p, c.row, c.block)];
   const std::uint8_t* crow = p.codes + c.row * p.codes_stride;
   const i64 valid = p.K - c.k0 < C ? p.K - c.k0 : C;
   constexpr int kBits = f.bits == 4 ? 4 : 8;
   constexpr int NB = C * kBits / 8;
-  u32 w[(NB + 3) / 4] = {};
+#pragma unroll
+  for (int j = 0; j < (NB + 3) / 4; ++j) w[j] = 0;
   const std::uint8_t* s = crow + c.k0 * kBits / 8;
   if (c.full && p.codes_vec) {
     if constexpr (NB >= 4) load_words<NB / 4>(s, w);
@@ -647,11 +663,88 @@ __device__ __forceinline__ void load_codes(const Params& p, const Coord& c, u32 
   for (int i = 0; i < C; ++i) codes[i] = (w[i * kBits / 32] >> ((i * kBits) % 32)) & ((1u << kBits) - 1u);
 }
 
+// prmt.b32 in its generic mode: a selector nibble with bit 3 set replicates the top bit of the chosen
+// byte over the result byte (PTX ISA, prmt). Written out: __byte_perm documents only bits 2:0.
+__device__ __forceinline__ u32 prmt_sign(u32 a, u32 b, u32 sel) {
+  u32 r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// bf16 outputs of FP4 codes by table: t01..t67 hold the bf16 bits of the eight magnitudes (two per
+// word, entry 0 in the low half of t01); byte permutes split them into a high-byte and a low-byte
+// table and look up four codes at a time, and a sign-replicating permute moves each code's sign bit
+// (XORed with flip's) to its output's. About 2.4 instructions per element.
+template <int C>
+__device__ __forceinline__ void fp4_bf16_lookup(const u32 (&cw)[C / 8], u32 t01, u32 t23, u32 t45, u32 t67, u32 flip,
+                                                u32 (&o)[C / 2]) {
+  const u32 th0 = __byte_perm(t01, t23, 0x7531), th1 = __byte_perm(t45, t67, 0x7531);  // high bytes
+  const u32 tl0 = __byte_perm(t01, t23, 0x6420), tl1 = __byte_perm(t45, t67, 0x6420);  // low bytes
+#pragma unroll
+  for (int q = 0; q < C / 8; ++q) {
+    const u32 w = cw[q] ^ flip, m = w & 0x77777777u, mh = m >> 16, ws = w << 4;
+    const u32 ha = __byte_perm(th0, th1, m), la = __byte_perm(tl0, tl1, m);
+    const u32 hb = __byte_perm(th0, th1, mh), lb = __byte_perm(tl0, tl1, mh);
+    const u32 v[4] = {__byte_perm(la, ha, 0x5140), __byte_perm(la, ha, 0x7362), __byte_perm(lb, hb, 0x5140),
+                      __byte_perm(lb, hb, 0x7362)};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // element 2j's sign (bit 8j+3 of w) is the top bit of byte j of w << 4, element 2j+1's (bit
+      // 8j+7) that of byte j of w: replicated into bytes 1 and 3, kept at bits 15 and 31.
+      const u32 sgn = prmt_sign(ws, w, ((0x8u | (4u + j)) << 12) | ((0x8u | u32(j)) << 4));
+      o[4 * q + j] = v[j] | (sgn & 0x80008000u);
+    }
+  }
+}
+
+// Stores C bf16 outputs held two per word.
+template <int C>
+__device__ __forceinline__ void store_bf16_pairs(const Params& p, const Coord& c, const u32 (&o)[C / 2]) {
+  std::uint16_t* dst = reinterpret_cast<std::uint16_t*>(p.y + c.row * p.y_stride) + c.k0;
+  if (c.full && p.y_vec) {
+    store_words<C / 2>(dst, o);
+  } else {
+#pragma unroll
+    for (int i = 0; i < C; ++i)
+      if (c.k0 + i < p.K) dst[i] = static_cast<std::uint16_t>(o[i / 2] >> (16 * (i % 2)));
+  }
+}
+
 template <ElemType ET, DType DT, int C>
 __device__ __forceinline__ void dequant_chunk(const Params& p, const Coord& c, const NvScale& nv, const u32 (&codes)[C],
-                                              std::uint8_t sb) {
+                                              std::uint8_t sb, const u32 (&cw)[(C * (Elem<ET>::spec.bits == 4 ? 4 : 8) / 8 + 3) / 4]) {
   constexpr FloatSpec f = Elem<ET>::spec;
   constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
+  if constexpr (ET == ElemType::e2m1 && DT == DType::bf16 && C % 8 == 0) {
+    u32 o[C / 2];
+    if (!p.nvfp4) {
+      // MXFP4, a finite scale 2^e with e in [-125, 125]: every product is a normal bf16, so the table
+      // is the eight magnitudes' bf16 bits with e added to the exponent field (0 stays 0; for e < 0
+      // the add wraps without a borrow between the halves).
+      const int e = int(sb) - kE8M0Bias;
+      if (e >= -125 && e <= 125) {
+        const u32 d = u32(e) << 7, d2 = d * 0x10001u;  // bf16 bits of 0, 0.5 | 1, 1.5 | 2, 3 | 4, 6
+        fp4_bf16_lookup<C>(cw, 0x3F000000u + (d << 16), 0x3FC03F80u + d2, 0x40404000u + d2, 0x40C04080u + d2, 0u, o);
+        store_bf16_pairs<C>(p, c, o);
+        return;
+      }
+    } else if ((sb & 0x7F) != kE4M3NaN) {
+      // NVFP4: the eight magnitudes' outputs (E2M1 value * s) / S once per chunk (C = 16 is one block);
+      // the sign is the code's XOR the scale byte's (see below).
+      const float sval = decode_f32(sb & 0x7Fu, spec_e4m3());
+      u32 t[8];
+      auto table = [&](auto fast) {
+#pragma unroll
+        for (int m = 0; m < 8; ++m) t[m] = nv_out<decltype(fast)::value, DT>(mul_rn(e2m1_value(u32(m)), sval), 0u, nv);
+      };
+      if (nv.fast) table(std::true_type{});
+      else table(std::false_type{});
+      fp4_bf16_lookup<C>(cw, t[0] | (t[1] << 16), t[2] | (t[3] << 16), t[4] | (t[5] << 16), t[6] | (t[7] << 16),
+                         (sb & 0x80u) ? 0x88888888u : 0u, o);
+      store_bf16_pairs<C>(p, c, o);
+      return;
+    }
+  }
   u32 out[C];
   if (ET == ElemType::e2m1 && p.nvfp4) {
     // A scale byte with its sign bit set (not produced by quantize, but any byte is accepted) flips the
@@ -688,10 +781,10 @@ template <ElemType ET, DType DT, int C>
 __global__ void __launch_bounds__(kThreads) dequant_kernel(const Params p) {
   const Coord c = coord<C>(p, i64(blockIdx.x) * kThreads + threadIdx.x);
   if (!c.active || c.k0 >= p.K) return;
-  u32 codes[C];
+  u32 codes[C], cw[(C * (Elem<ET>::spec.bits == 4 ? 4 : 8) / 8 + 3) / 4];
   std::uint8_t sb;
-  load_codes<ET, C>(p, c, codes, sb);
-  dequant_chunk<ET, DT, C>(p, c, nv_scale(p), codes, sb);
+  load_codes<ET, C>(p, c, codes, sb, cw);
+  dequant_chunk<ET, DT, C>(p, c, nv_scale(p), codes, sb, cw);
 }
 
 // ---- tensor amax, scale layouts, small helpers ------------------------------------------------------------
@@ -830,7 +923,8 @@ struct Plan {
 Plan make_plan(const Problem& p, int dtype_bytes, bool dense_views) {
   Plan pl;
   pl.C = p.g >= 8 ? 8 : 2;
-  pl.flat = dense_views && pl.C == 8 && p.K % p.g == 0 && p.rows * p.K / 8 < (i64(1) << 31);
+  pl.flat = dense_views && pl.C == 8 && p.K % p.g == 0 && p.rows * p.K / 8 < (i64(1) << 31) &&
+            p.scale_rows_padded * p.scale_cols_padded < (i64(1) << 32);  // swizzled_offset32
   if (pl.flat && dtype_bytes == 2 && p.g % 16 == 0) pl.C = 16;
   return pl;
 }
