@@ -92,6 +92,17 @@ std::vector<std::uint8_t> load(const fs::path& dir, const std::string& name, con
   return {f.view().data(*t).begin(), f.view().data(*t).end()};
 }
 
+// The message run_quantize fails with; a test failure (and "") when it does not fail.
+std::string quantize_failure(const mxq::cli::QuantizeArgs& qa, const std::string& what) {
+  try {
+    mxq::cli::run_quantize(qa);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "accepted " << what;
+  return "";
+}
+
 class Checkpoint : public testing::TestWithParam<std::string> {};
 
 }  // namespace
@@ -208,12 +219,8 @@ TEST(CheckpointErrors, OneLineNamingTheProblem) {
   mxq::cli::QuantizeArgs qa;
   qa.in = "/nonexistent/dir";
   qa.out = testing::TempDir() + "/never";
-  try {
-    mxq::cli::run_quantize(qa);
-    ADD_FAILURE() << "accepted a missing input";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/dir"), std::string::npos) << e.what();
-  }
+  const std::string missing = quantize_failure(qa, "a missing input");
+  EXPECT_NE(missing.find("/nonexistent/dir"), std::string::npos) << missing;
   qa.format = "int3";
   EXPECT_THROW(mxq::cli::run_quantize(qa), std::exception);
 }
@@ -259,14 +266,9 @@ TEST(CheckpointErrors, CorruptShardLeavesNoOutput) {
   mxq::cli::QuantizeArgs qa;
   qa.in = (root / "in").string();
   qa.out = (root / "q").string();
-  try {
-    mxq::cli::run_quantize(qa);
-    ADD_FAILURE() << "accepted a truncated shard";
-  } catch (const std::exception& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("model-00002-of-00002.safetensors"), std::string::npos) << m;
-    EXPECT_NE(m.find("truncated"), std::string::npos) << m;
-  }
+  const std::string m = quantize_failure(qa, "a truncated shard");
+  EXPECT_NE(m.find("model-00002-of-00002.safetensors"), std::string::npos) << m;
+  EXPECT_NE(m.find("truncated"), std::string::npos) << m;
   EXPECT_FALSE(fs::exists(root / "q")) << "a failed conversion left output behind";
   fs::remove_all(root);
 }
@@ -326,20 +328,12 @@ TEST(CheckpointDevice, RefusesUnknownOrUnusableDevices) {
   qa.in = "/nonexistent/dir";
   qa.out = testing::TempDir() + "/never";
   qa.device = "gpu";
-  try {
-    mxq::cli::run_quantize(qa);
-    ADD_FAILURE() << "accepted --device gpu";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("expected cpu, cuda or auto"), std::string::npos) << e.what();
-  }
+  const std::string unknown = quantize_failure(qa, "--device gpu");
+  EXPECT_NE(unknown.find("expected cpu, cuda or auto"), std::string::npos) << unknown;
   if (!mxq::cuda_available()) {
     qa.device = "cuda";
-    try {
-      mxq::cli::run_quantize(qa);
-      ADD_FAILURE() << "accepted --device cuda without a GPU";
-    } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
-    }
+    const std::string unusable = quantize_failure(qa, "--device cuda without a GPU");
+    EXPECT_NE(unusable.find("--device cuda"), std::string::npos) << unusable;
   }
 }
 

@@ -107,7 +107,7 @@ int run_demo(const DemoArgs& args) {
       std::int64_t kept = 0, nonfinite = 0;
       for (std::uint8_t m : mask) kept += __builtin_popcount(m);
       const std::uint8_t nan_byte = c.f == mxq::Format::nvfp4 ? 0x7F : 0xFF;
-      for (std::uint8_t s : scales) nonfinite += (s & (c.f == mxq::Format::nvfp4 ? 0x7F : 0xFF)) == nan_byte;
+      for (std::uint8_t s : scales) nonfinite += (s & nan_byte) == nan_byte;  // NVFP4: either sign
       const double n = double(w.rows * w.K);
       std::printf("%-11s %-11s %-6s %-8s %9.2f %10.4f %9.3f %9lld %9.2f  %s\n", w.name,
                   std::string(mxq::to_string(c.f)).c_str(), std::string(mxq::to_string(c.r)).c_str(), "none",
