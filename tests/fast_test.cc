@@ -2,6 +2,7 @@
 // input dtype, both scale layouts, awkward shapes, strided rows, several thread counts.
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -223,4 +224,25 @@ TEST(FastStochastic, UnscaledRoundingMatchesTheCodecForEveryBf16) {
   check(std::integral_constant<ElemType, ElemType::e3m2>{});
   check(std::integral_constant<ElemType, ElemType::e4m3>{});
   check(std::integral_constant<ElemType, ElemType::e5m2>{});
+}
+
+// nvfp4_encode_rne_readoff (the kernels' NVFP4 quantize) against nvfp4_encode_rne: every finite bf16
+// pattern under multipliers from 0 and denormal to FLT_MAX (products that underflow, saturate and
+// overflow to infinity) and 200 random ones.
+TEST(FastNvfp4, ReadOffCodeMatchesTheEncoderForEveryBf16) {
+  using namespace mxq::core;
+  std::mt19937 rng(5);
+  std::vector<float> ms = {0.0f, 1.0f, 1e-30f, 1e30f, 3.4e38f, 1e-45f};
+  for (int k = 0; k < 200; ++k) ms.push_back(std::ldexp(1.0f + float(rng() % 1000) / 1000.0f, int(rng() % 60) - 30));
+  long bad = 0, n = 0;
+  for (const float m : ms)
+    for (std::uint32_t h = 0; h < 0x10000; ++h) {
+      const std::uint32_t xb = h << 16;
+      if ((xb & 0x7F800000u) == 0x7F800000u) continue;  // NaN/Inf blocks never reach the encoder
+      const std::uint32_t want = nvfp4_encode_rne(xb, m), got = nvfp4_encode_rne_readoff(xb, m);
+      ++n;
+      if (got != want && bad++ < 5)
+        ADD_FAILURE() << "x=" << std::hex << xb << " m=" << m << ": got " << got << " want " << want;
+    }
+  EXPECT_EQ(bad, 0) << bad << " of " << n;
 }

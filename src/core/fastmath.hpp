@@ -121,6 +121,17 @@ MXQ_HD_HOT std::uint32_t nvfp4_encode_rne(std::uint32_t xbits, float m) {
   return code_of<ElemType::e2m1>(r, sign);
 }
 
+// nvfp4_encode_rne for a non-NaN x, with the code read off the rounding: t = a + Cc holds the rounded
+// magnitude in quanta of a's clamped binade Ec, so the code is ((Ec - emin) << 1) + bits(t) - bits(Cc),
+// saturating at 7. fast_test checks it against nvfp4_encode_rne.
+MXQ_HD_HOT std::uint32_t nvfp4_encode_rne_readoff(std::uint32_t xbits, float m) {
+  constexpr std::uint32_t lo = 127u << 23, hi = 130u << 23, kC = (22u << 23) | 0x400000u;
+  const float a = fabs_bits(mul_rn(u2f(xbits), m));
+  const std::uint32_t be = umin(umax(f2u(a) & 0x7F800000u, lo), hi);
+  const std::uint32_t mag = umin(((be - lo) >> 22) + f2u(add_rn(a, u2f(be + kC))) - (be + kC), 7u);
+  return mag | ((xbits >> 31) << 3);
+}
+
 // encode_scaled with stochastic rounding for a non-NaN x, in 32-bit arithmetic (infinities saturate).
 template <ElemType ET>
 MXQ_HD_HOT std::uint32_t encode_scaled_sr(std::uint32_t xbits, int scale_exp, std::uint32_t rnd) {

@@ -392,14 +392,7 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
         if (p.stochastic) {
           code = nvfp4_encode_sr(xb[i], m, rnd[i]);
         } else {
-          // nvfp4_encode_rne with the code read off the rounding (as the MX fast path): t = a + Cc
-          // holds the rounded magnitude in quanta of the clamped binade Ec, so the code is
-          // ((Ec - emin) << 1) + bits(t) - bits(Cc), saturating at 7.
-          constexpr u32 lo = 127u << 23, hi = 130u << 23, kC = (22u << 23) | 0x400000u;
-          const float a = fabs_bits(mul_rn(u2f(xb[i]), m));
-          const u32 be = umin(umax(f2u(a) & 0x7F800000u, lo), hi);
-          const u32 mag = umin(((be - lo) >> 22) + f2u(add_rn(a, u2f(be + kC))) - (be + kC), 7u);
-          code = mag | ((xb[i] >> 31) << 3);
+          code = nvfp4_encode_rne_readoff(xb[i], m);  // NaN/Inf blocks: codes zeroed below
         }
         codes[i] = code;
         if (!QDQ && p.mask) keep |= u32(!nonfinite && fabs_bits(mul_rn(u2f(xb[i]), m)) < 6.0f) << i;
