@@ -14,6 +14,7 @@
 #endif
 
 #include "core/fastmath.hpp"
+#include "core/problem.hpp"
 #include "helpers.hpp"
 
 using namespace mxq;
@@ -243,6 +244,23 @@ TEST(FastNvfp4, ReadOffCodeMatchesTheEncoderForEveryBf16) {
       ++n;
       if (got != want && bad++ < 5)
         ADD_FAILURE() << "x=" << std::hex << xb << " m=" << m << ": got " << got << " want " << want;
+    }
+  EXPECT_EQ(bad, 0) << bad << " of " << n;
+}
+
+// e4m3_bf16_hi (the kernels' MXFP8 dequantize to bf16) against mx_dequant_bits: every code that is
+// not NaN under every scale of its range.
+TEST(FastE4m3, Bf16DequantMatchesTheReferenceForEveryCodeAndScale) {
+  using namespace mxq::core;
+  long bad = 0, n = 0;
+  for (int e = -117; e <= 119; ++e)
+    for (std::uint32_t code = 0; code < 256; ++code) {
+      if ((code & 0x7Fu) == 0x7Fu) continue;
+      const std::uint32_t want = mx_dequant_bits(code, std::uint8_t(e + kE8M0Bias), Elem<ElemType::e4m3>::spec, mxq::DType::bf16);
+      const std::uint32_t got = e4m3_bf16_hi(code, pow2f(e), pow2f(e + 1)) >> 16;
+      ++n;
+      if (got != want && bad++ < 5)
+        ADD_FAILURE() << "code=" << std::hex << code << std::dec << " e=" << e << ": got " << std::hex << got << " want " << want;
     }
   EXPECT_EQ(bad, 0) << bad << " of " << n;
 }

@@ -761,10 +761,7 @@ __device__ __forceinline__ void dequant_chunk(const Params& p, const Coord& c, c
     }
   }
   if constexpr (ET == ElemType::e4m3 && DT == DType::bf16) {
-    // MXFP8 (E4M3) under a finite scale 2^e, e in [-117, 119], no NaN code in the chunk: every
-    // product is a normal bf16 with at most 4 significant bits. The code's magnitude bits placed in
-    // an fp32 (exponent field + 120) are its value when normal; a subnormal code (field 0) gives
-    // (1 + m/8) 2^-7, and subtracting 2^-7 then doubling gives m 2^-9. Exact throughout.
+    // MXFP8 (E4M3) under a finite scale 2^e, e in [-117, 119], no NaN code in the chunk: e4m3_bf16_hi.
     const int e = int(sb) - kE8M0Bias;
     bool nan_code = false;
 #pragma unroll
@@ -773,12 +770,7 @@ __device__ __forceinline__ void dequant_chunk(const Params& p, const Coord& c, c
       const float sc = pow2f(e), sc2 = pow2f(e + 1);
       u32 out[C];
 #pragma unroll
-      for (int i = 0; i < C; ++i) {
-        const u32 mag = codes[i] & 0x7Fu;
-        const bool sub = mag < 8u;
-        const float v = add_rn(u2f((mag << 20) + (120u << 23)), sub ? -0.0078125f : 0.0f);
-        out[i] = (f2u(mul_rn(v, sub ? sc2 : sc)) & 0xFFFF0000u) | ((codes[i] & 0x80u) << 24);
-      }
+      for (int i = 0; i < C; ++i) out[i] = e4m3_bf16_hi(codes[i], sc, sc2);
       store_chunk<DT, C>(p, c.row, c.k0, c.full, out, false);
       return;
     }
