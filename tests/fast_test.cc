@@ -248,6 +248,30 @@ TEST(FastNvfp4, ReadOffCodeMatchesTheEncoderForEveryBf16) {
   EXPECT_EQ(bad, 0) << bad << " of " << n;
 }
 
+// nvfp4_bf16_table (the kernels' NVFP4 bf16 outputs from two divisions) against the reference
+// decode: every E4M3 block scale that is not NaN (0 and the subnormals included) under S at the ends
+// of recip_div's range and at random significands across it.
+TEST(FastNvfp4, Bf16TableFromTwoDivisionsMatchesTheDecode) {
+  using namespace mxq::core;
+  std::mt19937 rng(7);
+  std::vector<float> ss = {kRecipDivMinS, kRecipDivMaxS, 1.0f, 448.0f * 6.0f, 1.0f / 3.0f, 0x1.fffffep31f, 0x1.000002p-32f};
+  for (int k = 0; k < 3000; ++k) ss.push_back(std::ldexp(1.0f + float(rng() & 0x7FFFFF) * 0x1p-23f, int(rng() % 64) - 32));
+  long bad = 0, n = 0;
+  for (const float S : ss)
+    for (std::uint32_t sc = 0; sc < 0x7F; ++sc) {
+      std::uint32_t t[4];
+      nvfp4_bf16_table(decode_f32(sc, spec_e4m3()), S, div_rn(1.0f, S), t);
+      for (std::uint32_t m = 0; m < 8; ++m) {
+        const std::uint32_t want = f32_to_dtype_bits(nvfp4_decode(m, sc, S), mxq::DType::bf16);
+        const std::uint32_t got = (t[m / 2] >> (16 * (m % 2))) & 0xFFFFu;
+        ++n;
+        if (got != want && bad++ < 5)
+          ADD_FAILURE() << "S=" << S << " scale code " << sc << " m=" << m << ": got " << std::hex << got << " want " << want;
+      }
+    }
+  EXPECT_EQ(bad, 0) << bad << " of " << n;
+}
+
 // e4m3_bf16_hi (the kernels' MXFP8 dequantize to bf16) against mx_dequant_bits: every code that is
 // not NaN under every scale of its range.
 TEST(FastE4m3, Bf16DequantMatchesTheReferenceForEveryCodeAndScale) {

@@ -113,6 +113,23 @@ MXQ_HD_HOT float recip_div(float a, float S, float r) {
   return fma_rn(fma_rn(-q, S, a), r, q);
 }
 
+// The bf16 outputs of the eight NVFP4 magnitude codes under one block scale sval (an E4M3 value, 0
+// included) and S in recip_div's range (r = 1 / S): entry k is RN_bf16(RN(E2M1(k) * sval / S)), two
+// per word (k = 2j in the low half of t[j]). The magnitudes are {1/2, 1, 2, 4} and {3/2, 3, 6} times
+// sval: each set is one quotient scaled by powers of two, and scaling by 2^k commutes with both
+// roundings while the results stay normal and finite, which holds here (a nonzero quotient lies in
+// [2^-41, 2^41]). So two divisions give the table. fast_test checks it against nvfp4_decode for every
+// E4M3 scale under S across recip_div's range.
+MXQ_HD_HOT void nvfp4_bf16_table(float sval, float S, float r, std::uint32_t (&t)[4]) {
+  const float q1 = recip_div(sval, S, r), q3 = recip_div(mul_rn(1.5f, sval), S, r);
+  const std::uint32_t b1 = out_mag_bits<DType::bf16>(q1), b3 = out_mag_bits<DType::bf16>(q3);
+  const std::uint32_t d = sval == 0.0f ? 0u : 0x80u;  // a zero scale: every entry is +0
+  t[0] = (b1 - d) << 16;                              // 0 | 1/2
+  t[1] = b1 | (b3 << 16);                             // 1 | 3/2
+  t[2] = (b1 + d) | ((b3 + d) << 16);                 // 2 | 3
+  t[3] = (b1 + 2 * d) | ((b3 + 2 * d) << 16);         // 4 | 6
+}
+
 // NVFP4 element code (RNE) of x under multiplier m: nvfp4_encode(x, m) without stochastic rounding.
 MXQ_HD_HOT std::uint32_t nvfp4_encode_rne(std::uint32_t xbits, float m) {
   const std::uint32_t sign = xbits >> 31;

@@ -184,26 +184,69 @@ template <DType DT>
 __device__ __forceinline__ u32 hi16(u32 v) {
   return DT == DType::bf16 ? v << 16 : v;
 }
+// Stores a chunk's output words: C outputs of DT packed little-endian (two per word for 2-byte
+// dtypes). nan: the whole chunk is NaN.
 template <DType DT, int C>
-__device__ __forceinline__ void store_chunk(const Params& p, i64 row, i64 k0, bool full, const u32 (&ob)[C], bool nan) {
+__device__ __forceinline__ void store_packed(const Params& p, i64 row, i64 k0, bool full, const u32 (&w)[vec_bytes<DT, C>() / 4],
+                                             bool nan) {
   using S = Storage<DT>;
+  constexpr int W = vec_bytes<DT, C>() / 4;
   S* dst = reinterpret_cast<S*>(p.y + row * p.y_stride) + k0;
   if (full && p.y_vec) {
-    constexpr int W = vec_bytes<DT, C>() / 4;
     constexpr u32 kNanWord = DT == DType::f32 ? 0x7FC00000u : nan_bits(DT) * 0x10001u;
-    u32 w[W];
+    u32 v[W];
 #pragma unroll
-    for (int j = 0; j < W; ++j) {
-      if constexpr (sizeof(S) == 4) w[j] = ob[j];
-      else if constexpr (DT == DType::bf16) w[j] = __byte_perm(ob[2 * j], ob[2 * j + 1], 0x7632);
-      else w[j] = (ob[2 * j] & 0xFFFFu) | (ob[2 * j + 1] << 16);
-      w[j] = nan ? kNanWord : w[j];
-    }
-    store_words<W>(dst, w);
+    for (int j = 0; j < W; ++j) v[j] = nan ? kNanWord : w[j];
+    store_words<W>(dst, v);
   } else {
 #pragma unroll
     for (int i = 0; i < C; ++i)
-      if (k0 + i < p.K) dst[i] = static_cast<S>(nan ? nan_bits(DT) : DT == DType::bf16 ? ob[i] >> 16 : ob[i]);
+      if (k0 + i < p.K) dst[i] = static_cast<S>(nan ? nan_bits(DT) : sizeof(S) == 4 ? w[i] : w[i / 2] >> (16 * (i % 2)));
+  }
+}
+template <DType DT, int C>
+__device__ __forceinline__ void store_chunk(const Params& p, i64 row, i64 k0, bool full, const u32 (&ob)[C], bool nan) {
+  u32 w[vec_bytes<DT, C>() / 4];
+#pragma unroll
+  for (int j = 0; j < vec_bytes<DT, C>() / 4; ++j) {
+    if constexpr (DT == DType::f32) w[j] = ob[j];
+    else if constexpr (DT == DType::bf16) w[j] = __byte_perm(ob[2 * j], ob[2 * j + 1], 0x7632);
+    else w[j] = (ob[2 * j] & 0xFFFFu) | (ob[2 * j + 1] << 16);
+  }
+  store_packed<DT, C>(p, row, k0, full, w, nan);
+}
+
+// prmt.b32 in its generic mode: a selector nibble with bit 3 set replicates the top bit of the chosen
+// byte over the result byte (PTX ISA, prmt). Written out: __byte_perm documents only bits 2:0.
+__device__ __forceinline__ u32 prmt_sign(u32 a, u32 b, u32 sel) {
+  u32 r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// 16-bit outputs of FP4 codes by table: t01..t67 hold the output bits of the eight magnitudes (two per
+// word, entry 0 in the low half of t01); byte permutes split them into a high-byte and a low-byte
+// table and look up four codes at a time, and a sign-replicating permute moves each code's sign bit
+// (XORed with flip's) to bit 15 of its output. About 2.4 instructions per element.
+template <int C>
+__device__ __forceinline__ void fp4_bf16_lookup(const u32 (&cw)[C / 8], u32 t01, u32 t23, u32 t45, u32 t67, u32 flip,
+                                                u32 (&o)[C / 2]) {
+  const u32 th0 = __byte_perm(t01, t23, 0x7531), th1 = __byte_perm(t45, t67, 0x7531);  // high bytes
+  const u32 tl0 = __byte_perm(t01, t23, 0x6420), tl1 = __byte_perm(t45, t67, 0x6420);  // low bytes
+#pragma unroll
+  for (int q = 0; q < C / 8; ++q) {
+    const u32 w = cw[q] ^ flip, m = w & 0x77777777u, mh = m >> 16, ws = w << 4;
+    const u32 ha = __byte_perm(th0, th1, m), la = __byte_perm(tl0, tl1, m);
+    const u32 hb = __byte_perm(th0, th1, mh), lb = __byte_perm(tl0, tl1, mh);
+    const u32 v[4] = {__byte_perm(la, ha, 0x5140), __byte_perm(la, ha, 0x7362), __byte_perm(lb, hb, 0x5140),
+                      __byte_perm(lb, hb, 0x7362)};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // element 2j's sign (bit 8j+3 of w) is the top bit of byte j of w << 4, element 2j+1's (bit
+      // 8j+7) that of byte j of w: replicated into bytes 1 and 3, kept at bits 15 and 31.
+      const u32 sgn = prmt_sign(ws, w, ((0x8u | (4u + j)) << 12) | ((0x8u | u32(j)) << 4));
+      o[4 * q + j] = v[j] | (sgn & 0x80008000u);
+    }
   }
 }
 
@@ -345,6 +388,46 @@ __device__ __forceinline__ u32 nv_out(float a, u32 sign, const NvScale& nv) {
   else return to_dtype_bits_nonnan<DT>(u2f(f2u(v) | (sign << 31)));
 }
 
+// 16-bit (bf16, fp16) outputs of the eight NVFP4 magnitude codes under the block scale sval, two per
+// word (code 2j in the low half of t[j]): the lookup table of fp4_bf16_lookup. bf16 in recip_div's
+// range: two divisions (nvfp4_bf16_table); otherwise one nv_out per magnitude.
+template <DType DT>
+__device__ __forceinline__ void nv_table(float sval, const NvScale& nv, u32 (&t)[4]) {
+  static_assert(DT != DType::f32, "16-bit outputs only");
+  if (DT == DType::bf16 && nv.fast) {
+    nvfp4_bf16_table(sval, nv.S, nv.r, t);
+    return;
+  }
+  u32 e[8];
+  auto table = [&](auto fast) {
+#pragma unroll
+    for (int m = 0; m < 8; ++m) e[m] = nv_out<decltype(fast)::value, DT>(mul_rn(e2m1_value(u32(m)), sval), 0u, nv);
+  };
+  if (nv.fast) table(std::true_type{});
+  else table(std::false_type{});
+#pragma unroll
+  for (int j = 0; j < 4; ++j) t[j] = e[2 * j] | (e[2 * j + 1] << 16);
+}
+
+// The FP8 (E4M3, E5M2) quantize of the MX fast path by cvt.rn.satfinite: the two codes of lo and hi,
+// lo's in the low byte. Only where the conversion exists (sm_89+); elsewhere the read-off rounding.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+constexpr bool kHaveF8Cvt = true;
+#else
+constexpr bool kHaveF8Cvt = false;
+#endif
+template <ElemType ET, bool QDQ>
+constexpr bool kF8Cvt = kHaveF8Cvt && !QDQ && (ET == ElemType::e4m3 || ET == ElemType::e5m2);
+template <ElemType ET>
+__device__ __forceinline__ u32 f8x2_satfinite(float lo, float hi) {
+  unsigned short d = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (ET == ElemType::e4m3) asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
+#endif
+  return d;
+}
+
 // ---- quantize and qdq ---------------------------------------------------------------------------------
 template <ElemType ET, DType DT, int C, bool QDQ>
 __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, const NvScale& nv, u32 (&xb)[C]) {
@@ -372,6 +455,20 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
     const u32 sc = nonfinite ? u32(kE4M3NaN) : code_of<ElemType::e4m3>(sval, 0u);
     const float m = sval == 0.0f ? 0.0f : div_rn(S, sval);
     sb = static_cast<std::uint8_t>(sc);
+    if constexpr (QDQ && DT != DType::f32 && C % 8 == 0) {
+      if (!p.stochastic) {
+        // Each element's code read off its rounding, packed two per byte, and the output by table
+        // lookup: the eight possible outputs of the block are computed once (nv_table).
+        u32 cw[C / 8] = {};
+#pragma unroll
+        for (int i = 0; i < C; ++i) cw[i / 8] += nvfp4_encode_rne_readoff(xb[i], m) << (4 * (i % 8));
+        u32 t[4], o[C / 2];
+        nv_table<DT>(sval, nv, t);
+        fp4_bf16_lookup<C>(cw, t[0], t[1], t[2], t[3], 0u, o);
+        if (c.active) store_packed<DT, C>(p, c.row, c.k0, c.full, o, nonfinite);  // no shuffles follow
+        return;
+      }
+    }
     if (QDQ && !p.stochastic) {
       // The rounded magnitude is the E2M1 value itself: no code round trip. (E2M1 value * s) / S with
       // the product exact and the quotient correctly rounded (recip_div in the usual S range).
@@ -446,7 +543,17 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
         }
       }
     } else {
-      if (kFastOk && e >= kELo && e <= kEHi) {
+      if (kF8Cvt<ET, QDQ> && e >= kELo && e <= kEHi) {
+        // FP8 codes by the hardware conversion (sm_89+): x * 2^-e is exact there (or far below the
+        // smallest subnormal, where both round to a signed zero), and cvt.rn.satfinite rounds to
+        // nearest even and saturates as the reference does. Two codes per conversion: codes[i] holds
+        // the bytes of elements i and i + 1 and codes[i + 1] is 0, which the packing below accepts.
+#pragma unroll
+        for (int i = 0; i < C; i += 2) {
+          codes[i] = f8x2_satfinite<ET>(mul_rn(u2f(xb[i]), inv), mul_rn(u2f(xb[i + 1]), inv));
+          codes[i + 1] = 0u;
+        }
+      } else if (kFastOk && e >= kELo && e <= kEHi) {
         const float maxv = mul_rn(u2f(max_value_bits(f)), scale);
         // NOTE: with the amax rules every |x| <= amax < 2^(emax + 1 + e), so the upper clamp of the
         // rounding binade never binds there; quest and the QuTLASS absmax rule can put x above it.
@@ -678,53 +785,6 @@ __device__ __forceinline__ void load_codes(const Params& p, const Coord& c, u32 
   for (int i = 0; i < C; ++i) codes[i] = (w[i * kBits / 32] >> ((i * kBits) % 32)) & ((1u << kBits) - 1u);
 }
 
-// prmt.b32 in its generic mode: a selector nibble with bit 3 set replicates the top bit of the chosen
-// byte over the result byte (PTX ISA, prmt). Written out: __byte_perm documents only bits 2:0.
-__device__ __forceinline__ u32 prmt_sign(u32 a, u32 b, u32 sel) {
-  u32 r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
-
-// bf16 outputs of FP4 codes by table: t01..t67 hold the bf16 bits of the eight magnitudes (two per
-// word, entry 0 in the low half of t01); byte permutes split them into a high-byte and a low-byte
-// table and look up four codes at a time, and a sign-replicating permute moves each code's sign bit
-// (XORed with flip's) to its output's. About 2.4 instructions per element.
-template <int C>
-__device__ __forceinline__ void fp4_bf16_lookup(const u32 (&cw)[C / 8], u32 t01, u32 t23, u32 t45, u32 t67, u32 flip,
-                                                u32 (&o)[C / 2]) {
-  const u32 th0 = __byte_perm(t01, t23, 0x7531), th1 = __byte_perm(t45, t67, 0x7531);  // high bytes
-  const u32 tl0 = __byte_perm(t01, t23, 0x6420), tl1 = __byte_perm(t45, t67, 0x6420);  // low bytes
-#pragma unroll
-  for (int q = 0; q < C / 8; ++q) {
-    const u32 w = cw[q] ^ flip, m = w & 0x77777777u, mh = m >> 16, ws = w << 4;
-    const u32 ha = __byte_perm(th0, th1, m), la = __byte_perm(tl0, tl1, m);
-    const u32 hb = __byte_perm(th0, th1, mh), lb = __byte_perm(tl0, tl1, mh);
-    const u32 v[4] = {__byte_perm(la, ha, 0x5140), __byte_perm(la, ha, 0x7362), __byte_perm(lb, hb, 0x5140),
-                      __byte_perm(lb, hb, 0x7362)};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      // element 2j's sign (bit 8j+3 of w) is the top bit of byte j of w << 4, element 2j+1's (bit
-      // 8j+7) that of byte j of w: replicated into bytes 1 and 3, kept at bits 15 and 31.
-      const u32 sgn = prmt_sign(ws, w, ((0x8u | (4u + j)) << 12) | ((0x8u | u32(j)) << 4));
-      o[4 * q + j] = v[j] | (sgn & 0x80008000u);
-    }
-  }
-}
-
-// Stores C bf16 outputs held two per word.
-template <int C>
-__device__ __forceinline__ void store_bf16_pairs(const Params& p, const Coord& c, const u32 (&o)[C / 2]) {
-  std::uint16_t* dst = reinterpret_cast<std::uint16_t*>(p.y + c.row * p.y_stride) + c.k0;
-  if (c.full && p.y_vec) {
-    store_words<C / 2>(dst, o);
-  } else {
-#pragma unroll
-    for (int i = 0; i < C; ++i)
-      if (c.k0 + i < p.K) dst[i] = static_cast<std::uint16_t>(o[i / 2] >> (16 * (i % 2)));
-  }
-}
-
 template <ElemType ET, DType DT, int C>
 __device__ __forceinline__ void dequant_chunk(const Params& p, const Coord& c, const NvScale& nv, const u32 (&codes)[C],
                                               std::uint8_t sb, const u32 (&cw)[(C * (Elem<ET>::spec.bits == 4 ? 4 : 8) / 8 + 3) / 4]) {
@@ -740,23 +800,16 @@ __device__ __forceinline__ void dequant_chunk(const Params& p, const Coord& c, c
       if (e >= -125 && e <= 125) {
         const u32 d = u32(e) << 7, d2 = d * 0x10001u;  // bf16 bits of 0, 0.5 | 1, 1.5 | 2, 3 | 4, 6
         fp4_bf16_lookup<C>(cw, 0x3F000000u + (d << 16), 0x3FC03F80u + d2, 0x40404000u + d2, 0x40C04080u + d2, 0u, o);
-        store_bf16_pairs<C>(p, c, o);
+        store_packed<DT, C>(p, c.row, c.k0, c.full, o, false);
         return;
       }
     } else if ((sb & 0x7F) != kE4M3NaN) {
       // NVFP4: the eight magnitudes' outputs (E2M1 value * s) / S once per chunk (C = 16 is one block);
       // the sign is the code's XOR the scale byte's (see below).
-      const float sval = decode_f32(sb & 0x7Fu, spec_e4m3());
-      u32 t[8];
-      auto table = [&](auto fast) {
-#pragma unroll
-        for (int m = 0; m < 8; ++m) t[m] = nv_out<decltype(fast)::value, DT>(mul_rn(e2m1_value(u32(m)), sval), 0u, nv);
-      };
-      if (nv.fast) table(std::true_type{});
-      else table(std::false_type{});
-      fp4_bf16_lookup<C>(cw, t[0] | (t[1] << 16), t[2] | (t[3] << 16), t[4] | (t[5] << 16), t[6] | (t[7] << 16),
-                         (sb & 0x80u) ? 0x88888888u : 0u, o);
-      store_bf16_pairs<C>(p, c, o);
+      u32 t[4];
+      nv_table<DT>(decode_f32(sb & 0x7Fu, spec_e4m3()), nv, t);
+      fp4_bf16_lookup<C>(cw, t[0], t[1], t[2], t[3], (sb & 0x80u) ? 0x88888888u : 0u, o);
+      store_packed<DT, C>(p, c.row, c.k0, c.full, o, false);
       return;
     }
   }
