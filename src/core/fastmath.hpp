@@ -69,6 +69,26 @@ MXQ_HD_HOT std::uint32_t code_of(float r, std::uint32_t sign) {
   }
 }
 
+// |x|; on the GPU the operand modifier of the instruction that uses it (free), on the host a bit and.
+MXQ_HD_HOT float fabs_op(float x) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(x);
+#else
+  return fabs_bits(x);
+#endif
+}
+
+// The code magnitude read off a round-to-nearest-even add (the element step above, in the unscaled
+// or the scaled domain): t = a + Cc with Cc's bits cb = be + kC, be the exponent bits of a's binade
+// clamped below at lo (the smallest normal binade's exponent bits). t - Cc is the rounded magnitude in
+// quanta of the binade be, the ulp of Cc, so the code is ((be - lo) >> (23 - MBITS)) + bits(t) - cb:
+// a carry into the next binade and the subnormal range come out right. be and lo have no bits below
+// bit 23, so the difference shifts term by term: one shift-add and one three-way add.
+template <int MBITS>
+MXQ_HD_HOT std::uint32_t readoff_mag(std::uint32_t tbits, std::uint32_t be, std::uint32_t cb, std::uint32_t lo) {
+  return (tbits + (be >> (23 - MBITS))) - (cb + (lo >> (23 - MBITS)));
+}
+
 // Magnitude bits, in output dtype OUT, of a non-negative fp32 value that is finite or +Inf after an
 // overflow: RNE, saturated to the largest finite value (as round_exact_to).
 template <DType OUT>
@@ -138,15 +158,15 @@ MXQ_HD_HOT std::uint32_t nvfp4_encode_rne(std::uint32_t xbits, float m) {
   return code_of<ElemType::e2m1>(r, sign);
 }
 
-// nvfp4_encode_rne for a non-NaN x, with the code read off the rounding: t = a + Cc holds the rounded
-// magnitude in quanta of a's clamped binade Ec, so the code is ((Ec - emin) << 1) + bits(t) - bits(Cc),
-// saturating at 7. fast_test checks it against nvfp4_encode_rne.
+// nvfp4_encode_rne for a non-NaN x, with the code read off the rounding: a = min(|x| m, 6) (a
+// product past 6, an overflow included, saturates at code 7), and t = a + Cc holds the rounded
+// magnitude in quanta of a's binade clamped below at 1 (readoff_mag). fast_test checks it against
+// nvfp4_encode_rne.
 MXQ_HD_HOT std::uint32_t nvfp4_encode_rne_readoff(std::uint32_t xbits, float m) {
-  constexpr std::uint32_t lo = 127u << 23, hi = 130u << 23, kC = (22u << 23) | 0x400000u;
-  const float a = fabs_bits(mul_rn(u2f(xbits), m));
-  const std::uint32_t be = umin(umax(f2u(a) & 0x7F800000u, lo), hi);
-  const std::uint32_t mag = umin(((be - lo) >> 22) + f2u(add_rn(a, u2f(be + kC))) - (be + kC), 7u);
-  return mag | ((xbits >> 31) << 3);
+  constexpr std::uint32_t lo = 127u << 23, kC = (22u << 23) | 0x400000u;
+  const float a = fminf_nn(mul_rn(fabs_op(u2f(xbits)), m), 6.0f);
+  const std::uint32_t be = umax(f2u(a) & 0x7F800000u, lo), cb = be + kC;
+  return readoff_mag<1>(f2u(add_rn(a, u2f(cb))), be, cb, lo) | ((xbits >> 31) << 3);
 }
 
 // encode_scaled with stochastic rounding for a non-NaN x, in 32-bit arithmetic (infinities saturate).

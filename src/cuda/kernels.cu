@@ -530,8 +530,8 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
             out[i] = f2u(r) | (xb[i] & 0x80000000u);  // bf16: the high half, exact
           } else {
             // r is a grid value: r + Cc is exact, and its bits count r's quanta (as below).
-            const u32 be = umax(f2u(r) & 0x7F800000u, lo);
-            const u32 mag = umin(((be - lo) >> (23 - f.mbits)) + f2u(add_rn(r, u2f(be + kC))) - (be + kC), f.maxcode);
+            const u32 be = umax(f2u(r) & 0x7F800000u, lo), cb = be + kC;
+            const u32 mag = umin(readoff_mag<f.mbits>(f2u(add_rn(r, u2f(cb))), be, cb, lo), f.maxcode);
             codes[i] = mag | ((xb[i] >> 31) << (f.bits - 1));
           }
         }
@@ -560,11 +560,11 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
         auto round_all = [&](auto clamp_hi) {
 #pragma unroll
           for (int i = 0; i < C; ++i) {
-            const u32 xa = xb[i] & 0x7FFFFFFFu;
-            u32 be = umax(xa & 0x7F800000u, lo);  // exponent bits of the rounding binade
+            u32 be = umax(xb[i] & 0x7F800000u, lo);  // exponent bits of the rounding binade
             if (decltype(clamp_hi)::value) be = umin(be, hi);
-            const float Cc = u2f(be + kC);
-            const float t = add_rn(u2f(xa), Cc);  // Cc + n quanta: the grid point is t - Cc
+            const u32 cb = be + kC;
+            const float Cc = u2f(cb);
+            const float t = add_rn(fabs_op(u2f(xb[i])), Cc);  // Cc + n quanta: the grid point is t - Cc
             if constexpr (QDQ) {
               const float rm = fminf_nn(sub_rn(t, Cc), maxv);
               u32 sign = xb[i] & 0x80000000u;
@@ -572,10 +572,8 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
               const u32 o = f2u(rm) | sign;                          // bf16: the high half, exact
               out[i] = o;  // never fp16 here
             } else {
-              // n = bits(t) - bits(Cc) is the rounded significand in quanta of the binade Ec (the
-              // ulp of Cc), so the code is ((Ec - emin) << mbits) + n: a carry into the next binade
-              // and the subnormal range come out right, and past the largest value it saturates.
-              const u32 mag = umin(((be - lo) >> (23 - f.mbits)) + f2u(t) - (be + kC), f.maxcode);
+              // readoff_mag; past the largest value it saturates.
+              const u32 mag = umin(readoff_mag<f.mbits>(f2u(t), be, cb, lo), f.maxcode);
               codes[i] = mag | ((xb[i] >> 31) << (f.bits - 1));
             }
           }
@@ -709,7 +707,7 @@ __device__ __forceinline__ void read_slot(const std::uint8_t* slot, u32 (&xb)[C]
 // chunks; every thread of a block runs the same number of iterations (the group shuffles need whole
 // warps). Views that are not vector-aligned load each chunk directly instead of through the ring.
 template <ElemType ET, DType DT, int C, bool QDQ>
-__global__ void __launch_bounds__(kThreads, C == 16 ? 2 : 1) block_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const Params p) {
   constexpr int B = vec_bytes<DT, C>();
   constexpr bool kStatic = !QDQ;  // is_flat known at compile time (see is_flat)
   __shared__ __align__(16) std::uint8_t ring[kStages * kThreads * B];
