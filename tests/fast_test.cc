@@ -248,6 +248,30 @@ TEST(FastNvfp4, ReadOffCodeMatchesTheEncoderForEveryBf16) {
   EXPECT_EQ(bad, 0) << bad << " of " << n;
 }
 
+// e4m3_code_rne_sat (the kernels' NVFP4 block-scale code) against encode_f32: every fp32 pattern
+// of the binades that round onto E4M3's grid or saturate at its edges (2^-11 .. 2^10: below, the code
+// is 0; above, 0x7E), every 4096th pattern elsewhere, and +Inf.
+TEST(FastNvfp4, ScaleCodeMatchesTheEncoderForEveryFp32InTheGridsRange) {
+  using namespace mxq::core;
+  long bad = 0, n = 0;
+#pragma omp parallel for reduction(+ : bad, n) schedule(dynamic)
+  for (int ex = 0; ex < 255; ++ex) {
+    const std::uint32_t step = ex >= 127 - 11 && ex <= 127 + 10 ? 1u : 4096u;
+    for (std::uint32_t mant = 0; mant < (1u << 23); mant += step) {
+      const std::uint32_t b = (std::uint32_t(ex) << 23) | mant;
+      const std::uint32_t want = encode_f32(b, spec_e4m3()), got = e4m3_code_rne_sat(u2f(b));
+      ++n;
+      if (got != want) {
+#pragma omp critical
+        if (bad < 5) ADD_FAILURE() << "y bits " << std::hex << b << ": got " << got << " want " << want;
+        ++bad;
+      }
+    }
+  }
+  EXPECT_EQ(e4m3_code_rne_sat(u2f(0x7F800000u)), encode_f32(0x7F800000u, spec_e4m3()));
+  EXPECT_EQ(bad, 0) << bad << " of " << n;
+}
+
 // nvfp4_bf16_table (the kernels' NVFP4 bf16 outputs from two divisions) against the reference
 // decode: every E4M3 block scale that is not NaN (0 and the subnormals included) under S at the ends
 // of recip_div's range and at random significands across it.

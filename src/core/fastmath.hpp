@@ -169,6 +169,17 @@ MXQ_HD_HOT std::uint32_t nvfp4_encode_rne_readoff(std::uint32_t xbits, float m) 
   return readoff_mag<1>(f2u(add_rn(a, u2f(cb))), be, cb, lo) | ((xbits >> 31) << 3);
 }
 
+// The NVFP4 block-scale code E4M3_RN_satfinite(y) (encode_f32 onto E4M3) of y >= 0, finite or +Inf,
+// read off the rounding: y clamped at 448 (so past the largest value it saturates), the binade clamped
+// below at E4M3's smallest normal one (2^-6: the subnormals' quantum 2^-9). fast_test checks it
+// against encode_f32.
+MXQ_HD_HOT std::uint32_t e4m3_code_rne_sat(float y) {
+  constexpr std::uint32_t lo = 121u << 23, kC = (20u << 23) | 0x400000u;
+  const float a = fminf_nn(y, 448.0f);
+  const std::uint32_t be = umax(f2u(a) & 0x7F800000u, lo), cb = be + kC;
+  return readoff_mag<3>(f2u(add_rn(a, u2f(cb))), be, cb, lo);
+}
+
 // encode_scaled with stochastic rounding for a non-NaN x, in 32-bit arithmetic (infinities saturate).
 template <ElemType ET>
 MXQ_HD_HOT std::uint32_t encode_scaled_sr(std::uint32_t xbits, int scale_exp, std::uint32_t rnd) {

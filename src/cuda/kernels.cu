@@ -428,9 +428,33 @@ __device__ __forceinline__ u32 f8x2_satfinite(float lo, float hi) {
   return d;
 }
 
+// NVFP4 tables of a launch, one copy per block of block_kernel in shared memory: for each E4M3 block
+// scale code c (127, the NaN code: zeros, unused) its value, the element multiplier
+// nvfp4_multiplier(c, S) and, for QDQ to 16-bit outputs, the block's eight outputs (nv_table). Per
+// chunk that leaves a table read where there were two divisions and the table's arithmetic.
+struct NvTables {
+  float sval[128], m[128];
+  uint4 out[128];
+};
+template <DType DT, bool QDQ>
+__device__ __forceinline__ void fill_nv_tables(const NvScale& nv, NvTables& t) {
+  for (int c = threadIdx.x; c < 128; c += kThreads) {
+    const float sval = c == 127 ? 0.0f : decode_f32(u32(c), spec_e4m3());
+    t.sval[c] = sval;
+    t.m[c] = sval == 0.0f ? 0.0f : div_rn(nv.S, sval);
+    if constexpr (QDQ && DT != DType::f32) {
+      u32 o[4];
+      nv_table<DT>(sval, nv, o);
+      t.out[c] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+  }
+  __syncthreads();
+}
+
 // ---- quantize and qdq ---------------------------------------------------------------------------------
 template <ElemType ET, DType DT, int C, bool QDQ>
-__device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, const NvScale& nv, u32 (&xb)[C]) {
+__device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, const NvScale& nv, const NvTables& nvt,
+                                              u32 (&xb)[C]) {
   constexpr FloatSpec f = Elem<ET>::spec;
   constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
   u32 am = 0;
@@ -448,23 +472,21 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
 
   if (ET == ElemType::e2m1 && p.nvfp4) {
     // ---- NVFP4: E4M3 block scale under the tensor encode scale S
-    const float S = nv.S;
-    // nvfp4_block_scale_code and nvfp4_multiplier, branch-free: the E4M3 value of the block scale is
-    // RNE(amax * S / 6) on E4M3's grid (saturating; amax * S / 6 is finite or +Inf, never NaN).
-    const float sval = nonfinite ? 0.0f : rne_mag<ElemType::e4m3>(div_rn(mul_rn(u2f(am), S), 6.0f), 1.0f);
-    const u32 sc = nonfinite ? u32(kE4M3NaN) : code_of<ElemType::e4m3>(sval, 0u);
-    const float m = sval == 0.0f ? 0.0f : div_rn(S, sval);
+    // nvfp4_block_scale_code (amax * S / 6 is finite or +Inf, never NaN), then the scale's value and
+    // multiplier from the tables (a NaN/Inf block: 0 and 0).
+    const u32 sc = nonfinite ? u32(kE4M3NaN) : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), nv.S), 6.0f));
+    const float sval = nvt.sval[sc], m = nvt.m[sc];
     sb = static_cast<std::uint8_t>(sc);
     if constexpr (QDQ && DT != DType::f32 && C % 8 == 0) {
       if (!p.stochastic) {
         // Each element's code read off its rounding, packed two per byte, and the output by table
-        // lookup: the eight possible outputs of the block are computed once (nv_table).
+        // lookup in the block's eight outputs (nv_table, from the launch's tables).
         u32 cw[C / 8] = {};
 #pragma unroll
         for (int i = 0; i < C; ++i) cw[i / 8] += nvfp4_encode_rne_readoff(xb[i], m) << (4 * (i % 8));
-        u32 t[4], o[C / 2];
-        nv_table<DT>(sval, nv, t);
-        fp4_bf16_lookup<C>(cw, t[0], t[1], t[2], t[3], 0u, o);
+        const uint4 t = nvt.out[sc];
+        u32 o[C / 2];
+        fp4_bf16_lookup<C>(cw, t.x, t.y, t.z, t.w, 0u, o);
         if (c.active) store_packed<DT, C>(p, c.row, c.k0, c.full, o, nonfinite);  // no shuffles follow
         return;
       }
@@ -711,7 +733,10 @@ __global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const 
   constexpr int B = vec_bytes<DT, C>();
   constexpr bool kStatic = !QDQ;  // is_flat known at compile time (see is_flat)
   __shared__ __align__(16) std::uint8_t ring[kStages * kThreads * B];
+  __shared__ NvTables nvt;
   const NvScale nv = nv_scale(p);
+  if constexpr (ET == ElemType::e2m1)
+    if (p.nvfp4) fill_nv_tables<DT, QDQ>(nv, nvt);  // every thread reaches the barrier: no exit before
   const i64 stride = i64(gridDim.x) * kThreads;
   const i64 block_first = i64(blockIdx.x) * kThreads;
   const i64 iters = (p.total - block_first + stride - 1) / stride;  // the grid never exceeds the work
@@ -750,7 +775,7 @@ __global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const 
 #pragma unroll
       for (int i = 0; i < C; ++i) xb[i] = 0;
     }
-    process_chunk<ET, DT, C, QDQ>(p, c, nv, xb);
+    process_chunk<ET, DT, C, QDQ>(p, c, nv, nvt, xb);
     stage = stage == kStages - 1 ? 0 : stage + 1;
     if constexpr (!QDQ) i += stride, ahead_i += stride;
   }
