@@ -272,6 +272,58 @@ TEST(FastNvfp4, ScaleCodeMatchesTheEncoderForEveryFp32InTheGridsRange) {
   EXPECT_EQ(bad, 0) << bad << " of " << n;
 }
 
+// mx_codes_bf16x2 / mx_qdq_bf16x2 (the kernels' bf16 MX path, two elements per word) against the
+// reference encoder and decode: every finite bf16 pattern in either lane, every scale of the fast
+// range, each MX float format; without the upper clamp on the inputs the amax rules allow (|x| below
+// 2^(emax + 1 + e)), with it on all.
+TEST(FastBf16Pairs, CodesAndQdqMatchTheReferenceForEveryBf16AndScale) {
+  using namespace mxq::core;
+  long bad = 0, n = 0;
+  auto check = [&](auto et) {
+    constexpr ElemType ET = decltype(et)::value;
+    constexpr FloatSpec f = Elem<ET>::spec;
+    constexpr int lo_e = -126 - (f.emin - f.mbits), hi_e = 254 - (f.emax + 1 + 127 + 23 - f.mbits);
+#pragma omp parallel for reduction(+ : bad, n) schedule(dynamic)
+    for (int e = lo_e; e <= hi_e; ++e) {
+      const MxPair k = mx_pair<ET>(e);
+      const std::uint32_t bound = std::uint32_t(f.emax + 1 + e + 127) << 23;  // 2^(emax + 1 + e)
+      for (std::uint32_t h = 0; h < 0x10000; ++h) {
+        if ((h & 0x7F80u) == 0x7F80u) continue;  // NaN/Inf blocks take another path
+        const std::uint32_t partner = (h * 40503u + 0x3F80u) & 0xFFFFu;  // any finite lane beside it
+        const std::uint32_t p2 = (partner & 0x7F80u) == 0x7F80u ? 0x3F80u : partner;
+        // the amax rules' lanes are both below the bound
+        const std::uint32_t p2_in = std::min(p2 & 0x7FFFu, (bound >> 16) - 1u) | (p2 & 0x8000u);
+        for (int lane = 0; lane < 2; ++lane) {
+          const std::uint32_t code = encode_scaled(h << 16, e, f);
+          const std::uint32_t q = mx_dequant_bits(code, std::uint8_t(e + kE8M0Bias), f, mxq::DType::bf16);
+          const bool in_range = ((h << 16) & 0x7FFFFFFFu) < bound;
+          for (int clamp = 0; clamp < 2; ++clamp) {
+            if (!clamp && !in_range) continue;
+            const std::uint32_t other = clamp ? p2 : p2_in;
+            const std::uint32_t w = lane ? (h << 16) | other : (other << 16) | h;
+            const std::uint32_t gc = (clamp ? mx_codes_bf16x2<ET, true>(w, k) : mx_codes_bf16x2<ET, false>(w, k)) >> (16 * lane) & 0xFFFFu;
+            const std::uint32_t gq = (clamp ? mx_qdq_bf16x2<ET, true>(w, k) : mx_qdq_bf16x2<ET, false>(w, k)) >> (16 * lane) & 0xFFFFu;
+            ++n;
+            if (gc != code || gq != q) {
+#pragma omp critical
+              if (bad < 5)
+                ADD_FAILURE() << "format " << int(ET) << " e=" << e << " x=" << std::hex << h << " lane " << lane << " clamp " << clamp
+                              << ": code " << gc << " want " << code << ", qdq " << gq << " want " << q;
+              ++bad;
+            }
+          }
+        }
+      }
+    }
+  };
+  check(std::integral_constant<ElemType, ElemType::e2m1>{});
+  check(std::integral_constant<ElemType, ElemType::e2m3>{});
+  check(std::integral_constant<ElemType, ElemType::e3m2>{});
+  check(std::integral_constant<ElemType, ElemType::e4m3>{});
+  check(std::integral_constant<ElemType, ElemType::e5m2>{});
+  EXPECT_EQ(bad, 0) << bad << " of " << n;
+}
+
 // nvfp4_bf16_table (the kernels' NVFP4 bf16 outputs from two divisions) against the reference
 // decode: every E4M3 block scale that is not NaN (0 and the subnormals included) under S at the ends
 // of recip_div's range and at random significands across it.

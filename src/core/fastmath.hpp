@@ -180,6 +180,96 @@ MXQ_HD_HOT std::uint32_t e4m3_code_rne_sat(float y) {
   return readoff_mag<3>(f2u(add_rn(a, u2f(cb))), be, cb, lo);
 }
 
+// ---- two bf16 elements per 32-bit word (the kernels' bf16 MX fast path) --------------------------------
+// Lane-wise helpers on two 16-bit lanes: on the GPU single SIMD instructions, on the host the same
+// arithmetic per lane. bf16x2_add is the correctly rounded (RNE) sum; the host forms it from the
+// fp32 sum, which is exact for the operands mx_*_bf16x2 add (see there).
+MXQ_HD_HOT std::uint32_t vmaxu2(std::uint32_t a, std::uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __vmaxu2(a, b);
+#else
+  return umax(a & 0xFFFFu, b & 0xFFFFu) | (umax(a >> 16, b >> 16) << 16);
+#endif
+}
+MXQ_HD_HOT std::uint32_t vminu2(std::uint32_t a, std::uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __vminu2(a, b);
+#else
+  return umin(a & 0xFFFFu, b & 0xFFFFu) | (umin(a >> 16, b >> 16) << 16);
+#endif
+}
+#if !defined(__CUDA_ARCH__)
+// RNE of fp32 bits to bf16 bits (finite values; an overflow gives the infinity).
+inline std::uint32_t bf16_rne_host(std::uint32_t b) { return (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16; }
+#endif
+// a + b (sign * -1 for b: a - b) on both bf16 lanes, one rounding (fma.rn.bf16x2 with a unit factor).
+template <bool SUB = false>
+MXQ_HD_HOT std::uint32_t bf16x2_add(std::uint32_t a, std::uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  std::uint32_t d;
+  constexpr std::uint32_t one = SUB ? 0xBF80BF80u : 0x3F803F80u;  // (-1, -1) or (1, 1)
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(b), "r"(one), "r"(a));
+  return d;
+#else
+  auto lane = [](std::uint32_t x, std::uint32_t y) {
+    const float s = SUB ? sub_rn(u2f(x << 16), u2f(y << 16)) : add_rn(u2f(x << 16), u2f(y << 16));
+    return bf16_rne_host(f2u(s));
+  };
+  return lane(a & 0xFFFFu, b & 0xFFFFu) | (lane(a >> 16, b >> 16) << 16);
+#endif
+}
+// min of two bf16 lanes that are not NaN.
+MXQ_HD_HOT std::uint32_t bf16x2_min(std::uint32_t a, std::uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  std::uint32_t d;
+  asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  auto lane = [](std::uint32_t x, std::uint32_t y) { return u2f(x << 16) < u2f(y << 16) ? x : y; };
+  return lane(a & 0xFFFFu, b & 0xFFFFu) | (lane(a >> 16, b >> 16) << 16);
+#endif
+}
+
+// The MX round-to-nearest-even element step (see the top of this file) on a word of two bf16 inputs
+// under the scale 2^e, in bf16 arithmetic: per lane, be = the exponent bits of |x|'s binade clamped
+// to [lo, hi], C = 1.5 * 2^(binade - mbits + 7) (its bf16 ulp is the quantum), t = |x| + C rounds onto
+// the grid; |x| either has its lowest bit at or above C's fp32 ulp or lies below a quarter quantum,
+// so the host's fp32 sum rounds as the bf16 add does. e must lie in the kernels' fast range, where C
+// and t - C are normal bf16 values. fast_test checks both functions against the reference for every
+// bf16 pair lane and scale of that range.
+struct MxPair {
+  std::uint32_t lo2, hi2, kc2, k2, maxv2;  // each a 16-bit constant in both lanes
+};
+template <ElemType ET>
+MXQ_HD_HOT MxPair mx_pair(int e) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 7, hi = std::uint32_t(f.emax + 1 + e + 127) << 7;
+  const std::uint32_t maxv = f2u(mul_rn(u2f(max_value_bits(f)), pow2f(e))) >> 16;  // at most 4 significant bits: exact
+  return MxPair{lo * 0x10001u, hi * 0x10001u, ((std::uint32_t(7 - f.mbits) << 7) | 0x40u) * 0x10001u,
+                (lo >> (7 - f.mbits)) * 0x10001u, maxv * 0x10001u};
+}
+// QDQ: the two rounded, saturated values as bf16 (signs kept). Formats without two's complement.
+template <ElemType ET, bool CLAMP_HI>
+MXQ_HD_HOT std::uint32_t mx_qdq_bf16x2(std::uint32_t w, const MxPair& k) {
+  std::uint32_t be = vmaxu2(w & 0x7F807F80u, k.lo2);
+  if (CLAMP_HI) be = vminu2(be, k.hi2);
+  const std::uint32_t cb = be + k.kc2;  // lanes stay below 0x7F80: no carry between them
+  const std::uint32_t t = bf16x2_add(w & 0x7FFF7FFFu, cb);
+  return bf16x2_min(bf16x2_add<true>(t, cb), k.maxv2) | (w & 0x80008000u);
+}
+// Quantize: the two element codes (sign at bit bits - 1), one per 16-bit lane; the lanes' magnitudes
+// read off t as readoff_mag does (be has no bits below bit 7, so the shift keeps the lanes apart).
+template <ElemType ET, bool CLAMP_HI>
+MXQ_HD_HOT std::uint32_t mx_codes_bf16x2(std::uint32_t w, const MxPair& k) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  std::uint32_t be = vmaxu2(w & 0x7F807F80u, k.lo2);
+  if (CLAMP_HI) be = vminu2(be, k.hi2);
+  const std::uint32_t cb = be + k.kc2;
+  const std::uint32_t t = bf16x2_add(w & 0x7FFF7FFFu, cb);
+  const std::uint32_t mag = vminu2((t + (be >> (7 - f.mbits))) - (cb + k.k2), std::uint32_t(f.maxcode) * 0x10001u);
+  return mag | ((w >> (16 - f.bits)) & (0x10001u << (f.bits - 1)));
+}
+
 // encode_scaled with stochastic rounding for a non-NaN x, in 32-bit arithmetic (infinities saturate).
 template <ElemType ET>
 MXQ_HD_HOT std::uint32_t encode_scaled_sr(std::uint32_t xbits, int scale_exp, std::uint32_t rnd) {

@@ -178,6 +178,22 @@ __device__ __forceinline__ void load_chunk(const Params& p, i64 row, i64 k0, boo
   }
 }
 
+// A chunk of a DT view as the view's own little-endian words (elements past K read as 0).
+template <DType DT, int C>
+__device__ __forceinline__ void load_chunk_words(const Params& p, i64 row, i64 k0, bool full, u32 (&w)[vec_bytes<DT, C>() / 4]) {
+  using S = Storage<DT>;
+  constexpr int W = vec_bytes<DT, C>() / 4;
+  const S* src = reinterpret_cast<const S*>(p.x + row * p.x_stride) + k0;
+  if (full && p.x_vec) {
+    load_words<W>(src, w);
+  } else {
+#pragma unroll
+    for (int j = 0; j < W; ++j) w[j] = 0;
+#pragma unroll
+    for (int i = 0; i < C; ++i) w[i * int(sizeof(S)) / 4] |= u32(k0 + i < p.K ? src[i] : S(0)) << (8 * ((i * int(sizeof(S))) % 4));
+  }
+}
+
 // Output bits of a chunk: fp32/fp16 in the low bits of ob[i]; bf16 in the HIGH half (the fp32
 // pattern it truncates, so packing two is one byte permute). nan: the whole chunk is NaN.
 template <DType DT>
@@ -454,16 +470,30 @@ __device__ __forceinline__ void fill_nv_tables(const NvScale& nv, NvTables& t) {
 // ---- quantize and qdq ---------------------------------------------------------------------------------
 template <ElemType ET, DType DT, int C, bool QDQ>
 __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, const NvScale& nv, const NvTables& nvt,
-                                              u32 (&xb)[C]) {
+                                              const u32 (&xw)[vec_bytes<DT, C>() / 4]) {
   constexpr FloatSpec f = Elem<ET>::spec;
   constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
+  // The elements as fp32 bits, unpacked where a path needs them: the bf16 MX path works on the words,
+  // and keeping both forms live through the shuffles costs registers.
+  u32 xb[C];
+  auto unpack = [&] { unpack_words<DT, C, vec_bytes<DT, C>() / 4>(xw, xb); };
   u32 am = 0;
+  if constexpr (DT == DType::bf16) {
+    u32 m2 = 0;
 #pragma unroll
-  for (int i = 0; i < C; ++i) am = umax(am, xb[i] & 0x7FFFFFFFu);
+    for (int j = 0; j < C / 2; ++j) m2 = vmaxu2(m2, xw[j] & 0x7FFF7FFFu);
+    am = umax(m2 & 0xFFFFu, m2 >> 16) << 16;
+  } else {
+    unpack();
+#pragma unroll
+    for (int i = 0; i < C; ++i) am = umax(am, xb[i] & 0x7FFFFFFFu);
+  }
   am = group_max(p, am);
   const bool nonfinite = am >= 0x7F800000u;
 
   u32 codes[C];      // element codes (quantize, and qdq with the scalar codec)
+  bool paired = false;                              // quantize: the codes are packed in pw already
+  u32 pw[(C * (f.bits == 4 ? 4 : 8) / 8 + 3) / 4];
   u32 out[C];        // qdq output bits
   u32 keep = 0;      // clip-mask bits, element i at bit i
   std::uint8_t sb;   // scale byte
@@ -472,6 +502,7 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
 
   if (ET == ElemType::e2m1 && p.nvfp4) {
     // ---- NVFP4: E4M3 block scale under the tensor encode scale S
+    unpack();
     // nvfp4_block_scale_code (amax * S / 6 is finite or +Inf, never NaN), then the scale's value and
     // multiplier from the tables (a NaN/Inf block: 0 and 0).
     const u32 sc = nonfinite ? u32(kE4M3NaN) : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), nv.S), 6.0f));
@@ -525,14 +556,13 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
   } else {
     // ---- MX: E8M0 block scale 2^e
     float quest = 0.0f;
-    if (p.rule == ScaleRule::quest) quest = group_quest_arg<C>(p, xb);
+    if (p.rule == ScaleRule::quest) {
+      unpack();
+      quest = group_quest_arg<C>(p, xb);
+    }
     int e = -127;
     if (am != 0 && !nonfinite) e = mx_scale_exp(p.rule, u2f(am), quest, f);
     sb = nonfinite ? kE8M0NaN : static_cast<std::uint8_t>(e + kE8M0Bias);
-    if (p.rule == ScaleRule::qutlass_absmax) {
-#pragma unroll
-      for (int i = 0; i < C; ++i) xb[i] = f2u(mul_rn(3.0f, u2f(xb[i])));
-    }
     const float inv = pow2f(-e), scale = pow2f(e);
     // NOTE: as the CPU path, round in the unscaled domain where every grid value is a normal float
     // with at most 8 significant bits: QDQ to bf16/fp32 is then a plain truncation, and a code is
@@ -542,7 +572,62 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
     constexpr bool kFastOk = QDQ ? DT != DType::f16 : !f.twos_complement;
     const u32 lo = u32(f.emin + e + 127) << 23, hi = u32(f.emax + 1 + e + 127) << 23;
     constexpr u32 kC = (u32(23 - f.mbits) << 23) | 0x400000u;
-    if (p.stochastic) {
+    // bf16 input, round to nearest even, a scale of the fast range: two elements per instruction on the
+    // input words (mx_qdq_bf16x2, mx_codes_bf16x2). Not for FP8 quantize where the conversion
+    // instruction does it, nor for INT8 (no -0) and the QuTLASS rule (it scales x first).
+    if constexpr (DT == DType::bf16 && !f.twos_complement && !kF8Cvt<ET, QDQ>) {
+      if (!p.stochastic && p.rule != ScaleRule::qutlass_absmax && e >= kELo && e <= kEHi) {
+        const MxPair k = mx_pair<ET>(e);
+        u32 r[C / 2];
+        auto run = [&](auto clamp_hi) {
+          constexpr bool kHi = decltype(clamp_hi)::value;
+#pragma unroll
+          for (int j = 0; j < C / 2; ++j) r[j] = QDQ ? mx_qdq_bf16x2<ET, kHi>(xw[j], k) : mx_codes_bf16x2<ET, kHi>(xw[j], k);
+        };
+        if (p.rule == ScaleRule::quest) run(std::true_type{});
+        else run(std::false_type{});
+        if constexpr (QDQ) {
+          if (c.active) store_packed<DT, C>(p, c.row, c.k0, c.full, r, nonfinite);  // no shuffles follow
+          return;
+        } else {
+          // One code per 16-bit lane -> FP4: c0 | c1 << 4 in the low byte of r + (r >> 12), four such
+          // bytes gathered per word; 8-bit codes: the lanes' low bytes.
+          if constexpr (f.bits == 4) {
+            if constexpr (C == 2) {
+              pw[0] = r[0] + (r[0] >> 12);
+            } else {
+#pragma unroll
+              for (int q = 0; q < C / 8; ++q) {
+                u32 b[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) b[j] = r[4 * q + j] + (r[4 * q + j] >> 12);
+                pw[q] = __byte_perm(__byte_perm(b[0], b[1], 0x0040), __byte_perm(b[2], b[3], 0x0040), 0x5410);
+              }
+            }
+          } else {
+            if constexpr (C == 2) {
+              pw[0] = __byte_perm(r[0], 0u, 0x0020);
+            } else {
+#pragma unroll
+              for (int q = 0; q < C / 4; ++q) pw[q] = __byte_perm(r[2 * q], r[2 * q + 1], 0x6420);
+            }
+          }
+          paired = true;
+        }
+      }
+    }
+    if (!paired) {
+      unpack();
+      if (p.rule == ScaleRule::qutlass_absmax) {  // QuTLASS quantizes 3x (numerics.md)
+#pragma unroll
+        for (int i = 0; i < C; ++i) xb[i] = f2u(mul_rn(3.0f, u2f(xb[i])));
+      }
+    } else {
+      if (!QDQ && p.mask) unpack();  // the clip mask compares the elements
+    }
+    if (paired) {
+      // codes in pw
+    } else if (p.stochastic) {
       if (kFastOk && !f.twos_complement && e >= kELo && e <= kEHi) {
         // The unscaled stochastic rounding (fast_test proves it equal to encode_scaled_sr there).
 #pragma unroll
@@ -645,10 +730,15 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
     constexpr int kBits = f.bits == 4 ? 4 : 8;
     constexpr int NB = C * kBits / 8;  // bytes of this chunk
     u32 w[(NB + 3) / 4] = {};
-    // NOTE: every code is below 2^bits (sign bit included), so the fields do not overlap and a
-    // shift-add (one LEA) packs each.
+    if (paired) {
 #pragma unroll
-    for (int i = 0; i < C; ++i) w[i * kBits / 32] += codes[i] << ((i * kBits) % 32);
+      for (int j = 0; j < (NB + 3) / 4; ++j) w[j] = pw[j];
+    } else {
+      // NOTE: every code is below 2^bits (sign bit included), so the fields do not overlap and a
+      // shift-add (one LEA) packs each.
+#pragma unroll
+      for (int i = 0; i < C; ++i) w[i * kBits / 32] += codes[i] << ((i * kBits) % 32);
+    }
 #pragma unroll
     for (int j = 0; j < (NB + 3) / 4; ++j) w[j] = nonfinite ? 0u : w[j];  // a NaN/Inf block has zero codes
     std::uint8_t* d = crow + c.k0 * kBits / 8;
@@ -707,9 +797,8 @@ __device__ __forceinline__ void prefetch_chunk(const Params& p, i64 i, u32 dst) 
 }
 
 template <DType DT, int C>
-__device__ __forceinline__ void read_slot(const std::uint8_t* slot, u32 (&xb)[C]) {
+__device__ __forceinline__ void read_slot(const std::uint8_t* slot, u32 (&w)[vec_bytes<DT, C>() / 4]) {
   constexpr int W = vec_bytes<DT, C>() / 4;
-  u32 w[W];
   if constexpr (W % 4 == 0) {
 #pragma unroll
     for (int q = 0; q < W / 4; ++q) {
@@ -722,7 +811,6 @@ __device__ __forceinline__ void read_slot(const std::uint8_t* slot, u32 (&xb)[C]
   } else {
     w[0] = *reinterpret_cast<const u32*>(slot);
   }
-  unpack_words<DT, C, W>(w, xb);
 }
 
 // Quantize (QDQ = false) or QDQ. A grid of at most one wave of resident blocks strides over the
@@ -759,7 +847,7 @@ __global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const 
   for (i64 it = 0; it < iters; ++it) {
     if constexpr (QDQ) i = first + it * stride, ahead_i = first + (it + kStages - 1) * stride;
     const Coord c = coord<C, kStatic>(p, i);
-    u32 xb[C];
+    u32 xw[vec_bytes<DT, C>() / 4];  // the chunk as the input's own words
     if (p.x_vec) {
       const int ahead = stage == 0 ? kStages - 1 : stage - 1;  // the slot read one iteration ago
       if (!QDQ || it + kStages - 1 < iters) prefetch_chunk<DT, C, kStatic>(p, ahead_i, mine_s + ahead * kThreads * B);
@@ -768,14 +856,14 @@ __global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const 
       // NOTE: a thread past the end reads a stale slot. Its group is wholly past the end too (the
       // chunk count is a multiple of T, and of 4 when C = 2), so no shuffle mixes its values with
       // live ones, and nothing of it is stored; zeroing would cost C selects on every chunk.
-      read_slot<DT, C>(mine + stage * kThreads * B, xb);
+      read_slot<DT, C>(mine + stage * kThreads * B, xw);
     } else if (c.active) {
-      load_chunk<DT, C>(p, c.row, c.k0, c.full, xb);
+      load_chunk_words<DT, C>(p, c.row, c.k0, c.full, xw);
     } else {
 #pragma unroll
-      for (int i = 0; i < C; ++i) xb[i] = 0;
+      for (int j = 0; j < vec_bytes<DT, C>() / 4; ++j) xw[j] = 0;
     }
-    process_chunk<ET, DT, C, QDQ>(p, c, nv, nvt, xb);
+    process_chunk<ET, DT, C, QDQ>(p, c, nv, nvt, xw);
     stage = stage == kStages - 1 ? 0 : stage + 1;
     if constexpr (!QDQ) i += stride, ahead_i += stride;
   }
