@@ -106,6 +106,12 @@ constexpr int vec_align() {
   return vec_bytes<DT, C>() < 16 ? vec_bytes<DT, C>() : 16;
 }
 
+// 32-bit words holding the packed codes of a C-element chunk (FP4 two per byte, others one per byte).
+template <ElemType ET, int C>
+constexpr int code_words() {
+  return (C * (Elem<ET>::spec.bits == 4 ? 4 : 8) / 8 + 3) / 4;
+}
+
 // Vector global accesses of W 32-bit words (W = 1, 2 or a multiple of 4) with streaming cache hints.
 // NOTE: values move through plain register words; a local array whose address is taken would be
 // placed in local memory (a stack frame) and cost a round trip per access.
@@ -493,7 +499,7 @@ __device__ __forceinline__ void process_chunk(const Params& p, const Coord& c, c
 
   u32 codes[C];      // element codes (quantize, and qdq with the scalar codec)
   bool paired = false;                              // quantize: the codes are packed in pw already
-  u32 pw[(C * (f.bits == 4 ? 4 : 8) / 8 + 3) / 4];
+  u32 pw[code_words<ET, C>()];
   u32 out[C];        // qdq output bits
   u32 keep = 0;      // clip-mask bits, element i at bit i
   std::uint8_t sb;   // scale byte
@@ -872,7 +878,7 @@ __global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const 
 // ---- dequantize -------------------------------------------------------------------------------------------
 template <ElemType ET, int C>
 __device__ __forceinline__ void load_codes(const Params& p, const Coord& c, u32 (&codes)[C], std::uint8_t& sb,
-                                           u32 (&w)[(C * (Elem<ET>::spec.bits == 4 ? 4 : 8) / 8 + 3) / 4]) {
+                                           u32 (&w)[code_words<ET, C>()]) {
   constexpr FloatSpec f = Elem<ET>::spec;
   sb = p.scales[scale_index<C>(p, c.row, c.block)];
   const std::uint8_t* crow = p.codes + c.row * p.codes_stride;
@@ -898,7 +904,7 @@ __device__ __forceinline__ void load_codes(const Params& p, const Coord& c, u32 
 
 template <ElemType ET, DType DT, int C>
 __device__ __forceinline__ void dequant_chunk(const Params& p, const Coord& c, const NvScale& nv, const u32 (&codes)[C],
-                                              std::uint8_t sb, const u32 (&cw)[(C * (Elem<ET>::spec.bits == 4 ? 4 : 8) / 8 + 3) / 4]) {
+                                              std::uint8_t sb, const u32 (&cw)[code_words<ET, C>()]) {
   constexpr FloatSpec f = Elem<ET>::spec;
   constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
   if constexpr (ET == ElemType::e2m1 && DT == DType::bf16 && C % 8 == 0) {
@@ -975,7 +981,7 @@ template <ElemType ET, DType DT, int C>
 __global__ void __launch_bounds__(kThreads) dequant_kernel(const Params p) {
   const Coord c = coord<C>(p, i64(blockIdx.x) * kThreads + threadIdx.x);
   if (!c.active || c.k0 >= p.K) return;
-  u32 codes[C], cw[(C * (Elem<ET>::spec.bits == 4 ? 4 : 8) / 8 + 3) / 4];
+  u32 codes[C], cw[code_words<ET, C>()];
   std::uint8_t sb;
   load_codes<ET, C>(p, c, codes, sb, cw);
   dequant_chunk<ET, DT, C>(p, c, nv_scale(p), codes, sb, cw);
