@@ -24,7 +24,7 @@ t0=$SECONDS
 if cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXQ_ENABLE_CUDA=ON \
      -DMXQ_CUDA_ARCHITECTURES="${MXQ_DEVICE_ARCH:-90a}" > "$LOG/configure.log" 2>&1 &&
    cmake --build "$BUILD" -j "$JOBS" > "$LOG/build.log" 2>&1; then
-  status build "ok ($((SECONDS - t0)) s)"
+  status build "ok ($((SECONDS - t0)) s; $(grep -c 'spilled to local memory' "$LOG/build.log") kernels spill registers)"
 else
   status build FAILED; tail -40 "$LOG/configure.log" "$LOG/build.log"; exit 1
 fi

@@ -14,6 +14,7 @@
 #endif
 
 #include "core/fastmath.hpp"
+#include "core/format_traits.hpp"
 #include "core/problem.hpp"
 #include "helpers.hpp"
 
@@ -186,7 +187,7 @@ TEST(FastStochastic, UnscaledRoundingMatchesTheCodecForEveryBf16) {
     constexpr ElemType ET = decltype(et)::value;
     constexpr FloatSpec f = mxq::core::Elem<ET>::spec;
     long bad = 0, n = 0;
-    const int elo = -126 - (f.emin - f.mbits), ehi = 254 - (f.emax + 1 + 127 + 23 - f.mbits);  // the kernels' fast range
+    const int elo = MxFastRange<ET>::lo, ehi = MxFastRange<ET>::hi;  // the kernels' fast range
     for (std::uint32_t h = 0; h < 0x8000; ++h) {
       const std::uint32_t xb = h << 16;
       if ((xb & 0x7F800000u) == 0x7F800000u) continue;  // Inf/NaN: never reach the rounding
@@ -230,6 +231,47 @@ TEST(FastStochastic, UnscaledRoundingMatchesTheCodecForEveryBf16) {
 // nvfp4_encode_rne_readoff (the kernels' NVFP4 quantize) against nvfp4_encode_rne: every finite bf16
 // pattern under multipliers from 0 and denormal to FLT_MAX (products that underflow, saturate and
 // overflow to infinity) and 200 random ones.
+// The kernels' amax scale rules as constants (core::amax_rule / amax_rule_exp) against the codec's
+// mx_scale_exp: every MX element format x floor, ceil, even, rceil; every subnormal pattern and every
+// significand of the binade [1, 2), and every 61st significand of a spread of other binades (the bump
+// depends on the significand only, the offset on the binade only). Fails when a constant is off by one.
+TEST(FastScaleRules, AmaxRuleConstantsMatchTheCodecForEverySignificand) {
+  using namespace mxq::core;
+  long bad = 0, n = 0;
+  std::string first;
+  auto check = [&](auto et) {
+    constexpr ElemType ET = decltype(et)::value;
+    constexpr FloatSpec f = Elem<ET>::spec;
+    for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil}) {
+      const AmaxRule k = amax_rule(r, f);
+      for (std::uint32_t ex : {0u, 1u, 2u, 60u, 127u, 128u, 200u, 253u, 254u}) {
+        const std::int64_t step = ex == 0 || ex == 127 ? 1 : 61;
+#pragma omp parallel for reduction(+ : bad, n) schedule(static)
+        for (std::int64_t m = ex == 0 ? 1 : 0; m < (1 << 23); m += step) {
+          const std::uint32_t a = (ex << 23) | std::uint32_t(m);
+          const int want = mx_scale_exp(r, u2f(a), 0.0f, f), got = amax_rule_exp<f.mbits>(k, a);
+          ++n;
+          if (want != got) {
+            ++bad;
+#pragma omp critical
+            if (first.size() < 800)
+              first += std::string(to_string(ET)) + "/" + std::string(to_string(r)) + " amax bits " + std::to_string(a) +
+                       ": codec " + std::to_string(want) + ", constants " + std::to_string(got) + "\n";
+          }
+        }
+      }
+    }
+  };
+  check(std::integral_constant<ElemType, ElemType::e2m1>{});
+  check(std::integral_constant<ElemType, ElemType::e2m3>{});
+  check(std::integral_constant<ElemType, ElemType::e3m2>{});
+  check(std::integral_constant<ElemType, ElemType::e4m3>{});
+  check(std::integral_constant<ElemType, ElemType::e5m2>{});
+  check(std::integral_constant<ElemType, ElemType::int8>{});
+  EXPECT_EQ(bad, 0) << bad << " of " << n << " mismatches; first:\n" << first;
+  EXPECT_GT(n, 6L * 4 * 2 * ((1 << 23) - 1));
+}
+
 TEST(FastNvfp4, ReadOffCodeMatchesTheEncoderForEveryBf16) {
   using namespace mxq::core;
   std::mt19937 rng(5);
@@ -282,7 +324,7 @@ TEST(FastBf16Pairs, CodesAndQdqMatchTheReferenceForEveryBf16AndScale) {
   auto check = [&](auto et) {
     constexpr ElemType ET = decltype(et)::value;
     constexpr FloatSpec f = Elem<ET>::spec;
-    constexpr int lo_e = -126 - (f.emin - f.mbits), hi_e = 254 - (f.emax + 1 + 127 + 23 - f.mbits);
+    constexpr int lo_e = MxFastRange<ET>::lo, hi_e = MxFastRange<ET>::hi;
 #pragma omp parallel for reduction(+ : bad, n) schedule(dynamic)
     for (int e = lo_e; e <= hi_e; ++e) {
       const MxPair k = mx_pair<ET>(e);

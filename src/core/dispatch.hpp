@@ -1,11 +1,16 @@
 #pragma once
 // Runtime element type / dtype -> compile-time template parameter, shared by the fast CPU path and
 // the CUDA backend: f is called with a std::integral_constant of the value.
+#include <cstdint>
 #include <type_traits>
 
 #include <mxq/types.hpp>
 
 namespace mxq::core {
+
+// The storage word of one element of a floating dtype: the fp32 bits, or the 16-bit pattern.
+template <DType DT>
+using Storage = std::conditional_t<DT == DType::f32, std::uint32_t, std::uint16_t>;
 
 template <class F>
 void dispatch_elem(ElemType t, F&& f) {

@@ -34,6 +34,25 @@ MXQ_HD_HOT float pow2f(int e) {
   return e >= -126 ? u2f(std::uint32_t(e + 127) << 23) : u2f(1u << (e + 149));
 }
 
+// Bits of the rounding constant C = 1.5 * 2^(23 - MBITS) relative to a binade's exponent bits be:
+// be + rne_const_bits<MBITS>() is C for that binade (its ulp is the grid's quantum).
+template <int MBITS>
+MXQ_HD_HOT constexpr std::uint32_t rne_const_bits() {
+  return (std::uint32_t(23 - MBITS) << 23) | 0x400000u;
+}
+
+// The scale exponents e where the MX fast paths round in the unscaled domain (x, not x * 2^-e): every
+// quantum 2^(q + e) of the grid is a normal fp32 (e >= lo: the smallest nonzero result >= 2^-126) and
+// the rounding constant 1.5 * 2^(q + e + 23) stays finite (e <= hi). The CPU fast path and the CUDA
+// kernels take their fast branch exactly here; fast_test proves the helpers below over this range.
+template <ElemType ET>
+struct MxFastRange {
+  static constexpr FloatSpec f = Elem<ET>::spec;
+  static constexpr int lo = -126 - (f.emin - f.mbits);
+  static constexpr int hi = 254 - (f.emax + 1 + 127 + 23 - f.mbits);
+  MXQ_HD_HOT static constexpr bool contains(int e) { return e >= lo && e <= hi; }
+};
+
 // Rounded magnitude of |x| * inv_scale on element format ET's grid (RNE, saturated). inv_scale is
 // a power of two; |x| * inv_scale is exact or underflows below the grid's smallest quantum.
 template <ElemType ET>
@@ -42,7 +61,7 @@ MXQ_HD_HOT float rne_mag(float x, float inv_scale) {
   // C = 1.5 * 2^(E - mbits + 23) for a's binade E clamped to [emin, emax + 1], built on the exponent
   // bits (a subnormal a has exponent bits 0 and takes emin's quantum; NaN/Inf take the top binade).
   constexpr std::uint32_t lo = std::uint32_t(f.emin + 127) << 23, hi = std::uint32_t(f.emax + 1 + 127) << 23;
-  constexpr std::uint32_t kC = (std::uint32_t(23 - f.mbits) << 23) | 0x400000u;
+  constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
   const float a = mul_rn(fabs_bits(x), inv_scale);
   const float C = u2f(umin(umax(f2u(a) & 0x7F800000u, lo), hi) + kC);
   const float r = sub_rn(add_rn(a, C), C);
@@ -163,7 +182,7 @@ MXQ_HD_HOT std::uint32_t nvfp4_encode_rne(std::uint32_t xbits, float m) {
 // magnitude in quanta of a's binade clamped below at 1 (readoff_mag). fast_test checks it against
 // nvfp4_encode_rne.
 MXQ_HD_HOT std::uint32_t nvfp4_encode_rne_readoff(std::uint32_t xbits, float m) {
-  constexpr std::uint32_t lo = 127u << 23, kC = (22u << 23) | 0x400000u;
+  constexpr std::uint32_t lo = 127u << 23, kC = rne_const_bits<1>();
   const float a = fminf_nn(mul_rn(fabs_op(u2f(xbits)), m), 6.0f);
   const std::uint32_t be = umax(f2u(a) & 0x7F800000u, lo), cb = be + kC;
   return readoff_mag<1>(f2u(add_rn(a, u2f(cb))), be, cb, lo) | ((xbits >> 31) << 3);
@@ -174,7 +193,7 @@ MXQ_HD_HOT std::uint32_t nvfp4_encode_rne_readoff(std::uint32_t xbits, float m) 
 // below at E4M3's smallest normal one (2^-6: the subnormals' quantum 2^-9). fast_test checks it
 // against encode_f32.
 MXQ_HD_HOT std::uint32_t e4m3_code_rne_sat(float y) {
-  constexpr std::uint32_t lo = 121u << 23, kC = (20u << 23) | 0x400000u;
+  constexpr std::uint32_t lo = 121u << 23, kC = rne_const_bits<3>();
   const float a = fminf_nn(y, 448.0f);
   const std::uint32_t be = umax(f2u(a) & 0x7F800000u, lo), cb = be + kC;
   return readoff_mag<3>(f2u(add_rn(a, u2f(cb))), be, cb, lo);
@@ -291,7 +310,7 @@ MXQ_HD_HOT std::uint32_t encode_scaled_sr(std::uint32_t xbits, int scale_exp, st
 template <ElemType ET>
 MXQ_HD_HOT float sr_round_unscaled(std::uint32_t xbits, int e, std::uint32_t rnd) {
   constexpr FloatSpec f = Elem<ET>::spec;
-  constexpr std::uint32_t kC = (std::uint32_t(23 - f.mbits) << 23) | 0x400000u;
+  constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
   const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 23;
   // |x| at or above 2^(emax + 1 + e) (quest, the QuTLASS rule) saturates: clamping it there keeps the
   // rounding constant finite and still rounds to the largest value.

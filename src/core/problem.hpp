@@ -10,6 +10,7 @@
 namespace mxq::core {
 
 struct Problem {
+  const char* fn = "";      // the public entry point, for messages
   QuantOptions opt;
   FormatInfo info;
   FloatSpec elem;           // element format
@@ -20,7 +21,12 @@ struct Problem {
   std::int64_t scale_rows_padded = 0, scale_cols_padded = 0;  // swizzled geometry
   bool stochastic = false;
   bool fp4 = false;         // two codes per byte
-  float S = 1.0f;           // NVFP4 encode scale in use
+  // NVFP4 encode scale, resolved by the entry layer's plan: given, 1 for an empty tensor, the host
+  // amax's for the CPU backends; on the CUDA backend without a given scale, amax_acc (4 bytes of
+  // device memory) receives the tensor amax and the kernels derive S from it.
+  float S = 1.0f;
+  std::uint32_t* amax_acc = nullptr;
+  bool empty = false;       // no elements: nothing to compute, only fixed outputs to write
 
   bool nvfp4() const { return opt.format == Format::nvfp4; }
   // Byte offset of scale (r, b) in the scale tensor.

@@ -1,128 +1,121 @@
-// Names of enums, format facts and shape helpers.
-#include <array>
-#include <string>
-
-#include <mxq/ops.hpp>
-
-#include "core/codec.hpp"
+// The argument checker of the entry points and the validation of options into a Problem.
 #include "core/validate.hpp"
 
-namespace mxq {
-namespace {
+#include <string>
 
-template <class E, std::size_t N>
-E parse_enum(std::string_view s, const std::array<E, N>& all, const char* what) {
-  std::string names;
-  for (E e : all) {
-    if (to_string(e) == s) return e;
-    names += (names.empty() ? "" : ", ") + std::string(to_string(e));
+namespace mxq::core {
+
+void fail(Error::Code code, const std::string& fn, const std::string& msg) {
+  throw Error(code, "mxq::" + fn + ": " + msg);
+}
+
+std::string shape_str(std::int64_t r, std::int64_t c) {
+  return "[" + std::to_string(r) + ", " + std::to_string(c) + "]";
+}
+
+void Checker::geometry(const char* arg, const Tensor& t) const {
+  if (t.rows < 0 || t.cols < 0)
+    fail(std::string("argument '") + arg + "': negative shape " + shape_str(t.rows, t.cols));
+  if (t.row_stride < 0 || (t.row_stride != 0 && t.row_stride < t.cols))
+    fail(std::string("argument '") + arg + "': row_stride " + std::to_string(t.row_stride) +
+         " must be 0 (dense) or >= cols (" + std::to_string(t.cols) + ")");
+  constexpr std::int64_t kMax = std::int64_t(1) << 46;  // keeps every byte offset far from overflow
+  if (t.rows > kMax || t.stride() > kMax || (t.rows > 0 && t.stride() > kMax / t.rows))
+    fail(std::string("argument '") + arg + "': shape " + shape_str(t.rows, t.cols) + " with row_stride " +
+         std::to_string(t.stride()) + " is too large");
+  if (t.data == nullptr && t.rows > 0 && t.cols > 0)
+    fail(std::string("argument '") + arg + "': data is null for a non-empty " + shape_str(t.rows, t.cols) +
+         " view");
+}
+
+void Checker::view(const char* arg, const Tensor& t, DType dtype, std::int64_t rows, std::int64_t cols,
+                   bool dense_required) {
+  if (t.dtype != dtype)
+    fail(std::string("argument '") + arg + "': dtype " + std::string(to_string(t.dtype)) + ", expected " +
+         std::string(to_string(dtype)));
+  if (t.rows != rows || t.cols != cols)
+    fail(std::string("argument '") + arg + "': shape " + shape_str(t.rows, t.cols) + ", expected " +
+         shape_str(rows, cols));
+  geometry(arg, t);
+  if (dense_required && t.stride() != t.cols)
+    fail(std::string("argument '") + arg + "': must be dense (row_stride 0 or " + std::to_string(t.cols) +
+         "), got row_stride " + std::to_string(t.row_stride));
+}
+
+void Checker::float_view(const char* arg, const Tensor& t) {
+  if (t.dtype == DType::u8)
+    fail(std::string("argument '") + arg + "': dtype u8, expected f32, f16 or bf16");
+  geometry(arg, t);
+}
+
+void Checker::same_device(const char* arg, const Tensor& t, Device d) {
+  if (t.device != d)
+    fail(std::string("argument '") + arg + "' is on " + (t.device == Device::cpu ? "cpu" : "cuda") +
+         " but the input is on " + (d == Device::cpu ? "cpu" : "cuda") + "; all views must be on one device");
+}
+
+void Checker::record(const char* arg, const Tensor& t, bool writable) {
+  if (t.rows == 0 || t.cols == 0 || t.data == nullptr) return;
+  const auto b = reinterpret_cast<std::uintptr_t>(t.data);
+  const auto bytes = static_cast<std::uintptr_t>(((t.rows - 1) * t.stride() + t.cols) * dtype_size(t.dtype));
+  (writable ? outputs_ : inputs_).push_back(Span{arg, b, b + bytes});
+}
+
+void Checker::no_overlap() const {
+  auto overlap = [](const Span& a, const Span& b) { return a.begin < b.end && b.begin < a.end; };
+  for (std::size_t i = 0; i < outputs_.size(); ++i) {
+    for (std::size_t j = i + 1; j < outputs_.size(); ++j)
+      if (overlap(outputs_[i], outputs_[j]))
+        fail(std::string("outputs '") + outputs_[i].name + "' and '" + outputs_[j].name + "' overlap in memory");
+    for (const Span& in : inputs_)
+      if (overlap(outputs_[i], in))
+        fail(std::string("output '") + outputs_[i].name + "' overlaps input '" + in.name + "'");
   }
-  throw Error(Error::Code::invalid_argument,
-              std::string("unknown ") + what + " '" + std::string(s) + "'; expected one of: " + names);
 }
 
-constexpr std::array kFormats{Format::mxfp4,      Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3,
-                              Format::mxfp8_e5m2, Format::mxint8,     Format::nvfp4};
-constexpr std::array kRules{ScaleRule::floor, ScaleRule::ceil,           ScaleRule::even, ScaleRule::rceil,
-                            ScaleRule::quest, ScaleRule::qutlass_absmax, ScaleRule::nvfp4};
-constexpr std::array kDTypes{DType::f32, DType::f16, DType::bf16, DType::u8};
-constexpr std::array kBackends{Backend::automatic, Backend::reference, Backend::cpu, Backend::cuda};
-
-}  // namespace
-
-std::string_view to_string(Format f) {
-  switch (f) {
-    case Format::mxfp4: return "mxfp4";
-    case Format::mxfp6_e2m3: return "mxfp6_e2m3";
-    case Format::mxfp6_e3m2: return "mxfp6_e3m2";
-    case Format::mxfp8_e4m3: return "mxfp8_e4m3";
-    case Format::mxfp8_e5m2: return "mxfp8_e5m2";
-    case Format::mxint8: return "mxint8";
-    case Format::nvfp4: return "nvfp4";
+Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t rows, std::int64_t K) {
+  Problem p;
+  p.fn = c.fn();
+  p.opt = opt;
+  if (static_cast<unsigned>(opt.format) > static_cast<unsigned>(Format::nvfp4))
+    c.fail("option 'format': invalid value " + std::to_string(int(opt.format)));
+  if (static_cast<unsigned>(opt.rule) > static_cast<unsigned>(ScaleRule::nvfp4))
+    c.fail("option 'rule': invalid value " + std::to_string(int(opt.rule)));
+  p.info = format_info(opt.format);
+  p.elem = elem_spec(p.info.elem);
+  const std::string fmt(to_string(opt.format)), rule(to_string(opt.rule));
+  if (opt.format == Format::nvfp4 && opt.rule != ScaleRule::nvfp4)
+    c.fail("option 'rule': format nvfp4 uses rule 'nvfp4' (E4M3 block scale with a tensor scale), got '" + rule +
+           "'");
+  if (opt.format != Format::nvfp4 && opt.rule == ScaleRule::nvfp4)
+    c.fail("option 'rule': rule 'nvfp4' needs format nvfp4, got format '" + fmt + "'");
+  if (opt.rule == ScaleRule::qutlass_absmax && opt.format != Format::mxfp4)
+    c.fail("option 'rule': rule 'qutlass_absmax' is defined for mxfp4 only, got format '" + fmt + "'");
+  const int g = group_size(opt);
+  if (g < 2 || g > 256 || (g & (g - 1)) != 0)
+    c.fail("option 'group_size': " + std::to_string(opt.group_size) + ", expected 0 (format default) or a power of two in [2, 256]");
+  if (opt.rounding != Rounding::nearest_even && opt.rounding != Rounding::stochastic)
+    c.fail("option 'rounding': invalid value " + std::to_string(int(opt.rounding)));
+  if (opt.scale_layout != ScaleLayout::linear && opt.scale_layout != ScaleLayout::swizzled)
+    c.fail("option 'scale_layout': invalid value " + std::to_string(int(opt.scale_layout)));
+  if (opt.tensor_scale) {
+    if (opt.format != Format::nvfp4)
+      c.fail("option 'tensor_scale' is only used by format nvfp4, got format '" + fmt + "'");
+    const float s = *opt.tensor_scale;
+    if (!(s > 0.0f) || !is_finite_bits(f2u(s)))
+      c.fail("option 'tensor_scale': " + std::to_string(s) + ", expected a finite value > 0 (the encode scale 448*6/amax)");
   }
-  return "?";
-}
-std::string_view to_string(ScaleRule r) {
-  switch (r) {
-    case ScaleRule::floor: return "floor";
-    case ScaleRule::ceil: return "ceil";
-    case ScaleRule::even: return "even";
-    case ScaleRule::rceil: return "rceil";
-    case ScaleRule::quest: return "quest";
-    case ScaleRule::qutlass_absmax: return "qutlass_absmax";
-    case ScaleRule::nvfp4: return "nvfp4";
-  }
-  return "?";
-}
-std::string_view to_string(Rounding r) { return r == Rounding::nearest_even ? "rne" : "stochastic"; }
-std::string_view to_string(ScaleLayout l) { return l == ScaleLayout::linear ? "linear" : "swizzled"; }
-std::string_view to_string(DType t) {
-  switch (t) {
-    case DType::f32: return "f32";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    case DType::u8: return "u8";
-  }
-  return "?";
-}
-std::string_view to_string(Backend b) {
-  switch (b) {
-    case Backend::automatic: return "auto";
-    case Backend::reference: return "reference";
-    case Backend::cpu: return "cpu";
-    case Backend::cuda: return "cuda";
-  }
-  return "?";
-}
-std::string_view to_string(ElemType t) {
-  switch (t) {
-    case ElemType::e2m1: return "e2m1";
-    case ElemType::e2m3: return "e2m3";
-    case ElemType::e3m2: return "e3m2";
-    case ElemType::e4m3: return "e4m3";
-    case ElemType::e5m2: return "e5m2";
-    case ElemType::int8: return "int8";
-  }
-  return "?";
+  p.rows = rows;
+  p.K = K;
+  p.g = g;
+  p.nblocks = (K + g - 1) / g;
+  p.scale_rows_padded = (rows + 127) / 128 * 128;
+  p.scale_cols_padded = (p.nblocks + 3) / 4 * 4;
+  p.stochastic = opt.rounding == Rounding::stochastic;
+  p.fp4 = p.info.elem_bits == 4;
+  p.S = opt.tensor_scale.value_or(1.0f);
+  p.empty = rows == 0 || K == 0;
+  return p;
 }
 
-Format parse_format(std::string_view s) { return parse_enum(s, kFormats, "format"); }
-ScaleRule parse_rule(std::string_view s) { return parse_enum(s, kRules, "scale rule"); }
-DType parse_dtype(std::string_view s) { return parse_enum(s, kDTypes, "dtype"); }
-Backend parse_backend(std::string_view s) { return parse_enum(s, kBackends, "backend"); }
-
-FormatInfo format_info(Format f) {
-  auto mk = [&](ElemType t, int group, bool e8m0) {
-    const core::FloatSpec s = core::elem_spec(t);
-    return FormatInfo{f, t, s.bits, group, core::u2f(core::max_value_bits(s)), s.emax, s.mbits, e8m0};
-  };
-  switch (f) {
-    case Format::mxfp4: return mk(ElemType::e2m1, 32, true);
-    case Format::mxfp6_e2m3: return mk(ElemType::e2m3, 32, true);
-    case Format::mxfp6_e3m2: return mk(ElemType::e3m2, 32, true);
-    case Format::mxfp8_e4m3: return mk(ElemType::e4m3, 32, true);
-    case Format::mxfp8_e5m2: return mk(ElemType::e5m2, 32, true);
-    case Format::mxint8: return mk(ElemType::int8, 32, true);
-    case Format::nvfp4: return mk(ElemType::e2m1, 16, false);
-  }
-  throw Error(Error::Code::invalid_argument, "unknown format value " + std::to_string(int(f)));
-}
-
-int group_size(const QuantOptions& o) { return o.group_size ? o.group_size : format_info(o.format).default_group; }
-
-std::int64_t code_cols(Format f, std::int64_t K) {
-  return format_info(f).elem_bits == 4 ? (K + 1) / 2 : K;
-}
-
-Shape2 scale_shape(const QuantOptions& o, std::int64_t rows, std::int64_t K) {
-  const std::int64_t g = group_size(o);
-  const std::int64_t c = (K + g - 1) / g;
-  if (o.scale_layout == ScaleLayout::linear) return {rows, c};
-  return {(rows + 127) / 128 * 128, (c + 3) / 4 * 4};
-}
-
-Shape2 clip_mask_shape(std::int64_t rows, std::int64_t K) { return {rows, (K + 7) / 8}; }
-
-float nvfp4_tensor_scale_from_amax(float amax) { return core::nvfp4_encode_scale(amax); }
-
-}  // namespace mxq
+}  // namespace mxq::core

@@ -21,6 +21,7 @@ struct Span {
 class Checker {
  public:
   explicit Checker(const char* fn) : fn_(fn) {}
+  const char* fn() const { return fn_; }
 
   // A view must have the given dtype and shape, unit element stride, row_stride >= cols, data
   // non-null when it has elements, and sit on `device`.

@@ -210,9 +210,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
   }
 }
 
-// Storage type of a dtype and its fp32 value / |bits| in fp32 bit positions.
-template <DType DT>
-using Storage = std::conditional_t<DT == DType::f32, std::uint32_t, std::uint16_t>;
+// The fp32 value / |bits| in fp32 bit positions of a dtype's storage word (core::Storage).
 template <DType DT>
 MXQ_INLINE std::uint32_t abs_f32_bits(Storage<DT> v) {
   if constexpr (DT == DType::f32) return v & 0x7FFFFFFFu;
@@ -241,11 +239,9 @@ MXQ_INLINE void qdq_block_direct(const Problem& p, const void* src, void* dst) {
   // normal float whose ulp is the grid's quantum 2^(q+e), so (|x| + C') - C' is the dequantized
   // value itself, exactly; it has at most 8 significant bits and lies in bf16/fp32's normal range,
   // so the output conversion is a truncation. Outside that range the scaled path below is used.
-  constexpr int kELo = -126 - (f.emin - f.mbits);          // smallest nonzero result >= 2^-126
-  constexpr int kEHi = 254 - (f.emax + 1 + 127 + 23 - f.mbits);  // C' stays finite
-  if (e >= kELo && e <= kEHi) {
+  if (MxFastRange<ET>::contains(e)) {
     const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 23, hi = std::uint32_t(f.emax + 1 + e + 127) << 23;
-    constexpr std::uint32_t kC = (std::uint32_t(23 - f.mbits) << 23) | 0x400000u;
+    constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
     const float maxv = u2f(max_value_bits(f)) * pow2f(e);
     for (int i = 0; i < G; ++i) {
       const std::uint32_t xb = abs_f32_bits<DT>(s[i]);

@@ -1,8 +1,12 @@
 #pragma once
 // The CUDA backend: stream-ordered kernels for every operation, bit-exact with the CPU reference.
-// Host-side functions validate that the views' memory is device memory of the current device, enqueue
-// on the options' stream, allocate nothing (except tensor_amax, which returns a host value) and turn
-// any CUDA error into mxq::Error(device_error). Compiled only when MXQ_HAVE_CUDA is set.
+//
+// The entry layer (src/ops.cpp) has validated every argument (views, options, and with
+// check_device_pointer that device views point to device memory of the current device) and planned
+// the problem (NVFP4 tensor scale: given, or computed on the device into p.amax_acc; empty tensors
+// never reach the backend except through write_empty). These functions enqueue on the options'
+// stream, allocate nothing (except tensor_amax, which returns a host value) and turn any CUDA error
+// into mxq::Error(device_error). Compiled only when MXQ_HAVE_CUDA is set.
 #include <string>
 
 #include "core/problem.hpp"
@@ -10,11 +14,15 @@
 namespace mxq::cuda {
 
 bool available(std::string* why_not);
+// Refuses (mxq::Error(invalid_argument) naming fn and arg) a non-null pointer that is not device or
+// managed memory of the current device.
+void check_device_pointer(const char* fn, const char* arg, const void* ptr);
 
-// `fn` names the public entry point for error messages.
-void quantize(const char* fn, const core::Problem& p, const Tensor& x, const QuantizedOut& out);
-void dequantize(const char* fn, const core::Problem& p, const QuantizedIn& q, const Tensor& y);
-void qdq(const char* fn, const core::Problem& p, const Tensor& x, const Tensor& y);
+void quantize(const core::Problem& p, const Tensor& x, const QuantizedOut& out);
+void dequantize(const core::Problem& p, const QuantizedIn& q, const Tensor& y);
+void qdq(const core::Problem& p, const Tensor& x, const Tensor& y);
+// quantize of an empty x: the tensor-scale output (p.S) and a swizzled scale tensor's padding (zeros).
+void write_empty(const core::Problem& p, const QuantizedOut& out);
 void swizzle_scales(const Tensor& linear, const Tensor& swizzled, void* stream);
 void unswizzle_scales(const Tensor& swizzled, const Tensor& linear, void* stream);
 float tensor_amax(const Tensor& x, void* stream);

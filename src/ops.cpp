@@ -1,9 +1,11 @@
 // The public entry points: validate at the boundary, plan, dispatch to one backend.
 #include <cstdio>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
-#include <limits>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include <mxq/ops.hpp>
 
@@ -15,120 +17,6 @@
 #endif
 
 namespace mxq {
-namespace core {
-
-void fail(Error::Code code, const std::string& fn, const std::string& msg) {
-  throw Error(code, "mxq::" + fn + ": " + msg);
-}
-
-std::string shape_str(std::int64_t r, std::int64_t c) {
-  return "[" + std::to_string(r) + ", " + std::to_string(c) + "]";
-}
-
-void Checker::geometry(const char* arg, const Tensor& t) const {
-  if (t.rows < 0 || t.cols < 0)
-    fail(std::string("argument '") + arg + "': negative shape " + shape_str(t.rows, t.cols));
-  if (t.row_stride < 0 || (t.row_stride != 0 && t.row_stride < t.cols))
-    fail(std::string("argument '") + arg + "': row_stride " + std::to_string(t.row_stride) +
-         " must be 0 (dense) or >= cols (" + std::to_string(t.cols) + ")");
-  constexpr std::int64_t kMax = std::int64_t(1) << 46;  // keeps every byte offset far from overflow
-  if (t.rows > kMax || t.stride() > kMax || (t.rows > 0 && t.stride() > kMax / t.rows))
-    fail(std::string("argument '") + arg + "': shape " + shape_str(t.rows, t.cols) + " with row_stride " +
-         std::to_string(t.stride()) + " is too large");
-  if (t.data == nullptr && t.rows > 0 && t.cols > 0)
-    fail(std::string("argument '") + arg + "': data is null for a non-empty " + shape_str(t.rows, t.cols) +
-         " view");
-}
-
-void Checker::view(const char* arg, const Tensor& t, DType dtype, std::int64_t rows, std::int64_t cols,
-                   bool dense_required) {
-  if (t.dtype != dtype)
-    fail(std::string("argument '") + arg + "': dtype " + std::string(to_string(t.dtype)) + ", expected " +
-         std::string(to_string(dtype)));
-  if (t.rows != rows || t.cols != cols)
-    fail(std::string("argument '") + arg + "': shape " + shape_str(t.rows, t.cols) + ", expected " +
-         shape_str(rows, cols));
-  geometry(arg, t);
-  if (dense_required && t.stride() != t.cols)
-    fail(std::string("argument '") + arg + "': must be dense (row_stride 0 or " + std::to_string(t.cols) +
-         "), got row_stride " + std::to_string(t.row_stride));
-}
-
-void Checker::float_view(const char* arg, const Tensor& t) {
-  if (t.dtype == DType::u8)
-    fail(std::string("argument '") + arg + "': dtype u8, expected f32, f16 or bf16");
-  geometry(arg, t);
-}
-
-void Checker::same_device(const char* arg, const Tensor& t, Device d) {
-  if (t.device != d)
-    fail(std::string("argument '") + arg + "' is on " + (t.device == Device::cpu ? "cpu" : "cuda") +
-         " but the input is on " + (d == Device::cpu ? "cpu" : "cuda") + "; all views must be on one device");
-}
-
-void Checker::record(const char* arg, const Tensor& t, bool writable) {
-  if (t.rows == 0 || t.cols == 0 || t.data == nullptr) return;
-  const auto b = reinterpret_cast<std::uintptr_t>(t.data);
-  const auto bytes = static_cast<std::uintptr_t>(((t.rows - 1) * t.stride() + t.cols) * dtype_size(t.dtype));
-  (writable ? outputs_ : inputs_).push_back(Span{arg, b, b + bytes});
-}
-
-void Checker::no_overlap() const {
-  auto overlap = [](const Span& a, const Span& b) { return a.begin < b.end && b.begin < a.end; };
-  for (std::size_t i = 0; i < outputs_.size(); ++i) {
-    for (std::size_t j = i + 1; j < outputs_.size(); ++j)
-      if (overlap(outputs_[i], outputs_[j]))
-        fail(std::string("outputs '") + outputs_[i].name + "' and '" + outputs_[j].name + "' overlap in memory");
-    for (const Span& in : inputs_)
-      if (overlap(outputs_[i], in))
-        fail(std::string("output '") + outputs_[i].name + "' overlaps input '" + in.name + "'");
-  }
-}
-
-Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t rows, std::int64_t K) {
-  Problem p;
-  p.opt = opt;
-  if (static_cast<unsigned>(opt.format) > static_cast<unsigned>(Format::nvfp4))
-    c.fail("option 'format': invalid value " + std::to_string(int(opt.format)));
-  if (static_cast<unsigned>(opt.rule) > static_cast<unsigned>(ScaleRule::nvfp4))
-    c.fail("option 'rule': invalid value " + std::to_string(int(opt.rule)));
-  p.info = format_info(opt.format);
-  p.elem = elem_spec(p.info.elem);
-  const std::string fmt(to_string(opt.format)), rule(to_string(opt.rule));
-  if (opt.format == Format::nvfp4 && opt.rule != ScaleRule::nvfp4)
-    c.fail("option 'rule': format nvfp4 uses rule 'nvfp4' (E4M3 block scale with a tensor scale), got '" + rule +
-           "'");
-  if (opt.format != Format::nvfp4 && opt.rule == ScaleRule::nvfp4)
-    c.fail("option 'rule': rule 'nvfp4' needs format nvfp4, got format '" + fmt + "'");
-  if (opt.rule == ScaleRule::qutlass_absmax && opt.format != Format::mxfp4)
-    c.fail("option 'rule': rule 'qutlass_absmax' is defined for mxfp4 only, got format '" + fmt + "'");
-  const int g = group_size(opt);
-  if (g < 2 || g > 256 || (g & (g - 1)) != 0)
-    c.fail("option 'group_size': " + std::to_string(opt.group_size) + ", expected 0 (format default) or a power of two in [2, 256]");
-  if (opt.rounding != Rounding::nearest_even && opt.rounding != Rounding::stochastic)
-    c.fail("option 'rounding': invalid value " + std::to_string(int(opt.rounding)));
-  if (opt.scale_layout != ScaleLayout::linear && opt.scale_layout != ScaleLayout::swizzled)
-    c.fail("option 'scale_layout': invalid value " + std::to_string(int(opt.scale_layout)));
-  if (opt.tensor_scale) {
-    if (opt.format != Format::nvfp4)
-      c.fail("option 'tensor_scale' is only used by format nvfp4, got format '" + fmt + "'");
-    const float s = *opt.tensor_scale;
-    if (!(s > 0.0f) || !is_finite_bits(f2u(s)))
-      c.fail("option 'tensor_scale': " + std::to_string(s) + ", expected a finite value > 0 (the encode scale 448*6/amax)");
-  }
-  p.rows = rows;
-  p.K = K;
-  p.g = g;
-  p.nblocks = (K + g - 1) / g;
-  p.scale_rows_padded = (rows + 127) / 128 * 128;
-  p.scale_cols_padded = (p.nblocks + 3) / 4 * 4;
-  p.stochastic = opt.rounding == Rounding::stochastic;
-  p.fp4 = p.info.elem_bits == 4;
-  p.S = opt.tensor_scale.value_or(1.0f);
-  return p;
-}
-
-}  // namespace core
 
 bool cuda_compiled() {
 #if defined(MXQ_HAVE_CUDA)
@@ -209,7 +97,9 @@ void log_choice(const char* fn, const QuantOptions* opt, const Tensor& t, const 
     return v && *v && std::string(v) != "0";
   }();
   if (!verbose) return;
-  std::string what = std::string(to_string(t.dtype)) + " " + core::shape_str(t.rows, t.cols);
+  std::string what(to_string(t.dtype));
+  what += ' ';
+  what += core::shape_str(t.rows, t.cols);
   if (opt)
     what += " " + std::string(to_string(opt->format)) + "/" + std::string(to_string(opt->rule)) +
             (opt->rounding == Rounding::stochastic ? "/stochastic" : "");
@@ -217,12 +107,44 @@ void log_choice(const char* fn, const QuantOptions* opt, const Tensor& t, const 
                bc.reason.c_str());
 }
 
-// NVFP4: the encode scale from the options, or from the tensor's amax (CPU backends; the CUDA backend
-// reduces the amax on the device).
-void resolve_tensor_scale(Problem& p, const Tensor& x, Backend b) {
-  if (!p.nvfp4() || p.opt.tensor_scale || b == Backend::cuda) return;
-  const float amax = b == Backend::reference ? ref::tensor_amax(x) : cpu::tensor_amax(x);
-  p.S = core::nvfp4_encode_scale(amax);
+// The backend for the data's device, logged; on the CUDA backend every non-null view pointer is
+// checked to be device memory of the current device (the last validation step, done once here).
+Backend choose(const char* fn, const QuantOptions* opt, const Tensor& first,
+               std::initializer_list<std::pair<const char*, const void*>> device_ptrs, Backend requested) {
+  const BackendChoice bc = choose_backend(requested, first.device);
+  log_choice(fn, opt, first, bc);
+#if defined(MXQ_HAVE_CUDA)
+  if (bc.backend == Backend::cuda)
+    for (const auto& [arg, ptr] : device_ptrs) cuda::check_device_pointer(fn, arg, ptr);
+#else
+  (void)device_ptrs;
+#endif
+  return bc.backend;
+}
+
+// The plan's NVFP4 tensor scale (numerics.md section 3), for every backend alike: given; 1 for an
+// empty tensor (the scale of amax 0); from the host amax for the CPU backends; on the CUDA backend
+// reduced on the device into `acc` (quantize: its tensor-scale output, else the workspace), which the
+// caller must provide.
+void plan_tensor_scale(const Checker& c, Problem& p, const Tensor& x, Backend b, float* tensor_scale_out) {
+  if (!p.nvfp4() || p.opt.tensor_scale) return;
+  if (p.empty) {
+    p.S = core::nvfp4_encode_scale(0.0f);
+    return;
+  }
+  if (b != Backend::cuda) {
+    p.S = core::nvfp4_encode_scale(b == Backend::reference ? ref::tensor_amax(x) : cpu::tensor_amax(x));
+    return;
+  }
+  void* acc = tensor_scale_out ? static_cast<void*>(tensor_scale_out) : p.opt.workspace;
+  if (!acc)
+    c.fail(std::string("nvfp4 without option 'tensor_scale' on the CUDA backend needs ") +
+           (std::string(c.fn()) == "quantize" ? "'tensor_scale' (output, device memory) or " : "") +
+           "option 'workspace' (4 bytes of device memory) to reduce the tensor amax in");
+  if (reinterpret_cast<std::uintptr_t>(acc) % 4)
+    c.fail(tensor_scale_out ? "output 'tensor_scale' (the tensor amax accumulator) must be 4-byte aligned"
+                            : "option 'workspace' must be 4-byte aligned");
+  p.amax_acc = static_cast<std::uint32_t*>(acc);
 }
 
 }  // namespace
@@ -246,21 +168,22 @@ void quantize(const Tensor& x, const QuantizedOut& out, const QuantOptions& opt)
   c.record("scales", out.scales, true);
   if (out.clip_mask.data) c.record("clip_mask", out.clip_mask, true);
   c.no_overlap();
-  const BackendChoice bc = choose_backend(opt.backend, x.device);
-  log_choice("quantize", &opt, x, bc);
+  const Backend b = choose("quantize", &opt, x,
+                           {{"x", x.data}, {"codes", out.codes.data}, {"scales", out.scales.data},
+                            {"clip_mask", out.clip_mask.data}, {"tensor_scale", out.tensor_scale}, {"workspace", opt.workspace}},
+                           opt.backend);
+  plan_tensor_scale(c, p, x, b, out.tensor_scale);
 #if defined(MXQ_HAVE_CUDA)
-  if (bc.backend == Backend::cuda) return cuda::quantize("quantize", p, x, out);
+  if (b == Backend::cuda) return p.empty ? cuda::write_empty(p, out) : cuda::quantize(p, x, out);
 #endif
-  if (x.rows == 0 || x.cols == 0) {
-    if (out.tensor_scale) *out.tensor_scale = p.S;
-    if (opt.scale_layout == ScaleLayout::swizzled && ss.rows * ss.cols > 0) std::memset(out.scales.data, 0, ss.rows * ss.cols);
-    return;
+  if (!p.empty) {
+    if (b == Backend::reference)
+      ref::quantize(p, x, out);
+    else
+      cpu::quantize(p, x, out);
+  } else if (opt.scale_layout == ScaleLayout::swizzled && ss.rows * ss.cols > 0) {
+    std::memset(out.scales.data, 0, ss.rows * ss.cols);
   }
-  resolve_tensor_scale(p, x, bc.backend);
-  if (bc.backend == Backend::reference)
-    ref::quantize(p, x, out);
-  else
-    cpu::quantize(p, x, out);
   if (out.tensor_scale) *out.tensor_scale = p.S;
 }
 
@@ -279,13 +202,12 @@ void dequantize(const QuantizedIn& q, const Tensor& y, const QuantOptions& opt) 
   c.record("scales", q.scales, false);
   c.record("y", y, true);
   c.no_overlap();
-  const BackendChoice bc = choose_backend(opt.backend, y.device);
-  log_choice("dequantize", &opt, y, bc);
+  const Backend b = choose("dequantize", &opt, y, {{"codes", q.codes.data}, {"scales", q.scales.data}, {"y", y.data}}, opt.backend);
+  if (p.empty) return;
 #if defined(MXQ_HAVE_CUDA)
-  if (bc.backend == Backend::cuda) return cuda::dequantize("dequantize", p, q, y);
+  if (b == Backend::cuda) return cuda::dequantize(p, q, y);
 #endif
-  if (y.rows == 0 || y.cols == 0) return;
-  if (bc.backend == Backend::reference)
+  if (b == Backend::reference)
     ref::dequantize(p, q, y);
   else
     cpu::dequantize(p, q, y);
@@ -303,14 +225,13 @@ void qdq(const Tensor& x, const Tensor& y, const QuantOptions& opt) {
     c.record("y", y, true);
     c.no_overlap();
   }
-  const BackendChoice bc = choose_backend(opt.backend, x.device);
-  log_choice("qdq", &opt, x, bc);
+  const Backend b = choose("qdq", &opt, x, {{"x", x.data}, {"y", y.data}, {"workspace", opt.workspace}}, opt.backend);
+  plan_tensor_scale(c, p, x, b, nullptr);
+  if (p.empty) return;
 #if defined(MXQ_HAVE_CUDA)
-  if (bc.backend == Backend::cuda) return cuda::qdq("qdq", p, x, y);
+  if (b == Backend::cuda) return cuda::qdq(p, x, y);
 #endif
-  if (x.rows == 0 || x.cols == 0) return;
-  resolve_tensor_scale(p, x, bc.backend);
-  if (bc.backend == Backend::reference)
+  if (b == Backend::reference)
     ref::qdq(p, x, y);
   else
     cpu::qdq(p, x, y);
@@ -328,21 +249,19 @@ Backend check_scale_pair(const char* fn, const Tensor& linear, const Tensor& swi
   c.record("linear", linear, !to_swizzled);
   c.record("swizzled", swizzled, to_swizzled);
   c.no_overlap();
-  const BackendChoice bc = choose_backend(backend, linear.device);
-  log_choice(fn, nullptr, linear, bc);
-  return bc.backend;
+  return choose(fn, nullptr, linear, {{"linear", linear.data}, {"swizzled", swizzled.data}}, backend);
 }
 
 }  // namespace
 
 void swizzle_scales(const Tensor& linear, const Tensor& swizzled, Backend backend, void* stream) {
   const Backend b = check_scale_pair("swizzle_scales", linear, swizzled, true, backend);
+  if (swizzled.rows * swizzled.cols == 0) return;
 #if defined(MXQ_HAVE_CUDA)
   if (b == Backend::cuda) return cuda::swizzle_scales(linear, swizzled, stream);
 #else
   (void)stream;
 #endif
-  if (swizzled.rows * swizzled.cols == 0) return;
   if (b == Backend::reference)
     ref::swizzle_scales(linear, swizzled);
   else
@@ -351,12 +270,12 @@ void swizzle_scales(const Tensor& linear, const Tensor& swizzled, Backend backen
 
 void unswizzle_scales(const Tensor& swizzled, const Tensor& linear, Backend backend, void* stream) {
   const Backend b = check_scale_pair("unswizzle_scales", linear, swizzled, false, backend);
+  if (linear.rows * linear.cols == 0) return;
 #if defined(MXQ_HAVE_CUDA)
   if (b == Backend::cuda) return cuda::unswizzle_scales(swizzled, linear, stream);
 #else
   (void)stream;
 #endif
-  if (linear.rows * linear.cols == 0) return;
   if (b == Backend::reference)
     ref::unswizzle_scales(swizzled, linear);
   else
@@ -366,15 +285,14 @@ void unswizzle_scales(const Tensor& swizzled, const Tensor& linear, Backend back
 float tensor_amax(const Tensor& x, Backend backend, void* stream) {
   Checker c("tensor_amax");
   c.float_view("x", x);
-  const BackendChoice bc = choose_backend(backend, x.device);
-  log_choice("tensor_amax", nullptr, x, bc);
+  const Backend b = choose("tensor_amax", nullptr, x, {{"x", x.data}}, backend);
+  if (x.rows == 0 || x.cols == 0) return 0.0f;
 #if defined(MXQ_HAVE_CUDA)
-  if (bc.backend == Backend::cuda) return cuda::tensor_amax(x, stream);
+  if (b == Backend::cuda) return cuda::tensor_amax(x, stream);
 #else
   (void)stream;
 #endif
-  if (x.rows == 0 || x.cols == 0) return 0.0f;
-  return bc.backend == Backend::reference ? ref::tensor_amax(x) : cpu::tensor_amax(x);
+  return b == Backend::reference ? ref::tensor_amax(x) : cpu::tensor_amax(x);
 }
 
 }  // namespace mxq

@@ -1,0 +1,128 @@
+// Names of enums, format facts and shape helpers.
+#include <array>
+#include <string>
+
+#include <mxq/ops.hpp>
+
+#include "core/codec.hpp"
+#include "core/validate.hpp"
+
+namespace mxq {
+namespace {
+
+template <class E, std::size_t N>
+E parse_enum(std::string_view s, const std::array<E, N>& all, const char* what) {
+  std::string names;
+  for (E e : all) {
+    if (to_string(e) == s) return e;
+    names += (names.empty() ? "" : ", ") + std::string(to_string(e));
+  }
+  throw Error(Error::Code::invalid_argument,
+              std::string("unknown ") + what + " '" + std::string(s) + "'; expected one of: " + names);
+}
+
+constexpr std::array kFormats{Format::mxfp4,      Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3,
+                              Format::mxfp8_e5m2, Format::mxint8,     Format::nvfp4};
+constexpr std::array kRules{ScaleRule::floor, ScaleRule::ceil,           ScaleRule::even, ScaleRule::rceil,
+                            ScaleRule::quest, ScaleRule::qutlass_absmax, ScaleRule::nvfp4};
+constexpr std::array kDTypes{DType::f32, DType::f16, DType::bf16, DType::u8};
+constexpr std::array kBackends{Backend::automatic, Backend::reference, Backend::cpu, Backend::cuda};
+
+}  // namespace
+
+std::string_view to_string(Format f) {
+  switch (f) {
+    case Format::mxfp4: return "mxfp4";
+    case Format::mxfp6_e2m3: return "mxfp6_e2m3";
+    case Format::mxfp6_e3m2: return "mxfp6_e3m2";
+    case Format::mxfp8_e4m3: return "mxfp8_e4m3";
+    case Format::mxfp8_e5m2: return "mxfp8_e5m2";
+    case Format::mxint8: return "mxint8";
+    case Format::nvfp4: return "nvfp4";
+  }
+  return "?";
+}
+std::string_view to_string(ScaleRule r) {
+  switch (r) {
+    case ScaleRule::floor: return "floor";
+    case ScaleRule::ceil: return "ceil";
+    case ScaleRule::even: return "even";
+    case ScaleRule::rceil: return "rceil";
+    case ScaleRule::quest: return "quest";
+    case ScaleRule::qutlass_absmax: return "qutlass_absmax";
+    case ScaleRule::nvfp4: return "nvfp4";
+  }
+  return "?";
+}
+std::string_view to_string(Rounding r) { return r == Rounding::nearest_even ? "rne" : "stochastic"; }
+std::string_view to_string(ScaleLayout l) { return l == ScaleLayout::linear ? "linear" : "swizzled"; }
+std::string_view to_string(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::u8: return "u8";
+  }
+  return "?";
+}
+std::string_view to_string(Backend b) {
+  switch (b) {
+    case Backend::automatic: return "auto";
+    case Backend::reference: return "reference";
+    case Backend::cpu: return "cpu";
+    case Backend::cuda: return "cuda";
+  }
+  return "?";
+}
+std::string_view to_string(ElemType t) {
+  switch (t) {
+    case ElemType::e2m1: return "e2m1";
+    case ElemType::e2m3: return "e2m3";
+    case ElemType::e3m2: return "e3m2";
+    case ElemType::e4m3: return "e4m3";
+    case ElemType::e5m2: return "e5m2";
+    case ElemType::int8: return "int8";
+  }
+  return "?";
+}
+
+Format parse_format(std::string_view s) { return parse_enum(s, kFormats, "format"); }
+ScaleRule parse_rule(std::string_view s) { return parse_enum(s, kRules, "scale rule"); }
+DType parse_dtype(std::string_view s) { return parse_enum(s, kDTypes, "dtype"); }
+Backend parse_backend(std::string_view s) { return parse_enum(s, kBackends, "backend"); }
+
+FormatInfo format_info(Format f) {
+  auto mk = [&](ElemType t, int group, bool e8m0) {
+    const core::FloatSpec s = core::elem_spec(t);
+    return FormatInfo{f, t, s.bits, group, core::u2f(core::max_value_bits(s)), s.emax, s.mbits, e8m0};
+  };
+  switch (f) {
+    case Format::mxfp4: return mk(ElemType::e2m1, 32, true);
+    case Format::mxfp6_e2m3: return mk(ElemType::e2m3, 32, true);
+    case Format::mxfp6_e3m2: return mk(ElemType::e3m2, 32, true);
+    case Format::mxfp8_e4m3: return mk(ElemType::e4m3, 32, true);
+    case Format::mxfp8_e5m2: return mk(ElemType::e5m2, 32, true);
+    case Format::mxint8: return mk(ElemType::int8, 32, true);
+    case Format::nvfp4: return mk(ElemType::e2m1, 16, false);
+  }
+  throw Error(Error::Code::invalid_argument, "unknown format value " + std::to_string(int(f)));
+}
+
+int group_size(const QuantOptions& o) { return o.group_size ? o.group_size : format_info(o.format).default_group; }
+
+std::int64_t code_cols(Format f, std::int64_t K) {
+  return format_info(f).elem_bits == 4 ? (K + 1) / 2 : K;
+}
+
+Shape2 scale_shape(const QuantOptions& o, std::int64_t rows, std::int64_t K) {
+  const std::int64_t g = group_size(o);
+  const std::int64_t c = (K + g - 1) / g;
+  if (o.scale_layout == ScaleLayout::linear) return {rows, c};
+  return {(rows + 127) / 128 * 128, (c + 3) / 4 * 4};
+}
+
+Shape2 clip_mask_shape(std::int64_t rows, std::int64_t K) { return {rows, (K + 7) / 8}; }
+
+float nvfp4_tensor_scale_from_amax(float amax) { return core::nvfp4_encode_scale(amax); }
+
+}  // namespace mxq

@@ -1,0 +1,86 @@
+#pragma once
+// Reductions inside a group (the T = g / C adjacent lanes that hold one block): amax, the fixed-order
+// pairwise sums of the quest rule.
+//
+// The shuffle tree combines chunk sums of adjacent halves, which is exactly pairwise_sum's order (fp32
+// addition is commutative, so both lanes of a pair compute the same bits).
+#include "core/fastmath.hpp"
+#include "cuda/common/params.cuh"
+
+namespace mxq::cuda {
+
+// Pairwise sum of a thread's C values (the leaves of pairwise_sum's tree).
+template <int C>
+__device__ __forceinline__ float chunk_pairwise(const float (&v)[C]) {
+  float b[C];
+#pragma unroll
+  for (int i = 0; i < C; ++i) b[i] = v[i];
+#pragma unroll
+  for (int w = C; w > 1; w >>= 1)
+#pragma unroll
+    for (int i = 0; i < w / 2; ++i) b[i] = core::add_rn(b[2 * i], b[2 * i + 1]);
+  return b[0];
+}
+__device__ __forceinline__ float group_sum(const Params& p, float s) {
+  for (int st = 1; st < p.T; st <<= 1) s = core::add_rn(s, __shfl_xor_sync(kFull, s, st));
+  return s;
+}
+__device__ __forceinline__ u32 group_max(const Params& p, u32 m) {
+  for (int st = 1; st < p.T; st <<= 1) m = core::umax(m, __shfl_xor_sync(kFull, m, st));
+  return m;
+}
+
+// The chunk's max |x| as fp32 bits, from the input words: bf16 two lanes per instruction; other
+// dtypes from the unpacked fp32 bits xb (which unpack() fills).
+template <DType DT, int C, class Unpack>
+__device__ __forceinline__ u32 chunk_amax(const u32 (&xw)[vec_words<DT, C>()], const u32 (&xb)[C], Unpack&& unpack) {
+  u32 am = 0;
+  if constexpr (DT == DType::bf16) {
+    u32 m2 = 0;
+#pragma unroll
+    for (int j = 0; j < C / 2; ++j) m2 = core::vmaxu2(m2, xw[j] & 0x7FFF7FFFu);
+    am = core::umax(m2 & 0xFFFFu, m2 >> 16) << 16;
+  } else {
+    unpack();
+#pragma unroll
+    for (int i = 0; i < C; ++i) am = core::umax(am, xb[i] & 0x7FFFFFFFu);
+  }
+  return am;
+}
+
+// The quest argument of the calling thread's group (quest_arg's arithmetic, distributed).
+template <int C>
+__device__ __forceinline__ float group_quest_arg(const Params& p, const u32 (&xb)[C]) {
+  using namespace core;
+  float xs[C], d2[C];
+#pragma unroll
+  for (int i = 0; i < C; ++i) xs[i] = u2f(xb[i]);
+  const float mean = div_rn(group_sum(p, chunk_pairwise<C>(xs)), float(p.g));
+#pragma unroll
+  for (int i = 0; i < C; ++i) {
+    const float d = sub_rn(xs[i], mean);
+    d2[i] = mul_rn(d, d);
+  }
+  const float var = div_rn(group_sum(p, chunk_pairwise<C>(d2)), float(p.g));
+  return add_rn(div_rn(mul_rn(sqrt_rn(var), 2.92247856f), 6.0f), 1e-8f);
+}
+
+// Stochastic-rounding words of the C elements starting at logical index j0 (sr_bits for each).
+template <int C>
+__device__ __forceinline__ void sr_words(u64 seed, u64 j0, u32 (&rnd)[C]) {
+  using namespace core;
+  if ((j0 & 3) == 0 && C % 4 == 0) {
+#pragma unroll
+    for (int n = 0; n < C / 4; ++n) {
+      const u64 c = (j0 >> 2) + n;
+      const U32x4 r = philox4x32_10(U32x4{{u32(c), u32(c >> 32), 0u, 0u}}, u32(seed), u32(seed >> 32));
+#pragma unroll
+      for (int w = 0; w < 4; ++w) rnd[4 * n + w] = r.v[w];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < C; ++i) rnd[i] = sr_bits(seed, j0 + i);
+  }
+}
+
+}  // namespace mxq::cuda

@@ -1,0 +1,101 @@
+#pragma once
+// The quantize / QDQ kernel: a grid of at most one wave of resident blocks strides over the chunks;
+// each thread keeps its next chunks in flight through a per-thread cp.async ring in shared memory, so
+// memory parallelism does not cost registers. The chunk itself is mx_chunk or nvfp4_chunk.
+#include "cuda/common/params.cuh"
+#include "cuda/common/vector_io.cuh"
+#include "cuda/quantize/mx_chunk.cuh"
+#include "cuda/quantize/nvfp4_chunk.cuh"
+
+namespace mxq::cuda {
+
+// Issues the cp.async of chunk i (nothing when i is past the end) into the shared slot at dst.
+template <DType DT, int C, bool Static = true>
+__device__ __forceinline__ void prefetch_chunk(const Params& p, i64 i, u32 dst) {
+  using S = Storage<DT>;
+  constexpr int B = vec_bytes<DT, C>();
+  if (i >= p.total) return;
+  if (is_flat<C, Static>(p)) {  // every chunk is complete and contiguous with the previous one
+    const std::uint8_t* src = p.x + u64(i) * u64(B);
+    if constexpr (B == 32) {
+      cp_async<16>(dst, src, 16u);
+      cp_async<16>(dst + 16, src + 16, 16u);
+    } else {
+      cp_async<B>(dst, src, u32(B));
+    }
+    return;
+  }
+  const Coord c = coord<C, Static>(p, i);
+  const std::uint8_t* row = p.x + c.row * p.x_stride;
+  const i64 valid = p.K - c.k0 < C ? (p.K - c.k0 > 0 ? p.K - c.k0 : 0) : C;  // padding chunks read nothing
+  const std::uint8_t* src = valid > 0 ? row + c.k0 * i64(sizeof(S)) : row;
+  const u32 bytes = u32(valid) * u32(sizeof(S));
+  if constexpr (B == 32) {
+    cp_async<16>(dst, src, bytes < 16 ? bytes : 16u);
+    cp_async<16>(dst + 16, bytes > 16 ? src + 16 : src, bytes > 16 ? bytes - 16 : 0u);
+  } else {
+    cp_async<B>(dst, src, bytes);
+  }
+}
+
+// Quantize (QDQ = false) or QDQ of format Fmt from dtype DT, C elements per chunk, choices Ch. Every
+// thread of a block runs the same number of iterations (the group shuffles need whole warps). Views
+// that are not vector-aligned load each chunk directly instead of through the ring.
+template <class Fmt, DType DT, int C, bool QDQ, class Ch>
+__global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const Params p) {
+  constexpr int B = vec_bytes<DT, C>();
+  constexpr int W = vec_words<DT, C>();
+  constexpr bool kStatic = !QDQ;  // is_flat known at compile time (see is_flat)
+  __shared__ __align__(16) std::uint8_t ring[kStages * kThreads * B];
+  __shared__ NvTables nvt;
+  NvScale nv;
+  if constexpr (Fmt::nvfp4) {
+    nv = nv_scale(p);
+    fill_nv_tables<DT, QDQ>(nv, nvt);  // every thread reaches the barrier: no exit before
+  }
+  const i64 stride = i64(gridDim.x) * kThreads;
+  const i64 block_first = i64(blockIdx.x) * kThreads;
+  const i64 iters = (p.total - block_first + stride - 1) / stride;  // the grid never exceeds the work
+  const i64 first = block_first + threadIdx.x;
+  std::uint8_t* const mine = ring + threadIdx.x * B;
+  const u32 mine_s = smem_addr(mine);
+  if (p.x_vec) {
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < iters) prefetch_chunk<DT, C, kStatic>(p, first + st * stride, mine_s + st * kThreads * B);
+      cp_async_commit();
+    }
+  }
+  int stage = 0;
+  // i: this iteration's chunk; ahead_i: the chunk kStages - 1 iterations on. Quantize steps them
+  // (ahead_i is past the end of the data exactly when past this block's last iteration, where
+  // prefetch_chunk issues nothing); QDQ keeps the multiplications and the iteration test (measured:
+  // the stepped form was slower for QDQ, faster for quantize).
+  i64 i = first, ahead_i = first + (kStages - 1) * stride;
+  for (i64 it = 0; it < iters; ++it) {
+    if constexpr (QDQ) i = first + it * stride, ahead_i = first + (it + kStages - 1) * stride;
+    const Coord c = coord<C, kStatic>(p, i);
+    u32 xw[W];  // the chunk as the input's own words
+    if (p.x_vec) {
+      const int ahead = stage == 0 ? kStages - 1 : stage - 1;  // the slot read one iteration ago
+      if (!QDQ || it + kStages - 1 < iters) prefetch_chunk<DT, C, kStatic>(p, ahead_i, mine_s + ahead * kThreads * B);
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();
+      // NOTE: a thread past the end reads a stale slot. Its group is wholly past the end too (the
+      // chunk count is a multiple of T, and of 4 when C = 2), so no shuffle mixes its values with
+      // live ones, and nothing of it is stored; zeroing would cost C selects on every chunk.
+      read_slot<W>(mine + stage * kThreads * B, xw);
+    } else if (c.active) {
+      load_chunk_words<DT, C>(p, c.row, c.k0, c.full, xw);
+    } else {
+#pragma unroll
+      for (int j = 0; j < W; ++j) xw[j] = 0;
+    }
+    if constexpr (Fmt::nvfp4) nvfp4_chunk<DT, C, QDQ, Ch>(p, c, nv, nvt, xw);
+    else mx_chunk<Fmt, DT, C, QDQ, Ch>(p, c, xw);
+    stage = stage == kStages - 1 ? 0 : stage + 1;
+    if constexpr (!QDQ) i += stride, ahead_i += stride;
+  }
+}
+
+}  // namespace mxq::cuda

@@ -1,0 +1,107 @@
+#pragma once
+// Quantize and QDQ of one chunk of NVFP4 (E2M1 elements, E4M3 block scale under the tensor encode
+// scale S).
+#include "core/fastmath.hpp"
+#include "cuda/common/fp4_lookup.cuh"
+#include "cuda/common/nvfp4_scale.cuh"
+#include "cuda/common/params.cuh"
+#include "cuda/common/reductions.cuh"
+#include "cuda/quantize/choices.cuh"
+#include "cuda/quantize/chunk_store.cuh"
+
+namespace mxq::cuda {
+
+// NVFP4 tables of a launch, one copy per block of block_kernel in shared memory: for each E4M3 block
+// scale code c (127, the NaN code: zeros, unused) its value, the element multiplier
+// nvfp4_multiplier(c, S) and, for QDQ to 16-bit outputs, the block's eight outputs (nv_table). Per
+// chunk that leaves a table read where there were two divisions and the table's arithmetic.
+struct NvTables {
+  float sval[128], m[128];
+  uint4 out[128];
+};
+template <DType DT, bool QDQ>
+__device__ __forceinline__ void fill_nv_tables(const NvScale& nv, NvTables& t) {
+  for (int c = threadIdx.x; c < 128; c += kThreads) {
+    const float sval = c == 127 ? 0.0f : decode_f32(u32(c), spec_e4m3());
+    t.sval[c] = sval;
+    t.m[c] = sval == 0.0f ? 0.0f : nvfp4_multiplier(u32(c), nv.S);
+    if constexpr (QDQ && DT != DType::f32) {
+      u32 o[4];
+      nv_table<DT>(sval, nv, o);
+      t.out[c] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+  }
+  __syncthreads();
+}
+
+// One C-element chunk xw (the input's own words) of NVFP4: QDQ writes its outputs, quantize its codes,
+// scale and clip-mask bits. Every lane of a warp calls it (group shuffles).
+template <DType DT, int C, bool QDQ, class Ch>
+__device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, const NvScale& nv, const NvTables& nvt,
+                                            const u32 (&xw)[vec_words<DT, C>()]) {
+  using Fmt = core::FormatTraits<Format::nvfp4>;
+  const bool sr = Ch::stochastic(p);
+  u32 xb[C];
+  auto unpack = [&] { unpack_words<DT, C, vec_words<DT, C>()>(xw, xb); };
+  const u32 am = group_max(p, chunk_amax<DT, C>(xw, xb, unpack));
+  const bool nonfinite = am >= 0x7F800000u;
+  u32 rnd[C];
+  if (sr) sr_words<C>(p.seed, p.offset + u64(c.row) * u64(p.K) + u64(c.k0), rnd);
+  unpack();
+  // nvfp4_block_scale_code (amax * S / 6 is finite or +Inf, never NaN), then the scale's value and
+  // multiplier from the tables (a NaN/Inf block: 0 and 0).
+  const u32 sc = nonfinite ? u32(kE4M3NaN) : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), nv.S), 6.0f));
+  const float sval = nvt.sval[sc], m = nvt.m[sc];
+  const std::uint8_t sb = static_cast<std::uint8_t>(sc);
+  if constexpr (QDQ && DT != DType::f32 && C % 8 == 0) {
+    if (!sr) {
+      // Each element's code read off its rounding, packed two per byte, and the output by table
+      // lookup in the block's eight outputs (nv_table, from the launch's tables).
+      u32 cw[C / 8] = {};
+#pragma unroll
+      for (int i = 0; i < C; ++i) cw[i / 8] += nvfp4_encode_rne_readoff(xb[i], m) << (4 * (i % 8));
+      const uint4 t = nvt.out[sc];
+      u32 o[C / 2];
+      fp4_bf16_lookup<C>(cw, t.x, t.y, t.z, t.w, 0u, o);
+      if (c.active) store_packed<DT, C>(p, c.row, c.k0, c.full, o, nonfinite);  // no shuffles follow
+      return;
+    }
+  }
+  u32 codes[C], out[C], keep = 0;
+  if (QDQ && !sr) {
+    // The rounded magnitude is the E2M1 value itself: no code round trip. (E2M1 value * s) / S with
+    // the product exact and the quotient correctly rounded (recip_div in the usual S range).
+    auto qdq_rne = [&](auto fast) {
+#pragma unroll
+      for (int i = 0; i < C; ++i) {
+        const float rm = rne_mag<ElemType::e2m1>(mul_rn(u2f(xb[i]), m), 1.0f);
+        const u32 o = nv_out<decltype(fast)::value, DT>(mul_rn(rm, sval), xb[i] >> 31, nv);
+        out[i] = hi16<DT>(o);
+      }
+    };
+    if (nv.fast) qdq_rne(std::true_type{});
+    else qdq_rne(std::false_type{});
+  } else {
+#pragma unroll
+    for (int i = 0; i < C; ++i) {
+      // NaN/Inf blocks: codes zeroed by store_quantized
+      const u32 code = sr ? nvfp4_encode_sr(xb[i], m, rnd[i]) : nvfp4_encode_rne_readoff(xb[i], m);
+      codes[i] = code;
+      if (!QDQ && p.mask) keep |= u32(!nonfinite && fabs_bits(mul_rn(u2f(xb[i]), m)) < 6.0f) << i;
+      if (QDQ) {
+        const float a = mul_rn(e2m1_value(code & 7u), sval);
+        const u32 o = nv.fast ? nv_out<true, DT>(a, code >> 3, nv) : nv_out<false, DT>(a, code >> 3, nv);
+        out[i] = hi16<DT>(o);
+      }
+    }
+  }
+  if constexpr (QDQ) {
+    if (c.active) store_chunk<DT, C>(p, c.row, c.k0, c.full, out, nonfinite);
+  } else {
+    u32 cw[code_words<Fmt, C>()];
+    pack_codes<Fmt, C>(codes, cw);
+    store_quantized<Fmt, C>(p, c, nonfinite, sb, cw, keep);
+  }
+}
+
+}  // namespace mxq::cuda
