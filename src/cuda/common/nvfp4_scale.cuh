@@ -14,7 +14,8 @@ struct NvScale {
 };
 __device__ __forceinline__ NvScale nv_scale(const Params& p) {
   NvScale n;
-  n.S = p.amax ? nvfp4_encode_scale(u2f(*p.amax)) : p.S;
+  // NOTE: __ldcg (L2, not L1): the amax may have been completed by other blocks' atomics.
+  n.S = p.amax ? nvfp4_encode_scale(u2f(__ldcg(p.amax))) : p.S;
   n.r = div_rn(1.0f, n.S);
   n.fast = recip_div_ok(n.S);
   return n;

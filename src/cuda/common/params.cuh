@@ -60,8 +60,11 @@ struct Params {
   bool x_vec = false, y_vec = false, codes_vec = false;
   u64 seed = 0, offset = 0;
   float S = 1.0f;
-  const u32* amax = nullptr;  // NVFP4: S comes from this tensor amax (fp32 bits) when set
-  unsigned blocks = 0;        // the grid
+  u32* amax = nullptr;  // NVFP4: S comes from this tensor amax (fp32 bits) when set
+  // NVFP4 with amax set, flat and vector-aligned: block_kernel reduces the amax itself (cooperative
+  // launch, one grid-wide barrier) instead of a separate amax kernel before it.
+  bool fused_amax = false;
+  unsigned blocks = 0;  // the grid
 };
 
 // Chunk coordinates of the calling thread.

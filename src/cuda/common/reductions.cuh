@@ -30,22 +30,33 @@ __device__ __forceinline__ u32 group_max(const Params& p, u32 m) {
   return m;
 }
 
+// max |x| as fp32 bits of C elements of a bf16 view given as its words, two lanes per instruction.
+template <int C>
+__device__ __forceinline__ u32 bf16_words_amax(const u32 (&xw)[C / 2]) {
+  u32 m2 = 0;
+#pragma unroll
+  for (int j = 0; j < C / 2; ++j) m2 = core::vmaxu2(m2, xw[j] & 0x7FFF7FFFu);
+  return core::umax(m2 & 0xFFFFu, m2 >> 16) << 16;
+}
+
 // The chunk's max |x| as fp32 bits, from the input words: bf16 two lanes per instruction; other
 // dtypes from the unpacked fp32 bits xb (which unpack() fills).
 template <DType DT, int C, class Unpack>
-__device__ __forceinline__ u32 chunk_amax(const u32 (&xw)[vec_words<DT, C>()], const u32 (&xb)[C], Unpack&& unpack) {
+__device__ __forceinline__ u32 chunk_amax(const u32 (&xw)[vec_words<DT, C>()], u32 (&xb)[C], Unpack&& unpack) {
   u32 am = 0;
   if constexpr (DT == DType::bf16) {
-    u32 m2 = 0;
-#pragma unroll
-    for (int j = 0; j < C / 2; ++j) m2 = core::vmaxu2(m2, xw[j] & 0x7FFF7FFFu);
-    am = core::umax(m2 & 0xFFFFu, m2 >> 16) << 16;
+    am = bf16_words_amax<C>(xw);
   } else {
     unpack();
 #pragma unroll
     for (int i = 0; i < C; ++i) am = core::umax(am, xb[i] & 0x7FFFFFFFu);
   }
   return am;
+}
+
+template <int C>
+constexpr int log2_chunk() {
+  return C == 16 ? 4 : C == 8 ? 3 : C == 4 ? 2 : C == 2 ? 1 : 0;
 }
 
 // The quest argument of the calling thread's group (quest_arg's arithmetic, distributed).
@@ -55,13 +66,16 @@ __device__ __forceinline__ float group_quest_arg(const Params& p, const u32 (&xb
   float xs[C], d2[C];
 #pragma unroll
   for (int i = 0; i < C; ++i) xs[i] = u2f(xb[i]);
-  const float mean = div_rn(group_sum(p, chunk_pairwise<C>(xs)), float(p.g));
+  // NOTE: g is a power of two, so s / g and s * (1 / g) are the same real number, both correctly
+  // rounded: equal bits, without a division's instruction sequence.
+  const float inv_g = pow2f(-(p.log2T + log2_chunk<C>()));
+  const float mean = mul_rn(group_sum(p, chunk_pairwise<C>(xs)), inv_g);
 #pragma unroll
   for (int i = 0; i < C; ++i) {
     const float d = sub_rn(xs[i], mean);
     d2[i] = mul_rn(d, d);
   }
-  const float var = div_rn(group_sum(p, chunk_pairwise<C>(d2)), float(p.g));
+  const float var = mul_rn(group_sum(p, chunk_pairwise<C>(d2)), inv_g);
   return add_rn(div_rn(mul_rn(sqrt_rn(var), 2.92247856f), 6.0f), 1e-8f);
 }
 

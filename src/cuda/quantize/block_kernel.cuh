@@ -2,6 +2,8 @@
 // The quantize / QDQ kernel: a grid of at most one wave of resident blocks strides over the chunks;
 // each thread keeps its next chunks in flight through a per-thread cp.async ring in shared memory, so
 // memory parallelism does not cost registers. The chunk itself is mx_chunk or nvfp4_chunk.
+#include <cooperative_groups.h>
+
 #include "cuda/common/params.cuh"
 #include "cuda/common/vector_io.cuh"
 #include "cuda/quantize/mx_chunk.cuh"
@@ -38,31 +40,86 @@ __device__ __forceinline__ void prefetch_chunk(const Params& p, i64 i, u32 dst) 
   }
 }
 
+// The fused tensor amax (Params::fused_amax): max |x| over this thread's chunks (first + it * stride,
+// flat and vector-aligned), four loads in flight, reduced over the block and atomicMax'ed into
+// *p.amax (zeroed before the launch). Plain L2-cached loads: the part of x read last is still in
+// the L2 when the second pass starts there.
+template <DType DT, int C>
+__device__ __forceinline__ void reduce_fused_amax(const Params& p, i64 first, i64 stride, i64 iters) {
+  constexpr int W = vec_words<DT, C>(), U = 4;
+  u32 m = 0;
+  for (i64 it = 0; it < iters; it += U) {
+    u32 w[U][W];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (it + u < iters) {
+        const uint4* src = reinterpret_cast<const uint4*>(p.x + u64(first + (it + u) * stride) * u64(vec_bytes<DT, C>()));
+#pragma unroll
+        for (int q = 0; q < W / 4; ++q) {
+          const uint4 v = __ldcg(src + q);
+          w[u][4 * q] = v.x, w[u][4 * q + 1] = v.y, w[u][4 * q + 2] = v.z, w[u][4 * q + 3] = v.w;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < W; ++j) w[u][j] = 0;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if constexpr (DT == DType::bf16) {
+        m = umax(m, bf16_words_amax<C>(w[u]));
+      } else {
+        u32 xb[C];
+        unpack_words<DT, C, W>(w[u], xb);
+#pragma unroll
+        for (int e = 0; e < C; ++e) m = umax(m, xb[e] & 0x7FFFFFFFu);
+      }
+    }
+  }
+  for (int st = 16; st > 0; st >>= 1) m = umax(m, __shfl_xor_sync(kFull, m, st));
+  __shared__ u32 warp_max[kThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) m = umax(m, warp_max[w]);
+    atomicMax(p.amax, m);
+  }
+}
+
 // Quantize (QDQ = false) or QDQ of format Fmt from dtype DT, C elements per chunk, choices Ch. Every
 // thread of a block runs the same number of iterations (the group shuffles need whole warps). Views
 // that are not vector-aligned load each chunk directly instead of through the ring.
-template <class Fmt, DType DT, int C, bool QDQ, class Ch>
+// FUSED (NVFP4 with Params::fused_amax, a cooperative launch): first the tensor amax over the whole
+// grid, one grid-wide barrier, then the chunks in reverse order (the last read are in the L2).
+template <class Fmt, DType DT, int C, bool QDQ, class Ch, bool FUSED = false>
 __global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const Params p) {
+  static_assert(!FUSED || Fmt::nvfp4, "only NVFP4 derives a scale from the tensor amax");
   constexpr int B = vec_bytes<DT, C>();
   constexpr int W = vec_words<DT, C>();
-  constexpr bool kStatic = !QDQ;  // is_flat known at compile time (see is_flat)
+  constexpr bool kStatic = !QDQ && !FUSED;  // is_flat known at compile time, and the stepped loop
   __shared__ __align__(16) std::uint8_t ring[kStages * kThreads * B];
   __shared__ NvTables nvt;
-  NvScale nv;
-  if constexpr (Fmt::nvfp4) {
-    nv = nv_scale(p);
-    fill_nv_tables<DT, QDQ>(nv, nvt);  // every thread reaches the barrier: no exit before
-  }
   const i64 stride = i64(gridDim.x) * kThreads;
   const i64 block_first = i64(blockIdx.x) * kThreads;
   const i64 iters = (p.total - block_first + stride - 1) / stride;  // the grid never exceeds the work
   const i64 first = block_first + threadIdx.x;
+  NvScale nv;
+  if constexpr (Fmt::nvfp4) {
+    if constexpr (FUSED) {
+      reduce_fused_amax<DT, C>(p, first, stride, iters);
+      cooperative_groups::this_grid().sync();
+    }
+    nv = nv_scale(p);
+    fill_nv_tables<DT, QDQ>(nv, nvt);  // every thread reaches the barrier: no exit before
+  }
+  // The chunk of iteration it: forward, or (FUSED) backward.
+  auto chunk_of = [&](i64 it) { return first + (FUSED ? iters - 1 - it : it) * stride; };
   std::uint8_t* const mine = ring + threadIdx.x * B;
   const u32 mine_s = smem_addr(mine);
   if (p.x_vec) {
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
-      if (st < iters) prefetch_chunk<DT, C, kStatic>(p, first + st * stride, mine_s + st * kThreads * B);
+      if (st < iters) prefetch_chunk<DT, C, kStatic>(p, chunk_of(st), mine_s + st * kThreads * B);
       cp_async_commit();
     }
   }
@@ -73,12 +130,12 @@ __global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const 
   // the stepped form was slower for QDQ, faster for quantize).
   i64 i = first, ahead_i = first + (kStages - 1) * stride;
   for (i64 it = 0; it < iters; ++it) {
-    if constexpr (QDQ) i = first + it * stride, ahead_i = first + (it + kStages - 1) * stride;
+    if constexpr (!kStatic) i = chunk_of(it), ahead_i = chunk_of(it + kStages - 1);
     const Coord c = coord<C, kStatic>(p, i);
     u32 xw[W];  // the chunk as the input's own words
     if (p.x_vec) {
       const int ahead = stage == 0 ? kStages - 1 : stage - 1;  // the slot read one iteration ago
-      if (!QDQ || it + kStages - 1 < iters) prefetch_chunk<DT, C, kStatic>(p, ahead_i, mine_s + ahead * kThreads * B);
+      if (kStatic || it + kStages - 1 < iters) prefetch_chunk<DT, C, kStatic>(p, ahead_i, mine_s + ahead * kThreads * B);
       cp_async_commit();
       cp_async_wait<kStages - 1>();
       // NOTE: a thread past the end reads a stale slot. Its group is wholly past the end too (the
@@ -94,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const 
     if constexpr (Fmt::nvfp4) nvfp4_chunk<DT, C, QDQ, Ch>(p, c, nv, nvt, xw);
     else mx_chunk<Fmt, DT, C, QDQ, Ch>(p, c, xw);
     stage = stage == kStages - 1 ? 0 : stage + 1;
-    if constexpr (!QDQ) i += stride, ahead_i += stride;
+    if constexpr (kStatic) i += stride, ahead_i += stride;
   }
 }
 

@@ -1,6 +1,8 @@
 #pragma once
 // The one dispatch of quantize and QDQ: format, dtype, chunk width and the structural choices (scale
 // rule family, rounding) become template parameters of block_kernel here and nowhere else.
+#include <cstdlib>
+
 #include "core/dispatch.hpp"
 #include "core/format_traits.hpp"
 #include "cuda/common/launch.cuh"
@@ -30,8 +32,25 @@ void dispatch_choices(const core::Problem& p, F&& f) {
   }
 }
 
+// Whether block_kernel reduces the NVFP4 tensor amax itself (one cooperative launch) rather than an
+// amax kernel before it: a flat launch at the fast chunk width with a 16-byte aligned x.
+inline bool fuses_amax(const core::Problem& p, const Plan& pl, DType dt, const void* x, i64 x_stride_bytes) {
+  return p.amax_acc && pl.flat && pl.C == (dt == DType::f32 ? 8 : 16) && aligned(x, x_stride_bytes, 16);
+}
+
+// MXQ_CUDA_BLOCKS_PER_SM=N (a tuning experiment, not for production): every block_kernel launch at
+// most N blocks per SM instead of the measured defaults below.
+inline int blocks_per_sm_override() {
+  static const int n = [] {
+    const char* v = std::getenv("MXQ_CUDA_BLOCKS_PER_SM");
+    return v && *v ? std::atoi(v) : 0;
+  }();
+  return n;
+}
+
 // Launches block_kernel<QDQ> for problem p over dtype dt with the plan's chunk width on stream s. k
 // holds the views; the vector flags of x and y are set here (they depend on the chunk width).
+// With k.fused_amax (see fuses_amax) the kernel reduces the tensor amax itself.
 // Blocks per SM: QDQ with RNE and the FP8 quantize at most 2 (wave_grid's NOTE), else the occupancy.
 template <bool QDQ>
 void launch_block_kernel(const char* fn, const core::Problem& p, DType dt, const Plan& pl, Params& k, cudaStream_t s) {
@@ -44,14 +63,37 @@ void launch_block_kernel(const char* fn, const core::Problem& p, DType dt, const
         k.x_vec = aligned(k.x, k.x_stride, vec_align<DT, C>());
         if (k.y) k.y_vec = aligned(k.y, k.y_stride, vec_align<DT, C>());
         constexpr bool kFp8 = Fmt::elem == ElemType::e4m3 || Fmt::elem == ElemType::e5m2;
-        const int cap = QDQ ? (p.stochastic ? 0 : 2) : (kFp8 ? 2 : 0);
+        const int cap = blocks_per_sm_override() > 0 ? blocks_per_sm_override() : QDQ ? (p.stochastic ? 0 : 2) : (kFp8 ? 2 : 0);
         auto launch = [&](auto ch) {
           constexpr auto kernel = block_kernel<Fmt, DT, C, QDQ, decltype(ch)>;
           k.blocks = wave_grid<kernel>(fn, k.total, cap);
           kernel<<<k.blocks, kThreads, 0, s>>>(k);
         };
-        if constexpr (C == fast_chunk<DT>()) dispatch_choices<Fmt>(p, launch);
-        else launch(Choices<ScaleChoice::runtime, RoundChoice::runtime>{});
+        if constexpr (C == fast_chunk<DT>()) {
+          if constexpr (Fmt::nvfp4) {
+            if (k.fused_amax) {
+              // One cooperative launch (its grid-wide barrier needs every block resident: wave_grid's
+              // grid is at most the resident blocks).
+              return dispatch_choices<Fmt>(p, [&](auto ch) {
+                constexpr auto kernel = block_kernel<Fmt, DT, C, QDQ, decltype(ch), true>;
+                k.blocks = wave_grid<kernel>(fn, k.total, cap);
+                cudaLaunchConfig_t cfg{};
+                cfg.gridDim = dim3(k.blocks);
+                cfg.blockDim = dim3(kThreads);
+                cfg.stream = s;
+                cudaLaunchAttribute attr{};
+                attr.id = cudaLaunchAttributeCooperative;
+                attr.val.cooperative = 1;
+                cfg.attrs = &attr;
+                cfg.numAttrs = 1;
+                check(cudaLaunchKernelEx(&cfg, kernel, k), fn, "cooperative launch of the fused-amax kernel");
+              });
+            }
+          }
+          dispatch_choices<Fmt>(p, launch);
+        } else {
+          launch(Choices<ScaleChoice::runtime, RoundChoice::runtime>{});
+        }
       });
     });
   });

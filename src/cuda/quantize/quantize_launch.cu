@@ -8,11 +8,13 @@ namespace mxq::cuda {
 void quantize(const core::Problem& p, const Tensor& x, const QuantizedOut& out) {
   const char* fn = p.fn;
   const cudaStream_t s = stream_of(p);
-  if (p.amax_acc) enqueue_amax(fn, x, p.amax_acc, s);
   const Plan pl = make_plan(p, int(dtype_size(x.dtype)), x.stride() == p.K && dense_quantized(p, out.codes, out.scales, &out.clip_mask));
   Params k = base_params(p, pl);
   k.x = static_cast<const std::uint8_t*>(x.data);
   k.x_stride = x.stride() * dtype_size(x.dtype);
+  k.fused_amax = fuses_amax(p, pl, x.dtype, k.x, k.x_stride);
+  if (k.fused_amax) check(cudaMemsetAsync(p.amax_acc, 0, sizeof(u32), s), fn, "zeroing the amax accumulator");
+  else if (p.amax_acc) enqueue_amax(fn, x, p.amax_acc, s);
   k.codes = static_cast<std::uint8_t*>(out.codes.data);
   k.codes_stride = out.codes.stride();
   k.scales = static_cast<std::uint8_t*>(out.scales.data);
