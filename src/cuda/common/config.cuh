@@ -21,7 +21,11 @@ struct LaunchConfig {
   // NOTE: tried on the H200 (2026-12-02): one chunk per thread and plain loads left the kernels
   // latency-bound (~36% achieved occupancy, DRAM ~1/3 busy); holding four chunks per thread in
   // registers instead halved the occupancy and was slower still.
+#if defined(MXQ_CUDA_STAGES)  // a tuning experiment: cmake -DCMAKE_CUDA_FLAGS=-DMXQ_CUDA_STAGES=N
+  static constexpr int kStages = MXQ_CUDA_STAGES;
+#else
   static constexpr int kStages = 4;
+#endif
   // A chunk is C contiguous elements of one thread: 16 (2-byte dtypes), 8 or 2; at most 32 bytes.
   static constexpr int kMaxChunkBytes = 32;
   static constexpr int kMaxRingBytes = kStages * kThreads * kMaxChunkBytes;

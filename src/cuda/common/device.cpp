@@ -25,6 +25,13 @@ int sm_count(const char* fn) {
   return sms;
 }
 
+int l2_bytes(const char* fn) {
+  int dev = 0, bytes = 0;
+  check(cudaGetDevice(&dev), fn, "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev), fn, "cudaDeviceGetAttribute");
+  return bytes;
+}
+
 std::int64_t launch_blocks(const char* fn, std::int64_t threads) {
   const std::int64_t b = (threads + kThreads - 1) / kThreads;
   if (b > 0x7FFFFFFF)

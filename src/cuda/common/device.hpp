@@ -17,8 +17,9 @@ inline void check(cudaError_t e, const char* fn, const std::string& what) {
 // After a kernel launch: a launch the runtime refused is an error, never a silently unwritten output.
 void check_launch(const char* fn, const char* kernel);
 
-// SMs of the current device.
+// SMs and L2 bytes of the current device.
 int sm_count(const char* fn);
+int l2_bytes(const char* fn);
 
 // Blocks of kThreads threads for `threads` threads; refuses grids past the hardware's x limit.
 std::int64_t launch_blocks(const char* fn, std::int64_t threads);

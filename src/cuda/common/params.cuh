@@ -64,6 +64,9 @@ struct Params {
   // NVFP4 with amax set, flat and vector-aligned: block_kernel reduces the amax itself (cooperative
   // launch, one grid-wide barrier) instead of a separate amax kernel before it.
   bool fused_amax = false;
+  // Fused amax: the last l2_keep_iters iterations of every thread are read with normal L2 priority,
+  // the earlier ones evict-first, so that what the reverse second pass reads first is still there.
+  i64 l2_keep_iters = 0;
   unsigned blocks = 0;  // the grid
 };
 

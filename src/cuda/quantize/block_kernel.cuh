@@ -42,8 +42,8 @@ __device__ __forceinline__ void prefetch_chunk(const Params& p, i64 i, u32 dst) 
 
 // The fused tensor amax (Params::fused_amax): max |x| over this thread's chunks (first + it * stride,
 // flat and vector-aligned), four loads in flight, reduced over the block and atomicMax'ed into
-// *p.amax (zeroed before the launch). Plain L2-cached loads: the part of x read last is still in
-// the L2 when the second pass starts there.
+// *p.amax (zeroed before the launch). The part of x read last is loaded with normal L2 priority (the
+// rest evict-first) and is still in the L2 when the second pass starts there.
 template <DType DT, int C>
 __device__ __forceinline__ void reduce_fused_amax(const Params& p, i64 first, i64 stride, i64 iters) {
   constexpr int W = vec_words<DT, C>(), U = 4;
@@ -52,11 +52,13 @@ __device__ __forceinline__ void reduce_fused_amax(const Params& p, i64 first, i6
     u32 w[U][W];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (it + u < iters) {
-        const uint4* src = reinterpret_cast<const uint4*>(p.x + u64(first + (it + u) * stride) * u64(vec_bytes<DT, C>()));
+      const i64 i = first + (it + u) * stride;
+      if (it + u < iters && i < p.total) {  // the last iteration of a block may be partly past the end
+        const uint4* src = reinterpret_cast<const uint4*>(p.x + u64(i) * u64(vec_bytes<DT, C>()));
+        const bool keep = it + u >= iters - p.l2_keep_iters;  // uniform over the block
 #pragma unroll
         for (int q = 0; q < W / 4; ++q) {
-          const uint4 v = __ldcg(src + q);
+          const uint4 v = keep ? __ldcg(src + q) : __ldcs(src + q);
           w[u][4 * q] = v.x, w[u][4 * q + 1] = v.y, w[u][4 * q + 2] = v.z, w[u][4 * q + 3] = v.w;
         }
       } else {

@@ -77,6 +77,9 @@ void launch_block_kernel(const char* fn, const core::Problem& p, DType dt, const
               return dispatch_choices<Fmt>(p, [&](auto ch) {
                 constexpr auto kernel = block_kernel<Fmt, DT, C, QDQ, decltype(ch), true>;
                 k.blocks = wave_grid<kernel>(fn, k.total, cap);
+                // NOTE: three quarters of the L2 for the lines the second pass reads first; the
+                // rest of it takes the streaming reads and the outputs.
+                k.l2_keep_iters = i64(l2_bytes(fn)) * 3 / 4 / (i64(k.blocks) * kThreads * vec_bytes<DT, C>());
                 cudaLaunchConfig_t cfg{};
                 cfg.gridDim = dim3(k.blocks);
                 cfg.blockDim = dim3(kThreads);
