@@ -30,16 +30,22 @@ else
 fi
 
 if ! skipped cpu-tests; then
-  (cd "$BUILD" && ctest -j "$JOBS" -E 'Cuda' --output-on-failure > "$LOG/ctest-cpu.log" 2>&1)
+  (cd "$BUILD" && ctest -j "$JOBS" -E 'Cuda|/cuda' --output-on-failure > "$LOG/ctest-cpu.log" 2>&1)
   status "ctest, CPU suites" "$(grep -E 'tests passed' "$LOG/ctest-cpu.log" || echo FAILED)"
 fi
 
+# The GPU suites: every op test's CUDA cases (named <op>/<backend>_...) and the CUDA-only tests.
+GPU_TESTS="quantize_test dequantize_test qdq_test layout_test cuda_test"
+GPU_FILTER='*cuda*:Cuda*'
 if ! skipped gpu-tests; then
-  t0=$SECONDS
-  "$BUILD/tests/cuda_test" --gtest_brief=1 > "$LOG/cuda_test.log" 2>&1
-  rc=$?
-  status "cuda_test (GPU vs reference)" "$(grep -E '^\[  PASSED  \]' "$LOG/cuda_test.log" | head -1) $(grep -E '^\[  FAILED  \] [0-9]+ test' "$LOG/cuda_test.log") rc=$rc ($((SECONDS - t0)) s)"
-  [ $rc -ne 0 ] && grep -B2 -A12 'Failure' "$LOG/cuda_test.log" | head -60
+  t0=$SECONDS; passed=0; failed=0; rc=0
+  for t in $GPU_TESTS; do
+    "$BUILD/tests/$t" --gtest_filter="$GPU_FILTER" --gtest_brief=1 > "$LOG/$t.log" 2>&1 || rc=1
+    passed=$((passed + $(grep -oE '^\[  PASSED  \] [0-9]+' "$LOG/$t.log" | grep -oE '[0-9]+$' || echo 0)))
+    failed=$((failed + $(grep -oE '^\[  FAILED  \] [0-9]+ test' "$LOG/$t.log" | grep -oE '[0-9]+' || echo 0)))
+    grep -q 'Failure' "$LOG/$t.log" && grep -B2 -A12 'Failure' "$LOG/$t.log" | head -40
+  done
+  status "GPU suites (CUDA vs reference)" "$passed passed, $failed failed rc=$rc ($((SECONDS - t0)) s)"
 fi
 
 if ! skipped cli && [ -x "$BUILD/tools/mxq/mxq" ]; then  # the tool's self-test on this GPU
@@ -60,13 +66,17 @@ fi
 
 if ! skipped sanitizer; then
   # A representative subset (every kernel: both chunk widths, shuffles up to 32 lanes, atomics,
-  # the amax reduction, swizzle, graph capture); the full grid is too slow under the tools.
-  FILTER='*mxfp4_quest_rne_g16*:*mxfp4_quest_stochastic_g256*:*mxint8_floor_rne_g2*:*nvfp4_nvfp4_rne:*mxfp6_e3m2_rceil_rne_g4*:CudaScales*:CudaDequantize*:CudaGraph*'
+  # the fused amax, swizzle, graph capture); the full grid is too slow under the tools.
+  FILTER='*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*'
   for tool in memcheck racecheck synccheck initcheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/cuda_test" --gtest_filter="$FILTER" --gtest_brief=1 > "$LOG/sanitizer-$tool.log" 2>&1
-    rc=$?
-    status "compute-sanitizer $tool" "$(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-$tool.log" | tail -1) rc=$rc"
-    [ $rc -ne 0 ] && grep -m 3 -A 12 -E '^========= (Invalid|Race|Barrier|Uninitialized|Program hit|Error)' "$LOG/sanitizer-$tool.log"
+    errors=0; rc=0
+    for t in $GPU_TESTS; do
+      compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/$t" --gtest_filter="$FILTER" --gtest_brief=1 > "$LOG/sanitizer-$tool-$t.log" 2>&1 || rc=$?
+      n=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$LOG/sanitizer-$tool-$t.log" | grep -oE '[0-9]+$' || echo 0)
+      errors=$((errors + ${n:-0}))
+      [ "${n:-0}" != 0 ] && grep -m 3 -A 12 -E '^========= (Invalid|Race|Barrier|Uninitialized|Program hit|Error)' "$LOG/sanitizer-$tool-$t.log"
+    done
+    status "compute-sanitizer $tool" "ERROR SUMMARY: $errors errors over $GPU_TESTS rc=$rc"
   done
 fi
 

@@ -11,6 +11,8 @@
 
 #include "core/codec.hpp"
 #include "core/fastmath.hpp"
+#include <mxq/ops.hpp>
+
 #include "oracle.hpp"
 
 using namespace mxq;
@@ -198,7 +200,7 @@ TEST(Codec, F32ToBf16AndF16RoundAndSaturate) {
 }
 
 TEST(Codec, ScaleRulesAgainstExactFormulas) {
-  const ScaleRule rules[] = {ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil};
+  const auto rules = mxq::amax_rules();
   for (ElemType t : kElems) {
     const FloatSpec s = elem_spec(t);
     const oracle::Fmt& f = oracle::fmt(t);

@@ -13,8 +13,8 @@ using th::Quantized;
 
 namespace {
 
-constexpr Format kMx[] = {Format::mxfp4, Format::mxfp6_e2m3, Format::mxfp6_e3m2,
-                          Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::mxint8};
+// The MX formats (every format but the last, NVFP4).
+const std::span<const Format> kMx = all_formats().first(all_formats().size() - 1);
 
 // The oracle's E8M0 exponent for the amax rules.
 int oracle_scale_exp(ScaleRule rule, double amax, const oracle::Fmt& f) {
@@ -98,9 +98,8 @@ void check_against_oracle(const HostTensor& x, QuantOptions o) {
 }  // namespace
 
 TEST(Reference, MxFormatsAndRulesAgainstOracle) {
-  const ScaleRule rules[] = {ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil};
   for (Format fmt : kMx)
-    for (ScaleRule rule : rules)
+    for (ScaleRule rule : amax_rules())
       for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
         const HostTensor x = th::llm_like(dt, 3, 97, 17 + int(fmt) * 7 + int(rule));
         check_against_oracle(x, QuantOptions::mx(fmt, rule));

@@ -1,9 +1,19 @@
 #pragma once
 // mxq operations on 2-D row-major views. Every entry validates its arguments and throws
 // mxq::Error naming the offending argument; nothing is written when validation fails.
+#include <span>
+
 #include <mxq/types.hpp>
 
 namespace mxq {
+
+// ---- the catalogue: every format and the scale rules each accepts --------------------------------
+std::span<const Format> all_formats();  // in declaration order
+// The rules format f accepts: floor, ceil, even, rceil and quest for every MX format, qutlass_absmax
+// for MXFP4 as well; nvfp4 for NVFP4.
+std::span<const ScaleRule> rules_for(Format f);
+// The rules that depend on the block amax alone: floor, ceil, even, rceil.
+std::span<const ScaleRule> amax_rules();
 
 // ---- format facts ------------------------------------------------------------------------------------
 struct FormatInfo {

@@ -28,7 +28,20 @@ constexpr std::array kRules{ScaleRule::floor, ScaleRule::ceil,           ScaleRu
 constexpr std::array kDTypes{DType::f32, DType::f16, DType::bf16, DType::u8};
 constexpr std::array kBackends{Backend::automatic, Backend::reference, Backend::cpu, Backend::cuda};
 
+constexpr std::array kMxRules{ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::quest};
+constexpr std::array kMxfp4Rules{ScaleRule::floor, ScaleRule::ceil,  ScaleRule::even,
+                                 ScaleRule::rceil, ScaleRule::quest, ScaleRule::qutlass_absmax};
+constexpr std::array kNvfp4Rules{ScaleRule::nvfp4};
+
 }  // namespace
+
+std::span<const Format> all_formats() { return kFormats; }
+std::span<const ScaleRule> amax_rules() { return std::span<const ScaleRule>(kMxRules).first(4); }
+std::span<const ScaleRule> rules_for(Format f) {
+  if (f == Format::nvfp4) return kNvfp4Rules;
+  if (f == Format::mxfp4) return kMxfp4Rules;
+  return kMxRules;
+}
 
 std::string_view to_string(Format f) {
   switch (f) {

@@ -33,11 +33,8 @@ std::vector<Case> cases() {
   std::vector<Case> v;
   for (Rounding rd : {Rounding::nearest_even, Rounding::stochastic})
     for (ScaleLayout l : {ScaleLayout::linear, ScaleLayout::swizzled}) {
-      for (Format f : {Format::mxfp4, Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3, Format::mxfp8_e5m2,
-                       Format::mxint8})
-        for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::quest})
-          v.push_back({f, r, rd, l});
-      v.push_back({Format::nvfp4, ScaleRule::nvfp4, rd, l});
+      for (Format f : all_formats())
+        for (ScaleRule r : rules_for(f)) v.push_back({f, r, rd, l});
     }
   return v;
 }

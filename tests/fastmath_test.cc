@@ -1,5 +1,7 @@
-// The fast CPU path against the reference, byte for byte: every format x rule x rounding, every
-// input dtype, both scale layouts, awkward shapes, strided rows, several thread counts.
+// The contracts of core/fastmath.hpp and core/format_traits.hpp ("equals X bit for bit on Y"): each
+// helper the fast CPU path and the CUDA kernels share, against the scalar codec, over every input its
+// comment allows. (The backends themselves are checked against the reference by quantize_test,
+// dequantize_test, qdq_test and layout_test.)
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -21,160 +23,6 @@
 using namespace mxq;
 using th::HostTensor;
 using th::Quantized;
-
-namespace {
-
-using th::Case;
-using th::Shape;
-
-std::vector<Case> all_cases() {
-  std::vector<Case> v;
-  for (Rounding rd : {Rounding::nearest_even, Rounding::stochastic}) {
-    th::add_default_cases(rd, v);
-    v.push_back({Format::mxfp4, ScaleRule::even, rd, 16});
-    v.push_back({Format::mxfp8_e4m3, ScaleRule::floor, rd, 64});
-    v.push_back({Format::nvfp4, ScaleRule::nvfp4, rd, 32});
-  }
-  return v;
-}
-
-std::vector<Shape> shapes_for(int g) {
-  return {{1, 1, 0}, {1, g - 1, 0}, {1, g, 0}, {1, g + 1, 0}, {3, 97, 0}, {130, 65, 80}, {2, 4103, 0}, {16, 1024, 0}};
-}
-
-class FastVsReference : public testing::TestWithParam<Case> {};
-
-void set_threads(int n) {
-#if defined(_OPENMP)
-  omp_set_num_threads(n);
-#else
-  (void)n;
-#endif
-}
-
-TEST_P(FastVsReference, QuantizeDequantizeQdqBitExact) {
-  const Case c = GetParam();
-  QuantOptions o = c.format == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(c.format, c.rule);
-  o.rounding = c.rounding;
-  o.group_size = c.group;
-  o.seed = 0xC0FFEE;
-  o.offset = 12345;
-  const int g = group_size(o);
-  int seed = 1;
-  for (const Shape& s : shapes_for(g)) {
-    for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
-      HostTensor x = th::llm_like(dt, s.rows, s.cols, seed++, s.stride);
-      if (s.rows >= 3) {  // a NaN block and an Inf block
-        x.set(1, 0, NAN);
-        x.set(2, s.cols - 1, -INFINITY);
-      }
-      for (ScaleLayout layout : {ScaleLayout::linear, ScaleLayout::swizzled}) {
-        o.scale_layout = layout;
-        const std::string what = th::name_of(o) + " " + std::string(to_string(dt)) + " [" + std::to_string(s.rows) +
-                                 ", " + std::to_string(s.cols) + "] stride " + std::to_string(s.stride);
-        SCOPED_TRACE(what);
-        QuantOptions oref = o, ofast = o;
-        oref.backend = Backend::reference;
-        ofast.backend = Backend::cpu;
-        Quantized qr(oref, s.rows, s.cols, true);
-        quantize(x.view(), qr.out(), oref);
-        for (int threads : {1, 2, 3}) {
-          set_threads(threads);
-          Quantized qf(ofast, s.rows, s.cols, true);
-          quantize(x.view(), qf.out(), ofast);
-          th::expect_same_bytes(qr.codes, qf.codes, "codes, threads=" + std::to_string(threads));
-          th::expect_same_bytes(qr.scales, qf.scales, "scales, threads=" + std::to_string(threads));
-          th::expect_same_bytes(qr.mask, qf.mask, "clip mask, threads=" + std::to_string(threads));
-          EXPECT_EQ(qr.S, qf.S);
-        }
-        set_threads(2);
-        // Dequantize to every dtype.
-        QuantOptions dref = oref, dfast = ofast;
-        if (c.format == Format::nvfp4) dref.tensor_scale = dfast.tensor_scale = qr.S;
-        for (DType ot : {DType::f32, DType::bf16, DType::f16}) {
-          HostTensor yr(ot, s.rows, s.cols), yf(ot, s.rows, s.cols);
-          dequantize(qr.in(), yr.view(), dref);
-          dequantize(qr.in(), yf.view(), dfast);
-          th::expect_same_bytes(yr, yf, "dequantize to " + std::string(to_string(ot)));
-        }
-        // QDQ, out of place and in place.
-        if (layout == ScaleLayout::linear) {
-          HostTensor yr(dt, s.rows, s.cols, s.stride), yf(dt, s.rows, s.cols, s.stride);
-          qdq(x.view(), yr.view(), oref);
-          qdq(x.view(), yf.view(), ofast);
-          th::expect_same_bytes(yr, yf, "qdq");
-          HostTensor z = x;
-          qdq(z.view(), z.view(), ofast);
-          th::expect_same_bytes(yr, z, "in-place qdq");
-        }
-      }
-    }
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(AllFormatsRulesRoundings, FastVsReference, testing::ValuesIn(all_cases()), th::case_name);
-
-TEST(FastDequantize, ArbitraryCodeBytesIncludingNaNCodes) {
-  // Dequantize random code and scale bytes (NaN/Inf element codes, stray FP6 high bits, NaN scales).
-  std::mt19937 rng(3);
-  for (Format f : {Format::mxfp4, Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::mxint8, Format::nvfp4}) {
-    QuantOptions o = f == Format::nvfp4 ? QuantOptions::nvfp4(3.0f) : QuantOptions::mx(f, ScaleRule::floor);
-    Quantized q(o, 7, 300);
-    for (auto& b : q.codes.bytes) b = std::uint8_t(rng());
-    for (auto& b : q.scales.bytes) b = std::uint8_t(rng());
-    for (DType ot : {DType::f32, DType::bf16, DType::f16}) {
-      HostTensor yr(ot, 7, 300), yf(ot, 7, 300);
-      o.backend = Backend::reference;
-      dequantize(q.in(), yr.view(), o);
-      o.backend = Backend::cpu;
-      dequantize(q.in(), yf.view(), o);
-      th::expect_same_bytes(yr, yf, std::string(to_string(f)) + " random bytes to " + std::string(to_string(ot)));
-    }
-  }
-}
-
-TEST(FastAmax, MatchesReferenceWithSpecials) {
-  HostTensor x = th::llm_like(DType::bf16, 33, 1000, 4);
-  EXPECT_EQ(tensor_amax(x.view(), Backend::cpu), tensor_amax(x.view(), Backend::reference));
-  x.set(5, 5, -INFINITY);
-  EXPECT_TRUE(std::isinf(tensor_amax(x.view(), Backend::cpu)));
-  x.set(7, 999, NAN);
-  EXPECT_TRUE(std::isnan(tensor_amax(x.view(), Backend::cpu)));
-  EXPECT_TRUE(std::isnan(tensor_amax(x.view(), Backend::reference)));
-}
-
-}  // namespace
-
-namespace {
-
-// Every bf16 bit pattern through quantize and QDQ on both CPU backends: once in shuffled blocks
-// (mixed magnitudes, NaN/Inf blocks), once as the small member of a block whose amax is fixed, so
-// each pattern is converted at many different scales.
-TEST(FastVsReferenceExhaustive, AllBf16PatternsThroughQuantizeAndQdq) {
-  const HostTensor shuffled = th::all_bf16_shuffled(), anchored = th::all_bf16_anchored();
-  std::vector<QuantOptions> opts = th::sweep_options();
-  for (QuantOptions o : opts) {
-    for (const HostTensor* x : {&shuffled, &anchored}) {
-      o.group_size = x == &anchored ? 2 : 0;
-      SCOPED_TRACE(th::name_of(o) + (x == &anchored ? " anchored" : " shuffled"));
-      QuantOptions oref = o, ofast = o;
-      oref.backend = Backend::reference;
-      ofast.backend = Backend::cpu;
-      Quantized qr(oref, x->rows, x->cols, true), qf(ofast, x->rows, x->cols, true);
-      quantize(x->view(), qr.out(), oref);
-      quantize(x->view(), qf.out(), ofast);
-      th::expect_same_bytes(qr.codes, qf.codes, "codes");
-      th::expect_same_bytes(qr.scales, qf.scales, "scales");
-      th::expect_same_bytes(qr.mask, qf.mask, "clip mask");
-      HostTensor yr(DType::bf16, x->rows, x->cols), yf(DType::bf16, x->rows, x->cols);
-      qdq(x->view(), yr.view(), oref);
-      qdq(x->view(), yf.view(), ofast);
-      th::expect_same_bytes(yr, yf, "qdq");
-    }
-  }
-}
-
-}  // namespace
 
 // sr_round_unscaled (the kernels' stochastic-rounding form, in the unscaled domain) against the
 // scalar codec: every finite bf16 pattern, at every scale of the fast range that puts it near the
@@ -242,7 +90,7 @@ TEST(FastScaleRules, AmaxRuleConstantsMatchTheCodecForEverySignificand) {
   auto check = [&](auto et) {
     constexpr ElemType ET = decltype(et)::value;
     constexpr FloatSpec f = Elem<ET>::spec;
-    for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil}) {
+    for (ScaleRule r : mxq::amax_rules()) {
       const AmaxRule k = amax_rule(r, f);
       for (std::uint32_t ex : {0u, 1u, 2u, 60u, 127u, 128u, 200u, 253u, 254u}) {
         const std::int64_t step = ex == 0 || ex == 127 ? 1 : 61;

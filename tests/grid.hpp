@@ -1,0 +1,130 @@
+#pragma once
+// The one case grid of the backend-vs-reference tests (quantize_test, dequantize_test, qdq_test,
+// layout_test): every backend runs the same cases, named "<backend>_<format>_<rule>_<rounding>[_g<g>]".
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <mxq/mxq.hpp>
+
+#include "core/validate.hpp"
+#include "helpers.hpp"
+
+namespace th {
+
+struct Case {
+  mxq::Format format;
+  mxq::ScaleRule rule;
+  mxq::Rounding rounding;
+  int group;  // 0 = the format's default
+};
+
+inline void PrintTo(const Case& c, std::ostream* os) {
+  *os << mxq::to_string(c.format) << "/" << mxq::to_string(c.rule) << "/" << mxq::to_string(c.rounding) << "/g" << c.group;
+}
+
+// The backends checked against the reference: the fast CPU path and the CUDA kernels (skipped, with
+// the reason, where no CUDA device is usable).
+inline std::vector<mxq::Backend> backends() { return {mxq::Backend::cpu, mxq::Backend::cuda}; }
+
+// Every format x every rule it accepts (mxq::rules_for), default group size, both roundings; NVFP4 in
+// groups of 32 too; other group sizes (the C = 2 and C = 8 kernels, T = 1 .. 32 lanes per group).
+inline std::vector<Case> all_cases() {
+  using mxq::Format;
+  using mxq::ScaleRule;
+  std::vector<Case> v;
+  for (mxq::Rounding rd : {mxq::Rounding::nearest_even, mxq::Rounding::stochastic}) {
+    for (Format f : mxq::all_formats())
+      for (ScaleRule r : mxq::rules_for(f)) v.push_back({f, r, rd, 0});
+    v.push_back({Format::nvfp4, ScaleRule::nvfp4, rd, 32});
+    for (int g : {2, 4, 8, 16, 64, 128, 256}) {
+      v.push_back({Format::mxfp4, ScaleRule::quest, rd, g});
+      v.push_back({Format::mxfp8_e4m3, ScaleRule::even, rd, g});
+    }
+    v.push_back({Format::mxfp4, ScaleRule::even, rd, 16});
+    v.push_back({Format::mxfp8_e4m3, ScaleRule::floor, rd, 64});
+    v.push_back({Format::mxint8, ScaleRule::floor, rd, 2});
+    v.push_back({Format::mxfp6_e3m2, ScaleRule::rceil, rd, 4});
+  }
+  return v;
+}
+
+inline mxq::QuantOptions options_of(const Case& c) {
+  mxq::QuantOptions o = c.format == mxq::Format::nvfp4 ? mxq::QuantOptions::nvfp4() : mxq::QuantOptions::mx(c.format, c.rule);
+  o.rounding = c.rounding;
+  o.group_size = c.group;
+  o.seed = 0xC0FFEE;
+  o.offset = 12345;
+  return o;
+}
+
+struct Shape {
+  std::int64_t rows, cols, stride;
+};
+// Awkward shapes for group size g: one row, K = g - 1, g, g + 1, rows past 128 (the swizzled
+// layout's padding), strided rows, long rows.
+inline std::vector<Shape> shapes_for(int g) {
+  return {{1, 1, 0}, {1, g - 1, 0}, {1, g, 0}, {1, g + 1, 0}, {3, 97, 0}, {130, 65, 80},
+          {2, 4103, 0}, {16, 1024, 0}, {5, 256, 259}, {257, 96, 0}};
+}
+
+// An input of the grid: LLM-like, with a NaN block and an Inf block where there are three rows.
+inline HostTensor grid_input(mxq::DType dt, const Shape& s, std::uint32_t seed) {
+  HostTensor x = llm_like(dt, s.rows, s.cols, seed, s.stride);
+  if (s.rows >= 3) {
+    x.set(1, 0, NAN);
+    x.set(2, s.cols - 1, -INFINITY);
+  }
+  return x;
+}
+
+using BackendCase = std::tuple<mxq::Backend, Case>;
+inline std::string backend_case_name(const testing::TestParamInfo<BackendCase>& i) {
+  const Case& c = std::get<1>(i.param);
+  std::string n = std::string(mxq::to_string(std::get<0>(i.param))) + "_" + std::string(mxq::to_string(c.format)) + "_" +
+                  std::string(mxq::to_string(c.rule)) + "_" + std::string(mxq::to_string(c.rounding));
+  if (c.group) n += "_g" + std::to_string(c.group);
+  return n;
+}
+inline std::string backend_name(const testing::TestParamInfo<mxq::Backend>& i) { return std::string(mxq::to_string(i.param)); }
+
+// ---- the exhaustive bf16 sweep --------------------------------------------------------------------------
+// Every bf16 pattern once, shuffled into [2048, 32] blocks (mixed magnitudes, NaN/Inf blocks).
+inline HostTensor all_bf16_shuffled() {
+  std::vector<std::uint16_t> pats(65536);
+  for (std::uint32_t i = 0; i < 65536; ++i) pats[i] = std::uint16_t(i);
+  std::shuffle(pats.begin(), pats.end(), std::mt19937(5));
+  HostTensor x(mxq::DType::bf16, 2048, 32);
+  std::memcpy(x.bytes.data(), pats.data(), 65536 * 2);
+  return x;
+}
+// Every bf16 pattern beside a fixed anchor in [1, 2^31), one per row of [65536, 2] (group size 2), so
+// each pattern is converted at many different scales.
+inline HostTensor all_bf16_anchored() {
+  HostTensor x(mxq::DType::bf16, 65536, 2);
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    const std::uint16_t p = std::uint16_t(i), a = std::uint16_t(0x3F80 + ((i * 37) % 0x0F00));
+    std::memcpy(&x.bytes[i * 4], &p, 2);
+    std::memcpy(&x.bytes[i * 4 + 2], &a, 2);
+  }
+  return x;
+}
+// The sweep's options: every format x every rule it accepts, NVFP4 with a computed and a given tensor
+// scale; each with round-to-nearest-even and with stochastic rounding.
+inline std::vector<mxq::QuantOptions> sweep_options() {
+  using namespace mxq;
+  std::vector<QuantOptions> opts;
+  for (Format f : all_formats())
+    for (ScaleRule r : rules_for(f)) opts.push_back(f == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(f, r));
+  opts.push_back(QuantOptions::nvfp4(1.0f));
+  for (std::size_t i = 0, n = opts.size(); i < n; ++i) {
+    QuantOptions sr = opts[i];
+    sr.rounding = Rounding::stochastic;
+    sr.seed = 99;
+    opts.push_back(sr);
+  }
+  return opts;
+}
+
+}  // namespace th
