@@ -97,6 +97,7 @@ struct Rows {
 std::optional<int64_t> collapsed_row_stride(const at::Tensor& t) {
   const int64_t n = t.dim();
   const int64_t K = t.size(n - 1);
+  if (t.numel() == 0) return 0;  // nothing is addressed: dense
   if (K > 1 && t.stride(n - 1) != 1) return std::nullopt;
   std::optional<int64_t> rs;      // stride of the innermost leading dimension of size > 1
   int64_t expect = -1;            // the stride the next outer leading dimension must have
