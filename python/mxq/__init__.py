@@ -21,13 +21,13 @@ from . import _C  # registers torch.ops.mxq.*
 from . import _meta  # noqa: F401  (fake implementations)
 from ._formats import FORMATS, RULES, FormatInfo, format_info
 from .ops import QuantizedTensor, dequantize, qdq, qdq_, quantize, swizzle_scales, unswizzle_scales
-from .emulate import EmulationHandle, QDQLinear, emulate, restore
+from .emulate import EmulationHandle, QDQExperts, QDQLinear, emulate, restore
 
 __version__ = "0.1.0"
 
 __all__ = [
     "FORMATS", "RULES", "FormatInfo", "format_info", "QuantizedTensor", "quantize", "dequantize", "qdq", "qdq_",
-    "swizzle_scales", "unswizzle_scales", "emulate", "restore", "EmulationHandle", "QDQLinear", "cuda_compiled",
+    "swizzle_scales", "unswizzle_scales", "emulate", "restore", "EmulationHandle", "QDQLinear", "QDQExperts", "cuda_compiled",
     "cuda_available",
 ]
 
