@@ -9,6 +9,8 @@ Environment:
   MXQ_CUDA_ARCHITECTURES  CUDA architectures of the kernels (default "80;89;90a")
   MAX_JOBS                parallel compile jobs (default: every core), as torch's extensions use it
   CMAKE                   the cmake executable (default: cmake on PATH)
+  MXQ_LIBMXQ_BUILD_DIR    link the libmxq.a of this existing CMake build of mxq (e.g. the build dir of
+                          scripts/test) instead of building one; CUDA is on when that library has it
 """
 import os
 import re
@@ -48,7 +50,22 @@ def _want_cuda() -> bool:
     return have
 
 
-WITH_CUDA = _want_cuda()
+def _prebuilt():
+    d = os.environ.get("MXQ_LIBMXQ_BUILD_DIR")
+    if not d:
+        return None
+    lib = Path(d) / "libmxq.a"
+    if not lib.exists():
+        sys.exit(f"mxq: MXQ_LIBMXQ_BUILD_DIR={d}: no libmxq.a there (a static build of mxq)")
+    members = subprocess.run(["ar", "t", str(lib)], check=True, capture_output=True, text=True).stdout.split()
+    cuda = any(m.endswith(".cu.o") for m in members)
+    if cuda and torch.version.cuda is None:
+        sys.exit(f"mxq: {lib} has the CUDA backend but this torch has no CUDA")
+    return lib, cuda
+
+
+PREBUILT = _prebuilt()
+WITH_CUDA = PREBUILT[1] if PREBUILT else _want_cuda()
 TORCH_VERSION = torch.__version__.split("+")[0]
 
 
@@ -70,6 +87,9 @@ class BuildExt(tce.BuildExtension):
         super().build_extensions()
 
     def _build_libmxq(self):
+        if PREBUILT:
+            print(f"mxq: linking the prebuilt {PREBUILT[0]} (CUDA: {PREBUILT[1]})", flush=True)
+            return PREBUILT[0], self._openmp_flags(PREBUILT[0].parent)
         cmake = os.environ.get("CMAKE") or shutil.which("cmake")
         if not cmake:
             sys.exit("mxq: cmake (>= 3.24) is needed to build libmxq; install it (apt, or pip install cmake)")
@@ -94,10 +114,14 @@ class BuildExt(tce.BuildExtension):
         lib = bdir / "libmxq.a"
         if not lib.exists():
             sys.exit(f"mxq: the CMake build did not produce {lib}")
-        cache = (bdir / "CMakeCache.txt").read_text()
-        m = re.search(r"^OpenMP_CXX_FLAGS:STRING=(.*)$", cache, re.M)
-        link_flags = m.group(1).split() if m and m.group(1) else []
-        return lib, link_flags
+        return lib, self._openmp_flags(bdir)
+
+    @staticmethod
+    def _openmp_flags(bdir: Path):
+        """libmxq links OpenMP privately; a static archive leaves that to the extension."""
+        cache = bdir / "CMakeCache.txt"
+        m = re.search(r"^OpenMP_CXX_FLAGS:STRING=(.*)$", cache.read_text(), re.M) if cache.exists() else None
+        return m.group(1).split() if m and m.group(1) else []
 
 
 def _extension():
