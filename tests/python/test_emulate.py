@@ -124,7 +124,7 @@ def test_emulate_qwen3_moe_experts():
                 g_, u_ = nn.functional.linear(a(hs[t:t + 1]), mxq.qdq(gu[e], "mxfp4")).chunk(2, -1)
                 expect[t] += (nn.functional.linear(a(ex.act_fn(g_) * u_), mxq.qdq(dn[e], "mxfp4")) * w[t, j])[0]
         # NOTE: a tolerance only for the fp32 GEMM: the module multiplies each expert's gathered tokens at once,
-        # this loop one token at a time (another accumulation order); the QDQ inputs are compared exactly above.
+        # this loop one token at a time (another accumulation order); the QDQ'd weights are compared exactly above.
         torch.testing.assert_close(got, expect, rtol=0, atol=1e-6)
         emu = model(ids).logits
         assert emu.shape == base.shape and not torch.equal(emu, base)
