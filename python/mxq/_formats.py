@@ -32,6 +32,7 @@ _INFO = {
 }
 FORMATS: tuple[str, ...] = tuple(_INFO)
 RULES: tuple[str, ...] = ("floor", "ceil", "even", "rceil", "quest", "qutlass_absmax", "nvfp4")
+_RULE_SET = frozenset(RULES)
 
 _FORMAT_ALIASES = {"mxfp8": "mxfp8_e4m3", "mxfp6e2m3": "mxfp6_e2m3", "mxfp6e3m2": "mxfp6_e3m2",
                    "mxfp8e4m3": "mxfp8_e4m3", "mxfp8e5m2": "mxfp8_e5m2"}
@@ -45,6 +46,8 @@ def _norm(s: str) -> str:
 def canonical_format(name: str) -> str:
     """The library's name of a format: exact names (mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3,
     mxfp8_e5m2, mxint8, nvfp4), case-insensitive, '-' for '_', and the alias mxfp8 -> mxfp8_e4m3."""
+    if name in _INFO:  # the fast path: already the library's name
+        return name
     if not isinstance(name, str):
         raise TypeError(f"mxq: argument 'format': expected a str, got {type(name).__name__}")
     n = _norm(name)
@@ -66,6 +69,8 @@ def canonical_rule(name: Optional[str], fmt: str) -> str:
     abs_max is accepted for qutlass_absmax); None gives the format's default rule."""
     if name is None:
         return default_rule(fmt)
+    if name in _RULE_SET:
+        return name
     if not isinstance(name, str):
         raise TypeError(f"mxq: argument 'rule': expected a str or None, got {type(name).__name__}")
     n = _norm(name)

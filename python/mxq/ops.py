@@ -27,6 +27,8 @@ ScaleLike = Union[None, float, int, torch.Tensor]
 
 def _u64(v: int, arg: str) -> int:
     """A uint64 (seed, offset) as the int64 bit pattern the op schema carries."""
+    if type(v) is int and 0 <= v < 1 << 63:
+        return v
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError(f"mxq: argument '{arg}': expected an int, got {type(v).__name__}")
     if not 0 <= v < 1 << 64:
