@@ -23,7 +23,12 @@ from ._formats import FORMATS, RULES, FormatInfo, format_info
 from .ops import QuantizedTensor, dequantize, qdq, qdq_, quantize, swizzle_scales, unswizzle_scales
 from .emulate import EmulationHandle, QDQExperts, QDQLinear, emulate, restore
 
-__version__ = "0.1.0"
+try:  # the version setup.py took from CMakeLists.txt
+    from importlib.metadata import version as _version
+
+    __version__ = _version("mxq")
+except Exception:  # noqa: BLE001  (not installed as a distribution: running from the tree)
+    __version__ = "unknown"
 
 __all__ = [
     "FORMATS", "RULES", "FormatInfo", "format_info", "QuantizedTensor", "quantize", "dequantize", "qdq", "qdq_",
