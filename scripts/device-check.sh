@@ -2,7 +2,7 @@
 # One call on the GPU machine: build from a bare checkout, run every CPU and GPU test, the sanitizers
 # and the benchmarks, write logs under $OUT, end with a short table.
 #   MXQ_DEVICE_ARCH   CUDA architectures to build here (default: 90a, the H200; CI builds 80;89;90a)
-#   MXQ_CHECK_SKIP    space-separated stages to skip: cpu-tests gpu-tests cli sanitizer bench peers
+#   MXQ_CHECK_SKIP    space-separated stages to skip: cpu-tests gpu-tests cli sanitizer bench peers python
 #   MXQ_CHECK_NCU     ';'-separated cuda_bench rows to profile with Nsight Compute (summary lines printed)
 #   MXQ_CHECK_NCU_SOURCE  one cuda_bench row: per-instruction SASS counts into $OUT/ncu-source.csv
 set -uo pipefail
@@ -111,7 +111,29 @@ if ! skipped peers && [ -s "$OUT/cuda_bench.jsonl" ]; then
   status "torch peers (eager, compile)" "rc=$? ($((SECONDS - t0)) s)"
 fi
 
+if ! skipped python; then  # the PyTorch package against this machine's torch (no network needed)
+  t0=$SECONDS
+  PYV=$BUILD/pyvenv
+  [ -x "$PYV/bin/python" ] || python3 -m venv --system-site-packages "$PYV" > "$LOG/pyvenv.log" 2>&1
+  if (cd "$ROOT" && MXQ_LIBMXQ_BUILD_DIR="$BUILD" MAX_JOBS=$JOBS "$PYV/bin/python" -m pip install --no-build-isolation \
+        --no-deps --no-index -v . > "$LOG/pip-install.log" 2>&1); then
+    status "python: pip install" "ok ($((SECONDS - t0)) s)"
+    t0=$SECONDS
+    (cd "$ROOT" && "$PYV/bin/python" -m pytest tests/python -v -rs > "$OUT/pytest.txt" 2>&1)
+    rc=$?
+    status "python: pytest tests/python" "$(tail -1 "$OUT/pytest.txt") rc=$rc ($((SECONDS - t0)) s)"
+    [ $rc -ne 0 ] && grep -E '^(FAILED|ERROR)' "$OUT/pytest.txt" | head -20
+    if ! skipped bench; then
+      "$PYV/bin/python" "$ROOT/bench/torch_ops_bench.py" --markdown "$OUT/torch_ops_bench.md" > "$LOG/torch_ops_bench.txt" 2>&1
+      status "python: torch_ops_bench" "rc=$? (torch_ops_bench.md)"
+    fi
+  else
+    status "python: pip install" FAILED; tail -30 "$LOG/pip-install.log"
+  fi
+fi
+
 tar czf "$OUT/logs.tgz" -C "$OUT" logs; cp "$LOG/cuda_bench.txt" "$OUT/" 2>/dev/null
 echo; cat "$LOG/machine.txt"; echo; cat "$OUT/summary.txt"; echo
 if [ -s "$OUT/perf_table.md" ]; then cat "$OUT/perf_table.md"; elif [ -s "$OUT/cuda_bench.txt" ]; then cat "$OUT/cuda_bench.txt"; fi
+[ -s "$OUT/torch_ops_bench.md" ] && { echo; cat "$OUT/torch_ops_bench.md"; }
 rm -rf "$LOG"

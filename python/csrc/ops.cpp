@@ -1,0 +1,400 @@
+// mxq's operations as torch.library custom ops (namespace "mxq"): one C++ kernel per op, registered
+// for CPU and CUDA; their fake (meta) implementations are registered from Python
+// (python/mxq/_meta.py). Every op allocates its outputs through ATen (the caching allocator on CUDA),
+// runs on the current CUDA stream and never synchronises, so it can be captured in a CUDA graph.
+//
+// Tensors of any rank are flattened to rows of the last dimension. A tensor whose last stride is 1 and
+// whose leading dimensions collapse to one row stride is passed as a strided 2-D view; anything else is
+// copied to a contiguous tensor first (an in-place target is then written back with copy_).
+//
+// Only the public C++ API is used (include/mxq/ops.hpp, include/mxq/types.hpp). mxq::Error becomes a
+// Python ValueError (invalid_argument), NotImplementedError (unsupported) or RuntimeError (the rest),
+// carrying mxq's message, which names the function, the argument, what it got and what was expected.
+#include <Python.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#if defined(MXQ_TORCH_CUDA)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <mxq/ops.hpp>
+#include <mxq/types.hpp>
+
+namespace mxq_torch {
+namespace {
+
+// ---- errors ---------------------------------------------------------------------------------------
+[[noreturn]] void rethrow(const mxq::Error& e) {
+  switch (e.code()) {
+    case mxq::Error::Code::invalid_argument: TORCH_CHECK_VALUE(false, e.what());
+    case mxq::Error::Code::unsupported: TORCH_CHECK_NOT_IMPLEMENTED(false, e.what());
+    default: TORCH_CHECK(false, e.what());
+  }
+  throw;  // not reached: every branch above throws
+}
+
+template <class F>
+auto guarded(F&& f) {
+  try {
+    return f();
+  } catch (const mxq::Error& e) {
+    rethrow(e);
+  }
+}
+
+// ---- option parsing -------------------------------------------------------------------------------
+mxq::QuantOptions make_options(const char* op, std::string_view format, std::string_view rule, int64_t group_size,
+                               bool stochastic, int64_t seed, int64_t offset, std::optional<double> tensor_scale) {
+  mxq::QuantOptions o;
+  guarded([&] {
+    o.format = mxq::parse_format(format);
+    o.rule = rule.empty() ? (o.format == mxq::Format::nvfp4 ? mxq::ScaleRule::nvfp4 : mxq::ScaleRule::floor)
+                          : mxq::parse_rule(rule);
+    return 0;
+  });
+  TORCH_CHECK_VALUE(group_size >= 0 && group_size <= (1 << 16), "mxq.", op, ": argument 'group_size': ", group_size,
+                    ", expected 0 (the format's default) or a power of two in [2, 256]");
+  o.group_size = static_cast<int>(group_size);
+  o.rounding = stochastic ? mxq::Rounding::stochastic : mxq::Rounding::nearest_even;
+  // NOTE: the schema's int is int64; the 64-bit patterns of the uint64 seed and offset pass through.
+  o.seed = static_cast<std::uint64_t>(seed);
+  o.offset = static_cast<std::uint64_t>(offset);
+  if (tensor_scale) o.tensor_scale = static_cast<float>(*tensor_scale);
+  return o;
+}
+
+// ---- views ----------------------------------------------------------------------------------------
+mxq::DType dtype_of(const at::Tensor& t, const char* op, const char* arg, bool u8) {
+  switch (t.scalar_type()) {
+    case at::kFloat: if (!u8) return mxq::DType::f32; break;
+    case at::kHalf: if (!u8) return mxq::DType::f16; break;
+    case at::kBFloat16: if (!u8) return mxq::DType::bf16; break;
+    case at::kByte: if (u8) return mxq::DType::u8; break;
+    default: break;
+  }
+  TORCH_CHECK_VALUE(false, "mxq.", op, ": argument '", arg, "': dtype ", t.scalar_type(), ", expected ",
+                    u8 ? "uint8" : "float32, float16 or bfloat16");
+  return mxq::DType::u8;  // not reached
+}
+
+// A tensor seen as `rows` rows of its last dimension `cols`, rows `row_stride` elements apart.
+struct Rows {
+  at::Tensor t;  // what `view` points into (the input itself, or a contiguous copy)
+  int64_t rows = 0, cols = 0, row_stride = 0;
+  bool copied = false;
+};
+
+// The row stride with which the leading dimensions of t collapse into one, if they do (the last
+// dimension must have stride 1 and rows must not overlap).
+std::optional<int64_t> collapsed_row_stride(const at::Tensor& t) {
+  const int64_t n = t.dim();
+  const int64_t K = t.size(n - 1);
+  if (t.numel() == 0) return 0;  // nothing is addressed: dense
+  if (K > 1 && t.stride(n - 1) != 1) return std::nullopt;
+  std::optional<int64_t> rs;      // stride of the innermost leading dimension of size > 1
+  int64_t expect = -1;            // the stride the next outer leading dimension must have
+  for (int64_t d = n - 2; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (!rs) {
+      rs = t.stride(d);
+    } else if (t.stride(d) != expect) {
+      return std::nullopt;
+    }
+    expect = t.stride(d) * t.size(d);
+  }
+  if (!rs) return K;  // at most one row
+  if (*rs < K) return std::nullopt;
+  return rs;
+}
+
+Rows as_rows(const at::Tensor& t, const char* op, const char* arg) {
+  TORCH_CHECK_VALUE(t.dim() >= 1, "mxq.", op, ": argument '", arg,
+                    "': a 0-dimensional tensor, expected at least 1 dimension (rows x K)");
+  Rows r;
+  r.cols = t.size(-1);
+  r.rows = 1;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) r.rows *= t.size(d);
+  if (auto rs = collapsed_row_stride(t)) {
+    r.t = t;
+    r.row_stride = *rs;
+  } else {
+    r.t = t.contiguous();
+    r.row_stride = r.cols;
+    r.copied = true;
+  }
+  return r;
+}
+
+mxq::Device mxq_device(const at::Tensor& t) { return t.is_cuda() ? mxq::Device::cuda : mxq::Device::cpu; }
+
+mxq::Tensor view(const Rows& r, mxq::DType dt) {
+  return mxq::Tensor{r.t.data_ptr(), dt, r.rows, r.cols, r.row_stride, mxq_device(r.t)};
+}
+
+// A dense 2-D view of a freshly allocated contiguous tensor, flattened to rows x last dim.
+mxq::Tensor dense_view(const at::Tensor& t, mxq::DType dt) {
+  const int64_t cols = t.dim() ? t.size(-1) : 1;
+  const int64_t rows = cols ? t.numel() / cols : 0;
+  return mxq::Tensor{t.data_ptr(), dt, t.dim() ? rows : 1, cols, 0, mxq_device(t)};
+}
+
+// The current stream of t's device (CUDA), and a guard making that device current.
+struct DeviceContext {
+#if defined(MXQ_TORCH_CUDA)
+  c10::cuda::OptionalCUDAGuard guard;
+#endif
+  void* stream = nullptr;
+  explicit DeviceContext(const at::Tensor& t) {
+#if defined(MXQ_TORCH_CUDA)
+    if (t.is_cuda()) {
+      guard.set_device(t.device());
+      stream = static_cast<void*>(c10::cuda::getCurrentCUDAStream(t.get_device()).stream());
+    }
+#else
+    (void)t;
+#endif
+  }
+};
+
+std::vector<int64_t> with_last(at::IntArrayRef sizes, int64_t last) {
+  std::vector<int64_t> s(sizes.begin(), sizes.end());
+  s.back() = last;
+  return s;
+}
+
+// ---- qdq ------------------------------------------------------------------------------------------
+void qdq_into(const Rows& x, mxq::DType dt, const mxq::Tensor& y, mxq::QuantOptions& o, const at::Tensor& like) {
+  DeviceContext ctx(like);
+  o.stream = ctx.stream;
+  at::Tensor workspace;
+  if (like.is_cuda() && o.format == mxq::Format::nvfp4 && !o.tensor_scale) {
+    workspace = at::empty({1}, like.options().dtype(at::kFloat));
+    o.workspace = workspace.data_ptr();
+  }
+  guarded([&] {
+    mxq::qdq(view(x, dt), y, o);
+    return 0;
+  });
+}
+
+at::Tensor qdq(const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size,
+               bool stochastic, int64_t seed, int64_t offset, std::optional<double> tensor_scale) {
+  mxq::QuantOptions o = make_options("qdq", format, rule, group_size, stochastic, seed, offset, tensor_scale);
+  const mxq::DType dt = dtype_of(x, "qdq", "x", false);
+  const Rows xr = as_rows(x, "qdq", "x");
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  qdq_into(xr, dt, mxq::Tensor{y.data_ptr(), dt, xr.rows, xr.cols, 0, mxq_device(y)}, o, x);
+  return y;
+}
+
+void qdq_(const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size, bool stochastic,
+          int64_t seed, int64_t offset, std::optional<double> tensor_scale) {
+  mxq::QuantOptions o = make_options("qdq_", format, rule, group_size, stochastic, seed, offset, tensor_scale);
+  const mxq::DType dt = dtype_of(x, "qdq_", "x", false);
+  const Rows xr = as_rows(x, "qdq_", "x");
+  qdq_into(xr, dt, view(xr, dt), o, x);
+  if (xr.copied) x.copy_(xr.t);
+}
+
+// ---- quantize -------------------------------------------------------------------------------------
+// layout: "linear" ([..., G] like x's leading dims), "swizzled" (the 128x4 layout, 2-D) or "padded" (the
+// linear layout written into a zero-padded [ceil(rows/128)*128, ceil(G/4)*4] buffer: QuTLASS's output).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
+    const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size, bool stochastic,
+    int64_t seed, int64_t offset, c10::string_view layout, std::optional<double> tensor_scale, bool clip_mask) {
+  mxq::QuantOptions o =
+      make_options("quantize", format, rule, group_size, stochastic, seed, offset, tensor_scale);
+  const bool swizzled = layout == "swizzled", padded = layout == "padded";
+  TORCH_CHECK_VALUE(swizzled || padded || layout == "linear", "mxq.quantize: argument 'layout': '",
+                    std::string(layout), "', expected one of: linear, swizzled, padded");
+  o.scale_layout = swizzled ? mxq::ScaleLayout::swizzled : mxq::ScaleLayout::linear;
+  const mxq::DType dt = dtype_of(x, "quantize", "x", false);
+  const Rows xr = as_rows(x, "quantize", "x");
+  const auto u8 = x.options().dtype(at::kByte).memory_format(at::MemoryFormat::Contiguous);
+  const int64_t K = xr.cols;
+  mxq::Shape2 ss{};
+  int64_t cc = 0;
+  guarded([&] {
+    cc = mxq::code_cols(o.format, K);
+    ss = mxq::scale_shape(o, xr.rows, K);
+    return 0;
+  });
+  at::Tensor codes = at::empty(with_last(x.sizes(), cc), u8);
+  at::Tensor scales;
+  int64_t scale_stride = 0;
+  if (swizzled) {
+    scales = at::empty({ss.rows, ss.cols}, u8);
+  } else if (padded) {
+    const int64_t pr = (xr.rows + 127) / 128 * 128, pc = (ss.cols + 3) / 4 * 4;
+    scales = (pr == xr.rows && pc == ss.cols) ? at::empty({pr, pc}, u8) : at::zeros({pr, pc}, u8);
+    scale_stride = pc;
+  } else {
+    scales = at::empty(with_last(x.sizes(), ss.cols), u8);
+  }
+  at::Tensor mask = clip_mask ? at::empty(with_last(x.sizes(), (K + 7) / 8), u8) : at::empty({0}, u8);
+  const bool nv = o.format == mxq::Format::nvfp4;
+  at::Tensor ts = at::empty({nv ? 1 : 0}, x.options().dtype(at::kFloat));
+  DeviceContext ctx(x);
+  o.stream = ctx.stream;
+  mxq::QuantizedOut out;
+  out.codes = mxq::Tensor{codes.data_ptr(), mxq::DType::u8, xr.rows, cc, 0, mxq_device(codes)};
+  out.scales = mxq::Tensor{scales.data_ptr(), mxq::DType::u8, ss.rows, ss.cols, scale_stride, mxq_device(scales)};
+  if (clip_mask) out.clip_mask = mxq::Tensor{mask.data_ptr(), mxq::DType::u8, xr.rows, (K + 7) / 8, 0, mxq_device(mask)};
+  if (nv) out.tensor_scale = ts.data_ptr<float>();
+  guarded([&] {
+    mxq::quantize(view(xr, dt), out, o);
+    return 0;
+  });
+  return {codes, scales, ts, mask};
+}
+
+// ---- dequantize -----------------------------------------------------------------------------------
+std::optional<float> host_tensor_scale(const std::optional<double>& f, const std::optional<at::Tensor>& t) {
+  TORCH_CHECK_VALUE(!(f && t), "mxq.dequantize: pass the tensor scale either as a float or as a tensor, not both");
+  if (f) return static_cast<float>(*f);
+  if (!t) return std::nullopt;
+  TORCH_CHECK_VALUE(t->numel() == 1 && t->scalar_type() == at::kFloat,
+                    "mxq.dequantize: argument 'tensor_scale': expected a float32 tensor of one element, got ",
+                    t->scalar_type(), " of shape ", t->sizes());
+  // NOTE: the C++ API takes the encode scale as a host float, so a device tensor is read back here
+  // (a synchronisation). See docs/python.md, "Limits".
+  return t->item<float>();
+}
+
+at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t cols, c10::string_view format,
+                      int64_t group_size, c10::string_view layout, std::optional<double> tensor_scale,
+                      const std::optional<at::Tensor>& tensor_scale_tensor, at::ScalarType dtype) {
+  mxq::QuantOptions o = make_options("dequantize", format, "", group_size, false, 0, 0, std::nullopt);
+  const bool swizzled = layout == "swizzled", padded = layout == "padded";
+  TORCH_CHECK_VALUE(swizzled || padded || layout == "linear", "mxq.dequantize: argument 'layout': '",
+                    std::string(layout), "', expected one of: linear, swizzled, padded");
+  o.scale_layout = swizzled ? mxq::ScaleLayout::swizzled : mxq::ScaleLayout::linear;
+  o.tensor_scale = host_tensor_scale(tensor_scale, tensor_scale_tensor);
+  dtype_of(codes, "dequantize", "codes", true);
+  dtype_of(scales, "dequantize", "scales", true);
+  TORCH_CHECK_VALUE(cols >= 0, "mxq.dequantize: argument 'cols': ", cols, ", expected >= 0");
+  const Rows cr = as_rows(codes, "dequantize", "codes");
+  Rows sr = as_rows(scales, "dequantize", "scales");
+  if (padded) {  // the linear scales are the top-left [rows, G] corner of the padded buffer
+    mxq::Shape2 ss{};
+    guarded([&] {
+      ss = mxq::scale_shape(o, cr.rows, cols);
+      return 0;
+    });
+    const int64_t pr = (cr.rows + 127) / 128 * 128, pc = (ss.cols + 3) / 4 * 4;
+    TORCH_CHECK_VALUE(scales.dim() == 2 && scales.size(0) == pr && scales.size(1) == pc,
+                      "mxq.dequantize: argument 'scales': shape ", scales.sizes(), ", expected [", pr, ", ", pc,
+                      "] (layout 'padded': ", cr.rows, " rows padded to 128, ", ss.cols,
+                      " scale columns padded to 4)");
+    sr.rows = ss.rows;
+    sr.cols = ss.cols;
+  }
+  at::Tensor y = at::empty(with_last(codes.sizes(), cols), codes.options().dtype(dtype));
+  const mxq::DType yt = dtype_of(y, "dequantize", "dtype", false);
+  DeviceContext ctx(codes);
+  o.stream = ctx.stream;
+  guarded([&] {
+    mxq::dequantize({view(cr, mxq::DType::u8), view(sr, mxq::DType::u8)},
+                    mxq::Tensor{y.data_ptr(), yt, cr.rows, cols, 0, mxq_device(y)}, o);
+    return 0;
+  });
+  return y;
+}
+
+// ---- scale layouts --------------------------------------------------------------------------------
+at::Tensor swizzle_scales(const at::Tensor& linear) {
+  dtype_of(linear, "swizzle_scales", "linear", true);
+  TORCH_CHECK_VALUE(linear.dim() == 2, "mxq.swizzle_scales: argument 'linear': shape ", linear.sizes(),
+                    ", expected 2 dimensions [rows, scale columns]");
+  const Rows lr = as_rows(linear, "swizzle_scales", "linear");
+  at::Tensor out = at::empty({(lr.rows + 127) / 128 * 128, (lr.cols + 3) / 4 * 4}, linear.options());
+  DeviceContext ctx(linear);
+  guarded([&] {
+    mxq::swizzle_scales(view(lr, mxq::DType::u8), dense_view(out, mxq::DType::u8), mxq::Backend::automatic,
+                        ctx.stream);
+    return 0;
+  });
+  return out;
+}
+
+at::Tensor unswizzle_scales(const at::Tensor& swizzled, int64_t rows, int64_t cols) {
+  dtype_of(swizzled, "unswizzle_scales", "swizzled", true);
+  TORCH_CHECK_VALUE(swizzled.dim() == 2, "mxq.unswizzle_scales: argument 'swizzled': shape ", swizzled.sizes(),
+                    ", expected 2 dimensions [rows padded to 128, scale columns padded to 4]");
+  TORCH_CHECK_VALUE(rows >= 0 && cols >= 0, "mxq.unswizzle_scales: rows ", rows, " and cols ", cols,
+                    " must be >= 0");
+  const Rows sr = as_rows(swizzled, "unswizzle_scales", "swizzled");
+  at::Tensor out = at::empty({rows, cols}, swizzled.options());
+  DeviceContext ctx(swizzled);
+  guarded([&] {
+    mxq::unswizzle_scales(view(sr, mxq::DType::u8), mxq::Tensor{out.data_ptr(), mxq::DType::u8, rows, cols, 0,
+                                                                mxq_device(out)},
+                          mxq::Backend::automatic, ctx.stream);
+    return 0;
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace mxq_torch
+
+TORCH_LIBRARY(mxq, m) {
+  m.def("qdq(Tensor x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
+        "float? tensor_scale) -> Tensor");
+  m.def("qdq_(Tensor(a!) x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
+        "float? tensor_scale) -> ()");
+  m.def("quantize(Tensor x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
+        "str layout, float? tensor_scale, bool clip_mask) -> (Tensor codes, Tensor scales, Tensor tensor_scale, "
+        "Tensor clip_mask)");
+  m.def("dequantize(Tensor codes, Tensor scales, int cols, str format, int group_size, str layout, "
+        "float? tensor_scale, Tensor? tensor_scale_tensor, ScalarType dtype) -> Tensor");
+  m.def("swizzle_scales(Tensor linear) -> Tensor");
+  m.def("unswizzle_scales(Tensor swizzled, int rows, int cols) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(mxq, CPU, m) {
+  m.impl("qdq", &mxq_torch::qdq);
+  m.impl("qdq_", &mxq_torch::qdq_);
+  m.impl("quantize", &mxq_torch::quantize);
+  m.impl("dequantize", &mxq_torch::dequantize);
+  m.impl("swizzle_scales", &mxq_torch::swizzle_scales);
+  m.impl("unswizzle_scales", &mxq_torch::unswizzle_scales);
+}
+
+// NOTE: registered even when the library was built without CUDA, so that CUDA tensors get mxq's own
+// message ("the CUDA backend cannot run: ...") instead of the dispatcher's missing-kernel error.
+TORCH_LIBRARY_IMPL(mxq, CUDA, m) {
+  m.impl("qdq", &mxq_torch::qdq);
+  m.impl("qdq_", &mxq_torch::qdq_);
+  m.impl("quantize", &mxq_torch::quantize);
+  m.impl("dequantize", &mxq_torch::dequantize);
+  m.impl("swizzle_scales", &mxq_torch::swizzle_scales);
+  m.impl("unswizzle_scales", &mxq_torch::unswizzle_scales);
+}
+
+// The extension is imported as the Python module mxq._C: importing it registers the ops above; its two
+// functions tell how the library was built.
+namespace {
+PyObject* py_cuda_compiled(PyObject*, PyObject*) { return PyBool_FromLong(mxq::cuda_compiled() ? 1 : 0); }
+PyObject* py_cuda_available(PyObject*, PyObject*) {
+  std::string why;
+  const bool ok = mxq::cuda_available(&why);
+  return Py_BuildValue("(Os)", ok ? Py_True : Py_False, why.c_str());
+}
+PyMethodDef mxq_c_methods[] = {
+    {"cuda_compiled", py_cuda_compiled, METH_NOARGS, "Whether libmxq was built with its CUDA backend."},
+    {"cuda_available", py_cuda_available, METH_NOARGS,
+     "(usable, why_not): whether the CUDA backend can run here, and why not."},
+    {nullptr, nullptr, 0, nullptr}};
+PyModuleDef mxq_c_module = {PyModuleDef_HEAD_INIT, "_C", "mxq's torch.library ops (torch.ops.mxq)", -1,
+                            mxq_c_methods, nullptr, nullptr, nullptr, nullptr};
+}  // namespace
+PyMODINIT_FUNC PyInit__C() { return PyModule_Create(&mxq_c_module); }

@@ -1,0 +1,79 @@
+"""Fake (meta) implementations of the mxq ops, for torch.compile and FakeTensor tracing: they give
+the output shapes, dtypes and devices of the C++ kernels (python/csrc/ops.cpp) without computing.
+tests/python/test_ops.py checks them against the kernels with torch.library.opcheck."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _formats as F
+
+
+def _rows(x: torch.Tensor) -> int:
+    n = 1
+    for s in x.shape[:-1]:
+        n *= s
+    return n
+
+
+def _check_float(x: torch.Tensor, op: str, arg: str) -> None:
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"mxq.{op}: argument '{arg}': dtype {x.dtype}, expected float32, float16 or bfloat16")
+    if x.dim() < 1:
+        raise ValueError(f"mxq.{op}: argument '{arg}': a 0-dimensional tensor, expected at least 1 dimension")
+
+
+@torch.library.register_fake("mxq::qdq")
+def _qdq_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
+              tensor_scale: Optional[float]):
+    _check_float(x, "qdq", "x")
+    F.canonical_format(format)
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("mxq::qdq_")
+def _qdq_inplace_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
+                      tensor_scale: Optional[float]):
+    _check_float(x, "qdq_", "x")
+    F.canonical_format(format)
+    return None
+
+
+@torch.library.register_fake("mxq::quantize")
+def _quantize_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
+                   layout: str, tensor_scale: Optional[float], clip_mask: bool):
+    _check_float(x, "quantize", "x")
+    fmt = F.canonical_format(format)
+    k = x.shape[-1]
+    lead = tuple(x.shape[:-1])
+    g = F.scale_cols(fmt, k, group_size)
+    codes = x.new_empty(lead + (F.code_cols(fmt, k),), dtype=torch.uint8)
+    if layout == "linear":
+        scales = x.new_empty(lead + (g,), dtype=torch.uint8)
+    else:
+        scales = x.new_empty(F.padded_scale_shape(_rows(x), g), dtype=torch.uint8)
+    ts = x.new_empty((1 if fmt == "nvfp4" else 0,), dtype=torch.float32)
+    mask = x.new_empty(lead + ((k + 7) // 8,) if clip_mask else (0,), dtype=torch.uint8)
+    return codes, scales, ts, mask
+
+
+@torch.library.register_fake("mxq::dequantize")
+def _dequantize_fake(codes, scales, cols: int, format: str, group_size: int, layout: str,
+                     tensor_scale: Optional[float], tensor_scale_tensor, dtype: torch.dtype):
+    F.canonical_format(format)
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"mxq.dequantize: argument 'dtype': {dtype}, expected float32, float16 or bfloat16")
+    return codes.new_empty(tuple(codes.shape[:-1]) + (cols,), dtype=dtype)
+
+
+@torch.library.register_fake("mxq::swizzle_scales")
+def _swizzle_fake(linear):
+    if linear.dim() != 2:
+        raise ValueError(f"mxq.swizzle_scales: argument 'linear': shape {tuple(linear.shape)}, expected 2 dimensions")
+    return linear.new_empty(F.padded_scale_shape(linear.shape[0], linear.shape[1]))
+
+
+@torch.library.register_fake("mxq::unswizzle_scales")
+def _unswizzle_fake(swizzled, rows: int, cols: int):
+    return swizzled.new_empty((rows, cols))

@@ -1,0 +1,253 @@
+"""mxq's Python API: quantize, dequantize, QDQ (fake quantization) and scale layouts on torch tensors.
+
+Every function here is a thin wrapper over one torch.library custom op of the namespace `mxq`
+(torch.ops.mxq.*): CPU and CUDA kernels in C++, fake implementations for torch.compile, outputs
+allocated by torch on the input's device, work enqueued on the current CUDA stream, no host
+synchronisation (except where a function says so), so the ops can be captured in CUDA graphs.
+
+Inputs of any rank are quantized along their last dimension (K): leading dimensions are rows.
+Results are bit-exact across mxq's backends (CPU reference, fast CPU path, CUDA kernels); the
+arithmetic is docs/numerics.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import torch
+
+from . import _formats as F
+
+__all__ = ["QuantizedTensor", "quantize", "dequantize", "qdq", "qdq_", "swizzle_scales", "unswizzle_scales"]
+
+_LAYOUTS = ("linear", "swizzled", "padded")
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ScaleLike = Union[None, float, int, torch.Tensor]
+
+
+def _u64(v: int, arg: str) -> int:
+    """A uint64 (seed, offset) as the int64 bit pattern the op schema carries."""
+    if type(v) is int and 0 <= v < 1 << 63:
+        return v
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"mxq: argument '{arg}': expected an int, got {type(v).__name__}")
+    if not 0 <= v < 1 << 64:
+        raise ValueError(f"mxq: argument '{arg}': {v}, expected an integer in [0, 2**64)")
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _group(group_size: Optional[int]) -> int:
+    if group_size is None:
+        return 0
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise TypeError(f"mxq: argument 'group_size': expected an int or None, got {type(group_size).__name__}")
+    if group_size <= 0:
+        raise ValueError(f"mxq: argument 'group_size': {group_size}, expected None (the format's default) "
+                         "or a power of two in [2, 256]")
+    return group_size
+
+
+def _scale_value(tensor_scale: ScaleLike) -> Optional[float]:
+    """The NVFP4 encode scale as a host float. A tensor is read back (a synchronisation for a GPU tensor)."""
+    if tensor_scale is None:
+        return None
+    if isinstance(tensor_scale, torch.Tensor):
+        if tensor_scale.numel() != 1:
+            raise ValueError(f"mxq: argument 'tensor_scale': a tensor of shape {tuple(tensor_scale.shape)}, "
+                             "expected one element (the encode scale 448*6/amax)")
+        return float(tensor_scale.item())
+    if isinstance(tensor_scale, bool) or not isinstance(tensor_scale, (float, int)):
+        raise TypeError(f"mxq: argument 'tensor_scale': expected a float, a 1-element tensor or None, "
+                        f"got {type(tensor_scale).__name__}")
+    return float(tensor_scale)
+
+
+def _check_layout(layout: str) -> str:
+    if layout not in _LAYOUTS:
+        raise ValueError(f"mxq: argument 'layout': '{layout}', expected one of: {', '.join(_LAYOUTS)}")
+    return layout
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """The result of :func:`quantize`.
+
+    codes:        uint8 [..., code_cols]: FP4 two codes per byte (element 2i in the low nibble),
+                  other formats one code per byte (FP6 in the low 6 bits).
+    scales:       uint8 block scales: E8M0 bytes (MX) or E4M3 bytes (NVFP4). layout "linear":
+                  [..., ceil(K/g)]; "swizzled": the 128x4 layout of block-scaled GEMMs,
+                  [ceil(rows/128)*128, ceil(G/4)*4]; "padded": the linear layout in a zero-padded
+                  buffer of that same shape (QuTLASS's output).
+    tensor_scale: NVFP4: float32 [1] on the input's device, the encode scale S = 448*6/amax used
+                  (given or computed); None for MX formats.
+    clip_mask:    uint8 [..., ceil(K/8)], 1 bit per element (LSB first), 1 where the element was not
+                  clipped; None unless quantize(..., clip_mask=True).
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    tensor_scale: Optional[torch.Tensor]
+    format: str
+    rule: str
+    layout: str
+    group_size: int
+    shape: torch.Size
+    dtype: torch.dtype
+    clip_mask: Optional[torch.Tensor] = None
+    # The encode scale as a host float when the caller gave one (dequantize then needs no read-back).
+    tensor_scale_value: Optional[float] = field(default=None, repr=False)
+
+    def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """Decode to `dtype` (default: the dtype that was quantized), shape `self.shape`.
+
+        NVFP4 with a computed tensor scale on a GPU reads the scale back to the host (a synchronisation):
+        pass `tensor_scale=` to quantize to avoid it."""
+        return dequantize(self, dtype=dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    def scales_as_float8(self) -> torch.Tensor:
+        """The scales viewed as torch.float8_e8m0fnu (MX) or torch.float8_e4m3fn (NVFP4)."""
+        return self.scales.view(torch.float8_e4m3fn if self.format == "nvfp4" else torch.float8_e8m0fnu)
+
+
+def quantize(
+    x: torch.Tensor,
+    format: str,
+    *,
+    rule: Optional[str] = None,
+    layout: str = "linear",
+    group_size: Optional[int] = None,
+    stochastic: bool = False,
+    seed: int = 0,
+    offset: int = 0,
+    tensor_scale: ScaleLike = None,
+    clip_mask: bool = False,
+) -> QuantizedTensor:
+    """Quantize `x` (float32, float16 or bfloat16, any rank) along its last dimension.
+
+    format:       mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3 (alias mxfp8), mxfp8_e5m2, mxint8, nvfp4.
+    rule:         block scale rule: floor (default for MX), ceil, even, rceil, quest, qutlass_absmax
+                  (alias abs_max; mxfp4 only), nvfp4 (the only and default rule of nvfp4).
+    layout:       "linear" (default), "swizzled" (128x4, for block-scaled GEMMs) or "padded".
+    group_size:   elements per block scale: None for the format's (32 MX, 16 NVFP4), or a power of
+                  two in [2, 256].
+    stochastic:   stochastic rounding of the elements (Philox4x32-10 keyed by `seed`; element i of the
+                  tensor uses counter `offset + i`): the same bytes on every backend.
+    tensor_scale: NVFP4 only: the encode scale S (448*6/amax of a calibration); None computes it
+                  from x (one extra pass, no synchronisation).
+    clip_mask:    also return the 1-bit clip mask.
+    """
+    fmt = F.canonical_format(format)
+    r = F.canonical_rule(rule, fmt)
+    _check_layout(layout)
+    ts = _scale_value(tensor_scale)
+    codes, scales, tsc, mask = torch.ops.mxq.quantize(
+        x, fmt, r, _group(group_size), bool(stochastic), _u64(seed, "seed"), _u64(offset, "offset"), layout, ts,
+        bool(clip_mask))
+    return QuantizedTensor(
+        codes=codes, scales=scales, tensor_scale=tsc if fmt == "nvfp4" else None, format=fmt, rule=r,
+        layout=layout, group_size=F.group_of(fmt, group_size), shape=x.shape, dtype=x.dtype,
+        clip_mask=mask if clip_mask else None, tensor_scale_value=ts)
+
+
+def dequantize(
+    q: Union[QuantizedTensor, torch.Tensor],
+    scales: Optional[torch.Tensor] = None,
+    *,
+    format: Optional[str] = None,
+    cols: Optional[int] = None,
+    layout: str = "linear",
+    group_size: Optional[int] = None,
+    tensor_scale: ScaleLike = None,
+    dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """Decode quantized data to float32, float16 or bfloat16 (rounded once, saturating).
+
+    dequantize(q: QuantizedTensor, dtype=None): `dtype` defaults to the dtype that was quantized.
+    dequantize(codes, scales, format=..., cols=K, layout=..., group_size=..., tensor_scale=S,
+    dtype=torch.float32): raw codes and scales as quantize writes them; `cols` is the number of
+    elements per row (FP4 packs two per byte, so it cannot be inferred for odd K); NVFP4 needs the
+    encode scale S (a float, or a 1-element tensor: a GPU tensor is read back, a synchronisation).
+    """
+    if isinstance(q, QuantizedTensor):
+        if scales is not None or format is not None or cols is not None:
+            raise TypeError("mxq.dequantize: given a QuantizedTensor, pass only dtype=")
+        out_dtype = q.dtype if dtype is None else dtype
+        ts_f = q.tensor_scale_value
+        ts_t = q.tensor_scale if (q.format == "nvfp4" and ts_f is None) else None
+        return torch.ops.mxq.dequantize(q.codes, q.scales, q.shape[-1], q.format, q.group_size, q.layout, ts_f,
+                                        ts_t, out_dtype)
+    if scales is None or format is None or cols is None:
+        raise TypeError("mxq.dequantize: with raw codes, pass scales, format= and cols=")
+    fmt = F.canonical_format(format)
+    _check_layout(layout)
+    ts_f, ts_t = None, None
+    if isinstance(tensor_scale, torch.Tensor):
+        ts_t = tensor_scale.reshape(1).to(torch.float32)
+    else:
+        ts_f = _scale_value(tensor_scale)
+    return torch.ops.mxq.dequantize(q, scales, int(cols), fmt, _group(group_size), layout, ts_f, ts_t,
+                                    torch.float32 if dtype is None else dtype)
+
+
+def qdq(
+    x: torch.Tensor,
+    format: str,
+    *,
+    rule: Optional[str] = None,
+    group_size: Optional[int] = None,
+    stochastic: bool = False,
+    seed: int = 0,
+    offset: int = 0,
+    tensor_scale: ScaleLike = None,
+) -> torch.Tensor:
+    """Fake-quantize: quantize and dequantize in one pass; the result has x's shape and dtype
+    (contiguous). Arguments as in :func:`quantize`. NVFP4 without `tensor_scale` computes the
+    tensor scale from x (an extra pass; on a GPU, in a 4-byte buffer: no synchronisation)."""
+    fmt = F.canonical_format(format)
+    return torch.ops.mxq.qdq(x, fmt, F.canonical_rule(rule, fmt), _group(group_size), bool(stochastic),
+                             _u64(seed, "seed"), _u64(offset, "offset"), _scale_value(tensor_scale))
+
+
+def qdq_(
+    x: torch.Tensor,
+    format: str,
+    *,
+    rule: Optional[str] = None,
+    group_size: Optional[int] = None,
+    stochastic: bool = False,
+    seed: int = 0,
+    offset: int = 0,
+    tensor_scale: ScaleLike = None,
+) -> torch.Tensor:
+    """In-place :func:`qdq`: overwrites x and returns it. A non-contiguous x whose rows cannot be
+    addressed with one row stride is computed in a temporary and copied back."""
+    fmt = F.canonical_format(format)
+    torch.ops.mxq.qdq_(x, fmt, F.canonical_rule(rule, fmt), _group(group_size), bool(stochastic),
+                       _u64(seed, "seed"), _u64(offset, "offset"), _scale_value(tensor_scale))
+    return x
+
+
+def _bytes(t: torch.Tensor, arg: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"mxq: argument '{arg}': expected a tensor, got {type(t).__name__}")
+    if t.element_size() != 1:
+        raise ValueError(f"mxq: argument '{arg}': dtype {t.dtype}, expected a 1-byte dtype "
+                         "(uint8, float8_e8m0fnu, float8_e4m3fn)")
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+def swizzle_scales(linear: torch.Tensor) -> torch.Tensor:
+    """Linear [rows, C] block scales -> the 128x4 swizzled layout [ceil(rows/128)*128, ceil(C/4)*4]
+    (padding zero), in the input's dtype (any 1-byte dtype)."""
+    out = torch.ops.mxq.swizzle_scales(_bytes(linear, "linear"))
+    return out if linear.dtype == torch.uint8 else out.view(linear.dtype)
+
+
+def unswizzle_scales(swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """The inverse of :func:`swizzle_scales`: the [rows, cols] linear scales, in the input's dtype."""
+    out = torch.ops.mxq.unswizzle_scales(_bytes(swizzled, "swizzled"), int(rows), int(cols))
+    return out if swizzled.dtype == torch.uint8 else out.view(swizzled.dtype)

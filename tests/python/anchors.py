@@ -1,0 +1,132 @@
+"""Independent plain-torch transcriptions of the reference arithmetic of the projects mxq's compat
+shims replace, written from their documented recipes (docs/python.md, /work/shared/numerics.md
+section 6), not from their code:
+
+- the vllm-qdq-plugin's MXFP4 reference (vLLM's reference_mxfp4): per 32, amax in the input dtype,
+  rounded at E2M1's one mantissa bit (half up, by adding half a unit to its bit pattern and
+  dropping the mantissa), scale 2^(floor(log2) - 2) in the input dtype, x / scale in the input
+  dtype, RNE onto E2M1 saturating at 6, times the scale in the input dtype;
+- its MXFP8 reference: in fp32, scale 2^(floor(log2 amax) - 8), clamp to 448, the subnormal range
+  rounded on the 2^-9 grid then clamped to 7 * 2^-9, the normal range rounded with a step
+  2^(floor(log2 |v|) - 3), the sign reapplied by multiplying with sign(v);
+- QuTLASS's test reference with an identity rotation (tests/mxfp4_test.py, tests/nvfp4_test.py):
+  float64 statistics, scales 2^floor(log2(...)) (MX) or E4M3(amax + 1e-8) (NV, global scale 6),
+  elements by nearest grid value with ties to the even code index, where +0.0 meets the grid's -0.0
+  entry first and gets the negative-zero code.
+"""
+from __future__ import annotations
+
+import torch
+
+E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+
+
+def _rne_e2m1(v: torch.Tensor) -> torch.Tensor:
+    """RNE of v onto E2M1 (saturating), returned as v's dtype; the sign kept (copysign)."""
+    a = v.double().abs().clamp(max=6.0)
+    hi = torch.searchsorted(E2M1_GRID, a).clamp(max=7)
+    lo = (hi - 1).clamp(min=0)
+    dlo, dhi = a - E2M1_GRID[lo], E2M1_GRID[hi] - a
+    q = torch.where((dhi < dlo) | ((dhi == dlo) & (hi % 2 == 0)), E2M1_GRID[hi], E2M1_GRID[lo])
+    return torch.copysign(q, v.double()).to(v.dtype)
+
+
+def _blocks(x: torch.Tensor, g: int) -> torch.Tensor:
+    m, k = x.shape
+    return torch.nn.functional.pad(x, (0, (-k) % g)).reshape(m, -1, g)
+
+
+# ---- vllm-qdq-plugin ------------------------------------------------------------------------------
+def plugin_mxfp4_scale(x: torch.Tensor, g: int = 32) -> torch.Tensor:
+    """The reference's per-block scale, in x's dtype, [M, K/g]."""
+    dt = x.dtype
+    mant = 7 if dt == torch.bfloat16 else 10
+    amax = _blocks(x, g).abs().amax(-1)
+    bits = amax.view(torch.int16).to(torch.int32)
+    bits = (bits + (1 << (mant - 2))) & ~((1 << mant) - 1)
+    amax_r = bits.to(torch.int16).view(dt).float()
+    with torch.no_grad():
+        lg = torch.floor(torch.log2(amax_r))
+    e = torch.where(torch.isfinite(lg), lg, torch.full_like(lg, -1e9)).clamp(-1e9, 1e9).to(torch.int64) - 2
+    e = e.clamp(-127, 127)
+    return torch.exp2(e.double()).to(dt)
+
+
+def plugin_mxfp4_qdq(x: torch.Tensor, g: int = 32) -> torch.Tensor:
+    m, k = x.shape
+    s = plugin_mxfp4_scale(x, g)[..., None]
+    q = _rne_e2m1(_blocks(x, g) / s)
+    return (q * s).reshape(m, -1)[:, :k]
+
+
+def _rne_int(v: torch.Tensor) -> torch.Tensor:
+    return torch.round(v)  # half to even
+
+
+def plugin_mxfp8_qdq(x: torch.Tensor, g: int = 32) -> torch.Tensor:
+    m, k = x.shape
+    xb = _blocks(x, g).float()
+    amax = xb.abs().amax(-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+    e = (torch.floor(torch.log2(amax)) - 8).clamp(-127, 127)
+    scale = torch.exp2(e)
+    v = xb / scale
+    a = v.abs().clamp(max=448.0)
+    sub = (_rne_int(a / 2.0**-9) * 2.0**-9).clamp(max=7 * 2.0**-9)
+    ex = torch.floor(torch.log2(a.clamp(min=2.0**-6))).clamp(-6, 8)
+    step = torch.exp2(ex - 3)
+    nrm = (_rne_int(a / step) * step).clamp(2.0**-6, 448.0)
+    q = torch.where(a < 2.0**-6, sub, nrm) * torch.sign(v)
+    return (q * scale).to(x.dtype).reshape(m, -1)[:, :k]
+
+
+# ---- QuTLASS's test reference, identity rotation --------------------------------------------------
+_CODE_GRID = torch.tensor([-6.0, -4.0, -3.0, -2.0, -1.5, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0],
+                          dtype=torch.float64)
+_CODES = torch.tensor([15, 14, 13, 12, 11, 10, 9, 8, 0, 1, 2, 3, 4, 5, 6, 7])
+
+
+def _e2m1_codes_qutlass(v: torch.Tensor) -> torch.Tensor:
+    """Nearest grid entry, ties to the even code, the grid searched from -6 up (so +0.0 lands on -0.0;
+    NaN, past the end, gets the code of 6)."""
+    idx = torch.searchsorted(_CODE_GRID, v, right=False)
+    hi, lo = idx.clamp(0, 15), (idx - 1).clamp(0, 15)
+    dlo, dhi = v - _CODE_GRID[lo], _CODE_GRID[hi] - v
+    pick = (dhi < dlo) | ((dhi == dlo) & (_CODES[hi] % 2 == 0))
+    return torch.where(pick, _CODES[hi], _CODES[lo])
+
+
+def _pack(codes: torch.Tensor) -> torch.Tensor:
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+
+
+def qutlass_mx_ref(x: torch.Tensor, quest: bool, scale_bytes=None):
+    """(codes uint8 [..., K/2], scale bytes uint8 [rows, K/32], clip mask bool [..., K]); with
+    `scale_bytes` given, the elements are computed with those scales instead of the reference's."""
+    y = x.double().unflatten(-1, (-1, 32))
+    if scale_bytes is not None:
+        e = scale_bytes.reshape(y.shape[:-1]).double() - 127
+    elif quest:
+        e = torch.floor(torch.log2(y.std(dim=-1, correction=0) * (2.92247856 / 6.0) + 1e-8))
+    else:
+        e = torch.floor(torch.log2(y.abs().amax(dim=-1) + 1e-8))
+    v = y / torch.exp2(e)[..., None]
+    if not quest:
+        v = v * 3
+    codes = _e2m1_codes_qutlass(v).flatten(-2)
+    scale_bytes = (e + 127).to(torch.uint8).reshape(-1, x.shape[-1] // 32)
+    return _pack(codes), scale_bytes, (v.abs() < 6.0).flatten(-2)
+
+
+def qutlass_nv_ref(x: torch.Tensor):
+    """Global scale 6 (as QuTLASS's test): (codes uint8 [..., K/2], scale E4M3 bytes [rows, K/16])."""
+    y = x.double().unflatten(-1, (-1, 16))
+    s = (y.abs().amax(dim=-1) + 1e-8).to(torch.float8_e4m3fn)
+    v = y / s.double()[..., None] * 6.0
+    codes = _e2m1_codes_qutlass(v).flatten(-2)
+    return _pack(codes), s.view(torch.uint8).reshape(-1, x.shape[-1] // 16)
+
+
+def pack_bits(mask: torch.Tensor) -> torch.Tensor:
+    """A bool [..., K] mask as bytes [..., K/8], element 8j+i in bit i."""
+    b = mask.to(torch.uint8).unflatten(-1, (-1, 8))
+    return sum((b[..., i] << i) for i in range(8)).to(torch.uint8)

@@ -1,0 +1,207 @@
+"""mxq.compat against independent transcriptions of the originals' references (anchors.py): equal
+bytes everywhere except the documented differences (docs/python.md, "Compatibility shims"), which
+are asserted to occur in the test data and to differ exactly the documented way."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mxq
+from mxq.compat import qutlass as Q
+from mxq.compat import vllm_qdq as V
+
+import anchors
+import oracle
+from conftest import CUDA, assert_bytes_equal
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def _plugin_data(dtype):
+    """Every finite bit pattern of the dtype, shuffled into blocks, plus LLM-like rows, plus zeros."""
+    g = torch.Generator().manual_seed(0)
+    allp = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    allp = allp[torch.isfinite(allp)]
+    allp = allp[torch.randperm(len(allp), generator=g)]
+    n = len(allp) // 96 * 96
+    x = torch.randn(256, 96, generator=g) * torch.exp(torch.randn(256, 1, generator=g) * 3)
+    x[:3] = 0
+    x[3, 5:9] = -0.0
+    return torch.cat([allp[:n].reshape(-1, 96), x.clamp(-6e4, 6e4).to(dtype)])
+
+
+# ---- vllm-qdq-plugin ------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_vllm_mxfp4_qdq(dtype):
+    x = _plugin_data(dtype)
+    got, ref = V.mxfp4_qdq(x), anchors.plugin_mxfp4_qdq(x)
+    assert got.shape == x.shape and got.dtype == x.dtype
+    # Documented: (a) blocks whose amax rounds (at E2M1's mantissa) past the dtype's largest finite
+    # value; (b) fp16 blocks whose reference scale underflows fp16 (amax < 2^-22, all-zero included).
+    amax = x.float().reshape(x.shape[0], -1, 32).abs().amax(-1)
+    overflow = amax >= 1.75 * 2.0 ** (127 if dtype == torch.bfloat16 else 15)
+    underflow = anchors.plugin_mxfp4_scale(x) == 0
+    documented = (overflow | underflow).repeat_interleave(32, dim=1)
+    assert_bytes_equal(got, ref, "mxfp4_qdq vs the plugin's reference", mask=~documented)
+    assert int(overflow.sum()) > 0 and (dtype == torch.bfloat16 or int(underflow.sum()) > 0)
+    # There mxq computes the exact definition (even rule, saturating) and the reference does not.
+    assert_bytes_equal(got, oracle.mx_qdq(x, "mxfp4", "even"), "mxfp4_qdq = exact QDQ", mask=documented)
+    differ = (_bits(got) != _bits(ref)) & documented
+    assert int(differ.sum()) > 0
+    assert bool(torch.isfinite(got).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_vllm_mxfp8_qdq(dtype):
+    x = _plugin_data(dtype)
+    got, ref = V.mxfp8_qdq(x), anchors.plugin_mxfp8_qdq(x)
+    assert got.shape == x.shape and got.dtype == x.dtype
+    xb = x.float().reshape(x.shape[0], -1, 32)
+    amax = xb.abs().amax(-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+    scale = torch.exp2((torch.floor(torch.log2(amax)) - 8).clamp(-127, 127))
+    v = (xb / scale).reshape(x.shape)
+    # Documented: (c) |v| in [7.5, 8) * 2^-9 rounds to 2^-6 (true RNE; the reference: 7 * 2^-9);
+    # (d) where v is a zero of negative sign (x = -0.0, or a negative x whose x/scale underflows
+    # fp32) the reference returns +0 (it multiplies by sign(v) = 0), mxq -0.
+    c = (v.abs() >= 7.5 * 2.0**-9) & (v.abs() < 2.0**-6)
+    d = (v == 0) & torch.signbit(v)
+    assert_bytes_equal(got, ref, "mxfp8_qdq vs the plugin's reference", mask=~(c | d))
+    assert int(c.sum()) > 0 and int(d.sum()) > 0
+    sc = scale.repeat_interleave(32, dim=-1).reshape(x.shape)
+    assert_bytes_equal(got[c], (torch.sign(v[c]) * 2.0**-6 * sc[c]).to(dtype), "(c): 2^-6 * scale")
+    assert_bytes_equal(ref[c], (torch.sign(v[c]) * 7 * 2.0**-9 * sc[c]).to(dtype), "(c): the reference")
+    assert bool(torch.signbit(got[d]).all()) and not bool(torch.signbit(ref[d]).any()), "(d): signs"
+
+
+def test_vllm_signature_and_checks(monkeypatch):
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    for f in (V.mxfp4_qdq, V.mxfp8_qdq):
+        with pytest.raises(AssertionError, match="only supports 2D tensors"):
+            f(x.reshape(2, 4, 64))
+        with pytest.raises(AssertionError, match="only supports fp16/bf16"):
+            f(x.float())
+        out = f(x, 32, trace_op_name="marlin_gemm")
+        monkeypatch.setenv("VLLM_QDQ_CUTE", "1")
+        assert V.cute_requested()
+        assert_bytes_equal(f(x), out, "VLLM_QDQ_CUTE=1 gives the same bytes")
+        assert_bytes_equal(f(x[:, :40]), f(x[:, :40].contiguous()), "non-contiguous, K % 32 != 0")
+        monkeypatch.setenv("VLLM_QDQ_CUTE", "no")
+        assert not V.cute_requested()
+    assert_bytes_equal(V.mxfp4_qdq(x, 16), mxq.qdq(x, "mxfp4", rule="even", group_size=16), "group_size")
+
+
+# ---- QuTLASS --------------------------------------------------------------------------------------
+def _qutlass_data():
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(300, 512, generator=g) * 25.0)
+    x[:2] = 0.0                    # all-zero blocks
+    x[2:6, :40] = 0.0              # +0.0 elements inside non-zero blocks
+    x[6:8, 3:9] = -0.0
+    x[8:12] *= 1e-7                # tiny blocks
+    allp = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    allp = allp[torch.isfinite(allp) & (allp.abs() < 1e30) & (allp.abs() > 1e-30)]
+    allp = allp[torch.randperm(len(allp), generator=g)][: len(allp) // 512 * 512].reshape(-1, 512)
+    return torch.cat([x.bfloat16(), allp])
+
+
+@pytest.mark.parametrize("method", ["quest", "abs_max"])
+def test_qutlass_fusedQuantizeMx(method):
+    x = _qutlass_data()
+    rows, K = x.shape
+    out = Q.fusedQuantizeMx(x, None, method=method, return_mask=method == "quest")
+    codes, scales = out[0], out[1]
+    assert codes.dtype == torch.uint8 and codes.shape == (rows, K // 2)
+    assert scales.dtype == torch.float8_e8m0fnu
+    assert scales.shape == ((rows + 127) // 128 * 128, (K // 32 + 3) // 4 * 4)
+    s = scales.view(torch.uint8)
+    assert int(s[rows:].count_nonzero()) == 0, "padding rows are zero"
+    s = s[:rows, : K // 32]
+    ref_codes, ref_scales, ref_mask = anchors.qutlass_mx_ref(x, method == "quest")
+    xb = x.double().reshape(rows, -1, 32)
+    zero_block = (xb == 0).all(-1)
+    # Documented scale differences: all-zero blocks get byte 0x00 (QuTLASS: 2^-27, byte 100); quest
+    # blocks whose fp32 sum of squared deviations overflows get mxq's largest scale 2^127 (byte 254).
+    dev2 = ((xb - xb.mean(-1, keepdim=True)) ** 2).sum(-1)
+    overflow = (dev2 >= torch.finfo(torch.float32).max) if method == "quest" else torch.zeros_like(zero_block)
+    assert_bytes_equal(s, ref_scales, "scales", mask=~(zero_block | overflow))
+    assert bool((s[zero_block] == 0).all()) and bool((ref_scales[zero_block] == 100).all())
+    if method == "quest":
+        assert int(overflow.sum()) > 0 and bool((s[overflow] == 254).all())
+    # Codes, from mxq's scales through the reference's element arithmetic: equal except +0.0 elements,
+    # which the reference gives the negative-zero code 0x8 (mxq keeps the sign: 0x0).
+    codes_ref_s, _, mask_ref_s = anchors.qutlass_mx_ref(x, method == "quest", scale_bytes=s)
+    pos_zero = ((x == 0) & ~torch.signbit(x.float())).reshape(rows, -1, 2)
+    nib = torch.stack([codes & 0xF, codes >> 4], -1).reshape(rows, -1, 2)
+    nib_ref = torch.stack([codes_ref_s & 0xF, codes_ref_s >> 4], -1).reshape(rows, -1, 2)
+    assert_bytes_equal(nib, nib_ref, "codes (with mxq's scales)", mask=~pos_zero)
+    assert bool((nib[pos_zero] == 0).all()) and bool((nib_ref[pos_zero] == 8).all()) and int(pos_zero.sum()) > 0
+    assert_bytes_equal(codes, ref_codes, "codes (reference scales)",
+                       mask=~(zero_block | overflow).repeat_interleave(16, 1) & ~pos_zero.any(-1))
+    if method == "quest":
+        assert_bytes_equal(out[2], anchors.pack_bits(mask_ref_s), "clip mask")
+
+
+def test_qutlass_fusedQuantizeNv():
+    x = _qutlass_data()
+    rows, K = x.shape
+    codes, scales = Q.fusedQuantizeNv(x, None, torch.tensor([6.0]))
+    assert codes.shape == (rows, K // 2) and scales.dtype == torch.float8_e4m3fn
+    assert scales.shape == ((rows + 127) // 128 * 128, (K // 16 + 3) // 4 * 4)
+    s = scales.view(torch.uint8)[:rows, : K // 16]
+    ref_codes, ref_scales = anchors.qutlass_nv_ref(x)
+    # Scales: identical (the reference's + 1e-8 vanishes in its float32 conversion at these magnitudes
+    # and both round to nearest even).
+    assert_bytes_equal(s, ref_scales, "NV scales")
+    # Codes: mxq multiplies by m = RN32(S / s) (TransformerEngine's order) where the reference divides
+    # exactly: a code may differ only where x * 6 / s lies within 2^-21 (relative) of an E2M1 midpoint;
+    # blocks whose E4M3 scale is 0 (all-zero or tiny amax): the reference divides by it (0/0, x/0)
+    # and writes codes of magnitude 6 (0x7, 0xF), mxq writes zeros (0x0, 0x8: the sign kept);
+    # +0.0 elements elsewhere: the reference 0x8, mxq 0x0.
+    sv = s.view(torch.float8_e4m3fn).double().repeat_interleave(16, 1)
+    v = (x.double() / sv * 6.0).abs()
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)
+    near = ((v[..., None] - mids).abs() <= mids * 2.0**-21).any(-1) & (sv > 0)
+    zero_block = sv == 0
+    pos_zero = (x == 0) & ~torch.signbit(x.float()) & ~zero_block
+    nib = torch.stack([codes & 0xF, codes >> 4], -1).reshape(rows, K)
+    nib_ref = torch.stack([ref_codes & 0xF, ref_codes >> 4], -1).reshape(rows, K)
+    assert_bytes_equal(nib, nib_ref, "NV codes", mask=~(near | zero_block | pos_zero))
+    assert int(zero_block.sum()) > 0
+    assert bool(((nib[zero_block] & 7) == 0).all()) and bool(((nib_ref[zero_block] & 7) == 7).all())
+    assert bool((nib[pos_zero] == 0).all()) and bool((nib_ref[pos_zero] == 8).all())
+    # Another global scale: the codes are mxq's NVFP4 with that tensor scale.
+    gs = 448.0 * 6.0 / float(x.float().abs().max())
+    c2, s2 = Q.fusedQuantizeNv(x, None, gs)
+    q = mxq.quantize(x, "nvfp4", tensor_scale=gs, layout="padded")
+    assert_bytes_equal(c2, q.codes, "NV codes, global scale 448*6/amax")
+    assert_bytes_equal(s2.view(torch.uint8), q.scales, "NV scales, global scale 448*6/amax")
+
+
+def test_qutlass_to_blocked_and_rotation():
+    lin = torch.randint(0, 255, (256, 8), dtype=torch.uint8)
+    blk = Q.to_blocked(lin.view(torch.float8_e8m0fnu))
+    assert blk.dtype == torch.float8_e8m0fnu and blk.shape == (256 * 8,)
+    # QuTLASS's torch path: view (nRB, 128, nCB, 4) -> permute(0, 2, 1, 3) -> (-1, 4, 32, 4) -> transpose(1, 2).
+    expect = lin.view(2, 128, 2, 4).permute(0, 2, 1, 3).reshape(-1, 4, 32, 4).transpose(1, 2).reshape(-1)
+    assert_bytes_equal(blk.view(torch.uint8), expect, "to_blocked")
+    with pytest.raises(AssertionError, match="padded"):
+        Q.to_blocked(lin[:100])
+    assert Q.to_blocked(lin[:100], use_triton_kernel=True).shape == (128 * 8,)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    base = Q.fusedQuantizeMx(x, None)
+    eye = torch.eye(32, dtype=torch.bfloat16)
+    for a, b in zip(Q.fusedQuantizeMx(x, eye), base):
+        assert_bytes_equal(a, b, "identity rotation == None")
+    h = torch.ones(32, 32, dtype=torch.bfloat16) / 32**0.5
+    with pytest.raises(NotImplementedError, match="rotation"):
+        Q.fusedQuantizeMx(x, h)
+    with pytest.raises(ValueError, match="invalid method"):
+        Q.fusedQuantizeMx(x, None, method="rtn")
+    with pytest.raises(ValueError, match="return_mask"):
+        Q.fusedQuantizeMx(x, None, method="abs_max", return_mask=True)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Q.fusedQuantizeMx(x[:, :48], None)
+    with pytest.raises(NotImplementedError, match="quest"):
+        Q.fusedQuantizeNv(x, None, torch.tensor([6.0]), method="quest")
