@@ -74,8 +74,12 @@ def qdq_nvfp4(x, S=None):
 
 
 def to_blocked(s):
-    """Linear [R, C] scales -> the 128x4 swizzled layout (R % 128 == 0, C % 4 == 0 here)."""
+    """Linear [R, C] scales -> the 128x4 swizzled layout, rows padded to 128 and columns to 4 with zeros."""
     R, C = s.shape
+    Rp, Cp = (R + 127) // 128 * 128, (C + 3) // 4 * 4
+    if (Rp, Cp) != (R, C):
+        s = torch.nn.functional.pad(s, (0, Cp - C, 0, Rp - R))
+        R, C = Rp, Cp
     b = s.view(R // 128, 128, C // 4, 4).permute(0, 2, 1, 3)
     return b.reshape(-1, 4, 32, 4).transpose(1, 2).reshape(-1, 32, 16).flatten()
 

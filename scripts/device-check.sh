@@ -114,7 +114,12 @@ fi
 if ! skipped python; then  # the PyTorch package against this machine's torch (no network needed)
   t0=$SECONDS
   PYV=$BUILD/pyvenv
-  [ -x "$PYV/bin/python" ] || python3 -m venv --system-site-packages "$PYV" > "$LOG/pyvenv.log" 2>&1
+  if [ ! -x "$PYV/bin/python" ]; then
+    python3 -m venv --system-site-packages "$PYV" > "$LOG/pyvenv.log" 2>&1
+    # NOTE: python3 may itself be a venv (the H200 machines: torch lives in /opt/torch/.venv), whose
+    # packages --system-site-packages does not reach; a .pth file adds them.
+    python3 -c 'import site; print("\n".join(site.getsitepackages()))' > "$("$PYV/bin/python" -c 'import site; print(site.getsitepackages()[0])')/mxq-parent-env.pth"
+  fi
   if (cd "$ROOT" && MXQ_LIBMXQ_BUILD_DIR="$BUILD" MAX_JOBS=$JOBS "$PYV/bin/python" -m pip install --no-build-isolation \
         --no-deps --no-index -v . > "$LOG/pip-install.log" 2>&1); then
     status "python: pip install" "ok ($((SECONDS - t0)) s)"
