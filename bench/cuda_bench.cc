@@ -21,6 +21,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <mxq/mxq.hpp>
@@ -236,6 +237,25 @@ int main(int argc, char** argv) {
     quant_row("mxfp4", mxfp4, "even, swizzled");
     quant_row("mxfp8_e4m3", mxfp8, "floor, swizzled");
     quant_row("nvfp4", nv_given, "given S, swizzled");
+  }
+
+  // The vllm-qdq-plugin's benchmark shape (its CuTe kernel: 88 us for MXFP4 QDQ of [1024, 4096] bf16
+  // on an A100), cold L2 as above.
+  {
+    const std::int64_t R = 1024, K = 4096;
+    const auto host = llm_like_bf16(R, K, 11);
+    Dev x(std::size_t(R * K * 2)), y(std::size_t(R * K * 2));
+    CK(cudaMemcpy(x.p, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    const mxq::Tensor xt = mxq::Tensor::of(x.p, mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
+    const mxq::Tensor yt = mxq::Tensor::of(y.p, mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
+    for (auto [fmt, rule, mode] : {std::tuple{mxq::Format::mxfp4, mxq::ScaleRule::even, "even, plugin shape"},
+                                   std::tuple{mxq::Format::mxfp8_e4m3, mxq::ScaleRule::floor, "floor, plugin shape"}}) {
+      mxq::QuantOptions o = mxq::QuantOptions::mx(fmt, rule);
+      o.stream = g_stream;
+      const std::string f(mxq::to_string(fmt));
+      if (selected(only, "qdq", f.c_str(), mode))
+        rows.push_back({"qdq", f, "1024x4096", mode, time_cold([&] { mxq::qdq(xt, yt, o); }, reps), 4.0 * R * K});
+    }
   }
 
   // Decode shapes: amortised per-op time inside a CUDA graph.
