@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <mxq/mxq.hpp>
 
+#include "backends.hpp"
 #include "core/validate.hpp"
 #include "helpers.hpp"
 
@@ -125,6 +126,21 @@ inline std::vector<mxq::QuantOptions> sweep_options() {
     opts.push_back(sr);
   }
   return opts;
+}
+
+// f(options, input, the input on backend b) for every sweep option x both sweep inputs (the shuffled
+// patterns in the format's groups, the anchored ones in groups of 2), traced by name.
+template <class F>
+void for_each_sweep_case(mxq::Backend b, F&& f) {
+  const HostTensor shuffled = all_bf16_shuffled(), anchored = all_bf16_anchored();
+  Placed sb(b, shuffled), ab(b, anchored);
+  for (mxq::QuantOptions o : sweep_options()) {
+    for (const HostTensor* x : {&shuffled, &anchored}) {
+      o.group_size = x == &anchored ? 2 : 0;
+      SCOPED_TRACE(name_of(o) + (x == &anchored ? " anchored" : " shuffled"));
+      f(o, *x, x == &anchored ? ab : sb);
+    }
+  }
 }
 
 }  // namespace th

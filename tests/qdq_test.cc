@@ -49,22 +49,16 @@ class QdqExhaustive : public testing::TestWithParam<Backend> {};
 TEST_P(QdqExhaustive, EveryBf16PatternMatchesReference) {
   const Backend b = GetParam();
   TH_REQUIRE_BACKEND(b);
-  const th::HostTensor shuffled = th::all_bf16_shuffled(), anchored = th::all_bf16_anchored();
-  th::Placed sb(b, shuffled), ab(b, anchored);
   th::Scalar workspace(b);
-  for (QuantOptions o : th::sweep_options()) {
-    for (const th::HostTensor* x : {&shuffled, &anchored}) {
-      o.group_size = x == &anchored ? 2 : 0;
-      SCOPED_TRACE(th::name_of(o) + (x == &anchored ? " anchored" : " shuffled"));
-      QuantOptions oref = o;
-      oref.backend = Backend::reference;
-      th::HostTensor yr(DType::bf16, x->rows, x->cols);
-      qdq(x->view(), yr.view(), oref);
-      th::Placed y(b, yr);
-      qdq((x == &anchored ? ab : sb).view(), y.view(), th::on(b, o, workspace));
-      th::expect_same_bytes(yr, y.get(), "qdq");
-    }
-  }
+  th::for_each_sweep_case(b, [&](const QuantOptions& o, const th::HostTensor& x, th::Placed& xb) {
+    QuantOptions oref = o;
+    oref.backend = Backend::reference;
+    th::HostTensor yr(DType::bf16, x.rows, x.cols);
+    qdq(x.view(), yr.view(), oref);
+    th::Placed y(b, yr);
+    qdq(xb.view(), y.view(), th::on(b, o, workspace));
+    th::expect_same_bytes(yr, y.get(), "qdq");
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, QdqExhaustive, testing::ValuesIn(th::backends()), th::backend_name);

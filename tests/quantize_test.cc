@@ -58,24 +58,18 @@ class QuantizeExhaustive : public testing::TestWithParam<Backend> {};
 TEST_P(QuantizeExhaustive, EveryBf16PatternMatchesReference) {
   const Backend b = GetParam();
   TH_REQUIRE_BACKEND(b);
-  const th::HostTensor shuffled = th::all_bf16_shuffled(), anchored = th::all_bf16_anchored();
-  th::Placed sb(b, shuffled), ab(b, anchored);
   th::Scalar workspace(b);
-  for (QuantOptions o : th::sweep_options()) {
-    for (const th::HostTensor* x : {&shuffled, &anchored}) {
-      o.group_size = x == &anchored ? 2 : 0;
-      SCOPED_TRACE(th::name_of(o) + (x == &anchored ? " anchored" : " shuffled"));
-      QuantOptions oref = o;
-      oref.backend = Backend::reference;
-      th::Quantized qr(oref, x->rows, x->cols, true);
-      quantize(x->view(), qr.out(), oref);
-      th::PlacedQuantized q(b, o, x->rows, x->cols);
-      quantize((x == &anchored ? ab : sb).view(), q.out(), th::on(b, o, workspace));
-      th::expect_same_bytes(qr.codes, q.codes.get(), "codes");
-      th::expect_same_bytes(qr.scales, q.scales.get(), "scales");
-      th::expect_same_bytes(qr.mask, q.mask.get(), "clip mask");
-    }
-  }
+  th::for_each_sweep_case(b, [&](const QuantOptions& o, const th::HostTensor& x, th::Placed& xb) {
+    QuantOptions oref = o;
+    oref.backend = Backend::reference;
+    th::Quantized qr(oref, x.rows, x.cols, true);
+    quantize(x.view(), qr.out(), oref);
+    th::PlacedQuantized q(b, o, x.rows, x.cols);
+    quantize(xb.view(), q.out(), th::on(b, o, workspace));
+    th::expect_same_bytes(qr.codes, q.codes.get(), "codes");
+    th::expect_same_bytes(qr.scales, q.scales.get(), "scales");
+    th::expect_same_bytes(qr.mask, q.mask.get(), "clip mask");
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, QuantizeExhaustive, testing::ValuesIn(th::backends()), th::backend_name);

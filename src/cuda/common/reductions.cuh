@@ -45,6 +45,18 @@ __device__ __forceinline__ u32 bf16_words_amax(const u32 (&xw)[C / 2]) {
   return core::umax(m2 & 0xFFFFu, m2 >> 16) << 16;
 }
 
+// The max of m over the block's threads, atomicMax'ed into *acc by thread 0 (every thread calls it).
+__device__ __forceinline__ void block_max_into(u32 m, u32* acc) {
+  for (int st = 16; st > 0; st >>= 1) m = core::umax(m, __shfl_xor_sync(kFull, m, st));
+  __shared__ u32 warp_max[kThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) m = core::umax(m, warp_max[w]);
+    atomicMax(acc, m);
+  }
+}
+
 // The chunk's max |x| as fp32 bits, from the input words: bf16 two lanes per instruction; other
 // dtypes from the unpacked fp32 bits xb (which unpack() fills).
 template <DType DT, int C, class Unpack>
@@ -85,7 +97,8 @@ __device__ __forceinline__ float group_quest_arg(const Params& p, const u32 (&xb
   return add_rn(div_rn(mul_rn(sqrt_rn(var), 2.92247856f), 6.0f), 1e-8f);
 }
 
-// Stochastic-rounding words of the C elements starting at logical index j0 (sr_bits for each).
+// Stochastic-rounding words of the C elements starting at logical index j0 (sr_bits for each): the
+// chunk's are chunk_sr_words.
 template <int C>
 __device__ __forceinline__ void sr_words(u64 seed, u64 j0, u32 (&rnd)[C]) {
   using namespace core;
@@ -101,6 +114,12 @@ __device__ __forceinline__ void sr_words(u64 seed, u64 j0, u32 (&rnd)[C]) {
 #pragma unroll
     for (int i = 0; i < C; ++i) rnd[i] = sr_bits(seed, j0 + i);
   }
+}
+
+// The stochastic-rounding words of chunk c's elements (logical index offset + row * K + column).
+template <int C>
+__device__ __forceinline__ void chunk_sr_words(const Params& p, const Coord& c, u32 (&rnd)[C]) {
+  sr_words<C>(p.seed, p.offset + u64(c.row) * u64(p.K) + u64(c.k0), rnd);
 }
 
 }  // namespace mxq::cuda

@@ -2,6 +2,7 @@
 #include "cuda/backend.hpp"
 #include "cuda/common/device.hpp"
 #include "cuda/common/params.cuh"
+#include "cuda/common/reductions.cuh"
 #include "cuda/layout/amax.hpp"
 
 namespace mxq::cuda {
@@ -32,14 +33,7 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const Params p, u32* acc
 #pragma unroll
       for (int e = 0; e < C; ++e) m = umax(m, xb[u][e] & 0x7FFFFFFFu);
   }
-  for (int st = 16; st > 0; st >>= 1) m = umax(m, __shfl_xor_sync(kFull, m, st));
-  __shared__ u32 warp_max[kThreads / 32];
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) m = umax(m, warp_max[w]);
-    atomicMax(acc, m);
-  }
+  block_max_into(m, acc);
 }
 
 __global__ void encode_scale_kernel(float* ts, const u32* acc) { *ts = nvfp4_encode_scale(u2f(*acc)); }

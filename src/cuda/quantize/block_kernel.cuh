@@ -78,14 +78,7 @@ __device__ __forceinline__ void reduce_fused_amax(const Params& p, i64 first, i6
       }
     }
   }
-  for (int st = 16; st > 0; st >>= 1) m = umax(m, __shfl_xor_sync(kFull, m, st));
-  __shared__ u32 warp_max[kThreads / 32];
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) m = umax(m, warp_max[w]);
-    atomicMax(p.amax, m);
-  }
+  block_max_into(m, p.amax);
 }
 
 // Quantize (QDQ = false) or QDQ of format Fmt from dtype DT, C elements per chunk, choices Ch. Every

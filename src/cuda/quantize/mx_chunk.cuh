@@ -46,7 +46,7 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
   const u32 am = group_max(p, chunk_amax<DT, C>(xw, xb, unpack));
   const bool nonfinite = am >= 0x7F800000u;
   u32 rnd[C];
-  if (sr) sr_words<C>(p.seed, p.offset + u64(c.row) * u64(p.K) + u64(c.k0), rnd);
+  if (sr) chunk_sr_words<C>(p, c, rnd);
 
   float questv = 0.0f;
   if (quest) {
