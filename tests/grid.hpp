@@ -12,6 +12,11 @@
 #include "core/validate.hpp"
 #include "helpers.hpp"
 
+namespace mxq {
+// gtest prints a parameter with PrintTo, found by argument-dependent lookup.
+inline void PrintTo(Backend b, std::ostream* os) { *os << to_string(b); }
+}  // namespace mxq
+
 namespace th {
 
 struct Case {
