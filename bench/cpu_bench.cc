@@ -23,6 +23,8 @@
 
 #include <mxq/mxq.hpp>
 
+#include "stats.hpp"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -35,8 +37,7 @@ double median_seconds(int runs, const std::function<void(int)>& f) {
     f(i + 1);
     t.push_back(std::chrono::duration<double>(Clock::now() - a).count());
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return mxq::bench::median(t);
 }
 
 struct Buffers {

@@ -26,6 +26,8 @@
 
 #include <mxq/mxq.hpp>
 
+#include "stats.hpp"
+
 namespace {
 
 #define CK(expr)                                                                              \
@@ -53,10 +55,7 @@ std::size_t g_flush_bytes = 0;
 // the 1 GiB copy at 8192x8192): the dirty lines the write leaves are not what costs small shapes.
 void flush_l2() { CK(cudaMemsetAsync(g_flush->p, 0x5A, g_flush_bytes, g_stream)); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using mxq::bench::median;
 
 // Median microseconds of `reps` cold-L2 runs of f.
 double time_cold(const std::function<void()>& f, int reps) {

@@ -25,14 +25,13 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "stats.hpp"  // bench/
+
 namespace mxq::cli {
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using mxq::bench::median;
 
 double time_host(const std::function<void()>& f, int reps) {
   f();  // warm-up
