@@ -1,7 +1,7 @@
 #pragma once
 // Branch-free per-element arithmetic shared by the fast CPU path and the CUDA kernels. Each function
-// here equals a scalar-codec function bit for bit on the inputs its comment allows; fast_test (CPU)
-// and cuda_test (GPU) prove that against the reference.
+// here equals a scalar-codec function bit for bit on the inputs its comment allows: fastmath_test
+// proves each against the codec, and the op tests (quantize_test, qdq_test, ...) the backends.
 //
 // The MX round-to-nearest-even element step:
 //   a = |x| * 2^-e                       exact, or an underflow far below the element grid
@@ -44,7 +44,7 @@ MXQ_HD_HOT constexpr std::uint32_t rne_const_bits() {
 // The scale exponents e where the MX fast paths round in the unscaled domain (x, not x * 2^-e): every
 // quantum 2^(q + e) of the grid is a normal fp32 (e >= lo: the smallest nonzero result >= 2^-126) and
 // the rounding constant 1.5 * 2^(q + e + 23) stays finite (e <= hi). The CPU fast path and the CUDA
-// kernels take their fast branch exactly here; fast_test proves the helpers below over this range.
+// kernels take their fast branch exactly here; fastmath_test proves the helpers below over this range.
 template <ElemType ET>
 struct MxFastRange {
   static constexpr FloatSpec f = Elem<ET>::spec;
@@ -157,7 +157,7 @@ MXQ_HD_HOT float recip_div(float a, float S, float r) {
 // per word (k = 2j in the low half of t[j]). The magnitudes are {1/2, 1, 2, 4} and {3/2, 3, 6} times
 // sval: each set is one quotient scaled by powers of two, and scaling by 2^k commutes with both
 // roundings while the results stay normal and finite, which holds here (a nonzero quotient lies in
-// [2^-41, 2^41]). So two divisions give the table. fast_test checks it against nvfp4_decode for every
+// [2^-41, 2^41]). So two divisions give the table. fastmath_test checks it against nvfp4_decode for every
 // E4M3 scale under S across recip_div's range.
 MXQ_HD_HOT void nvfp4_bf16_table(float sval, float S, float r, std::uint32_t (&t)[4]) {
   const float q1 = recip_div(sval, S, r), q3 = recip_div(mul_rn(1.5f, sval), S, r);
@@ -179,7 +179,7 @@ MXQ_HD_HOT std::uint32_t nvfp4_encode_rne(std::uint32_t xbits, float m) {
 
 // nvfp4_encode_rne for a non-NaN x, with the code read off the rounding: a = min(|x| m, 6) (a
 // product past 6, an overflow included, saturates at code 7), and t = a + Cc holds the rounded
-// magnitude in quanta of a's binade clamped below at 1 (readoff_mag). fast_test checks it against
+// magnitude in quanta of a's binade clamped below at 1 (readoff_mag). fastmath_test checks it against
 // nvfp4_encode_rne.
 MXQ_HD_HOT std::uint32_t nvfp4_encode_rne_readoff(std::uint32_t xbits, float m) {
   constexpr std::uint32_t lo = 127u << 23, kC = rne_const_bits<1>();
@@ -190,7 +190,7 @@ MXQ_HD_HOT std::uint32_t nvfp4_encode_rne_readoff(std::uint32_t xbits, float m) 
 
 // The NVFP4 block-scale code E4M3_RN_satfinite(y) (encode_f32 onto E4M3) of y >= 0, finite or +Inf,
 // read off the rounding: y clamped at 448 (so past the largest value it saturates), the binade clamped
-// below at E4M3's smallest normal one (2^-6: the subnormals' quantum 2^-9). fast_test checks it
+// below at E4M3's smallest normal one (2^-6: the subnormals' quantum 2^-9). fastmath_test checks it
 // against encode_f32.
 MXQ_HD_HOT std::uint32_t e4m3_code_rne_sat(float y) {
   constexpr std::uint32_t lo = 121u << 23, kC = rne_const_bits<3>();
@@ -254,7 +254,7 @@ MXQ_HD_HOT std::uint32_t bf16x2_min(std::uint32_t a, std::uint32_t b) {
 // to [lo, hi], C = 1.5 * 2^(binade - mbits + 7) (its bf16 ulp is the quantum), t = |x| + C rounds onto
 // the grid; |x| either has its lowest bit at or above C's fp32 ulp or lies below a quarter quantum,
 // so the host's fp32 sum rounds as the bf16 add does. e must lie in the kernels' fast range, where C
-// and t - C are normal bf16 values. fast_test checks both functions against the reference for every
+// and t - C are normal bf16 values. fastmath_test checks both functions against the reference for every
 // bf16 pair lane and scale of that range.
 struct MxPair {
   std::uint32_t lo2, hi2, kc2, k2, maxv2;  // each a 16-bit constant in both lanes
@@ -305,7 +305,7 @@ MXQ_HD_HOT std::uint32_t encode_scaled_sr(std::uint32_t xbits, int scale_exp, st
 // and e in the kernels' fast range [-126 - (emin - mbits), 254 - (emax + 151 - mbits)]: every
 // quantum is a normal fp32 and the rounding constant stays finite. t = |x| truncated to its binade's quantum Q by a round-toward-zero add, and
 // it rounds up by Q when rnd < floor((|x| - t) / Q * 2^32): round_magnitude32's comparison on the
-// same fixed-point fraction. Saturates at the largest value. fast_test checks it against
+// same fixed-point fraction. Saturates at the largest value. fastmath_test checks it against
 // decode(encode_scaled_sr) for every bf16 pattern at every such scale.
 template <ElemType ET>
 MXQ_HD_HOT float sr_round_unscaled(std::uint32_t xbits, int e, std::uint32_t rnd) {
@@ -337,7 +337,7 @@ MXQ_HD_HOT std::uint32_t nvfp4_encode_sr(std::uint32_t xbits, float m, std::uint
 // the scale 2^e, e in [-117, 119] (sc = 2^e, sc2 = 2^(e+1)): every product is then a normal bf16 with
 // at most 4 significant bits. The magnitude bits placed in an fp32 (exponent field + 120) are the
 // value of a normal code; a subnormal code (field 0) gives (1 + m/8) 2^-7, and subtracting 2^-7 then
-// doubling gives m 2^-9. Exact throughout; fast_test checks it against mx_dequant_bits.
+// doubling gives m 2^-9. Exact throughout; fastmath_test checks it against mx_dequant_bits.
 MXQ_HD_HOT std::uint32_t e4m3_bf16_hi(std::uint32_t code, float sc, float sc2) {
   const std::uint32_t mag = code & 0x7Fu;
   const bool sub = mag < 8u;

@@ -69,7 +69,7 @@ decltype(auto) dispatch_format(Format f, Fn&& fn) {
 //   even:  base 2^(drop-1) - 1,    lsb 1, off emax            (RNE of sig to mbits carries out of the binade)
 //   rceil: base 2^24 - 1 - sig(M), lsb 0, off floor_log2(M)   (bump when sig > sig(M), M the largest element)
 // with drop = 23 - mbits. So a launcher resolves the rule into three numbers and the per-block work is
-// the same few instructions for every rule. fast_test checks amax_rule_exp against mx_scale_exp for
+// the same few instructions for every rule. fastmath_test checks amax_rule_exp against mx_scale_exp for
 // every rule, every MX element format and every significand at every binade.
 struct AmaxRule {
   std::uint32_t base = 0, lsb = 0;

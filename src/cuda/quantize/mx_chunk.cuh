@@ -131,7 +131,7 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
     // codes in pw
   } else if (sr) {
     if (kFastOk && !f.twos_complement && fast) {
-      // The unscaled stochastic rounding (fast_test proves it equal to encode_scaled_sr there).
+      // The unscaled stochastic rounding (fastmath_test proves it equal to encode_scaled_sr there).
 #pragma unroll
       for (int i = 0; i < C; ++i) {
         const float r = sr_round_unscaled<ET>(xb[i], e, rnd[i]);
