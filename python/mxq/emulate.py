@@ -7,8 +7,10 @@ handle.restore() puts the original modules back.
     ...
     handle.restore()   # or mxq.restore(model)
 
-A format spec is a format name ("mxfp4", "nvfp4", ...), None (leave unquantized), or a dict of
-mxq.qdq keyword arguments with a "format" key, e.g. {"format": "mxfp4", "rule": "even"}.
+A format spec is a format name ("mxfp4", "nvfp4", ...), None (leave unquantized), a dict of
+mxq.qdq keyword arguments with a "format" key, e.g. {"format": "mxfp4", "rule": "even"}, or any
+callable fn(x) -> x of the same shape and dtype (another QDQ implementation, e.g. a reference to
+compare with: bench/generate_bench.py runs a model through both).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from .ops import qdq
 
 __all__ = ["emulate", "restore", "EmulationHandle", "QDQLinear", "QDQExperts", "DEFAULT_EXCLUDE"]
 
-Spec = Union[None, str, dict]
+Spec = Union[None, str, dict, Callable[[torch.Tensor], torch.Tensor]]
 Patterns = Union[None, str, Iterable[str]]
 
 # The modules mxq's checkpoint tools leave unquantized too (docs/cli.md): the output head, MoE routers.
@@ -36,6 +38,8 @@ _QDQ_KEYS = {"format", "rule", "group_size", "stochastic", "seed", "offset", "te
 def _spec(spec: Spec, what: str) -> Optional[dict]:
     if spec is None:
         return None
+    if callable(spec) and not isinstance(spec, (str, dict)):
+        return {"fn": spec}
     if isinstance(spec, str):
         d = {"format": spec}
     elif isinstance(spec, dict):
@@ -46,7 +50,7 @@ def _spec(spec: Spec, what: str) -> Optional[dict]:
                              f"mxq.qdq arguments ({', '.join(sorted(_QDQ_KEYS))})"
                              + (f"; unknown: {', '.join(sorted(unknown))}" if unknown else ""))
     else:
-        raise TypeError(f"mxq.emulate: argument '{what}': expected a format name, a dict or None, "
+        raise TypeError(f"mxq.emulate: argument '{what}': expected a format name, a dict, a callable or None, "
                         f"got {type(spec).__name__}")
     d["format"] = F.canonical_format(d["format"])
     d["rule"] = F.canonical_rule(d.get("rule"), d["format"])
@@ -56,6 +60,8 @@ def _spec(spec: Spec, what: str) -> Optional[dict]:
 def _apply(x: torch.Tensor, spec: Optional[dict]) -> torch.Tensor:
     if spec is None:
         return x
+    if "fn" in spec:
+        return spec["fn"](x)
     kw = dict(spec)
     return qdq(x, kw.pop("format"), **kw)
 
@@ -63,6 +69,8 @@ def _apply(x: torch.Tensor, spec: Optional[dict]) -> torch.Tensor:
 def _describe(spec: Optional[dict]) -> str:
     if spec is None:
         return "none"
+    if "fn" in spec:
+        return getattr(spec["fn"], "__name__", "callable")
     extra = ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("format", "rule"))
     return f"{spec['format']}/{spec['rule']}" + (f" ({extra})" if extra else "")
 

@@ -54,6 +54,31 @@ def test_emulate_plain_module_and_restore():
         mxq.emulate(m, weights={"rule": "even"})
 
 
+def test_emulate_with_a_callable_spec():
+    """A callable stands in for mxq.qdq (a reference to compare with): applied to the weights once and
+    to every input, nothing else."""
+    torch.manual_seed(0)
+    m = Tiny().to(torch.bfloat16)
+    x = torch.randn(3, 5, 64, dtype=torch.bfloat16)
+    calls = []
+
+    def halve(t):
+        calls.append(tuple(t.shape))
+        return t * 0.5
+
+    originals = {n: p.detach().clone() for n, p in m.named_parameters()}
+    h = mxq.emulate(m, weights=halve, activations=halve)
+    assert calls == [(96, 64), (64, 96)] and "halve" in repr(m.up)
+    y = m(x)
+    h1 = torch.relu(nn.functional.linear(x * 0.5, originals["up.weight"] * 0.5, originals["up.bias"]))
+    expect = nn.functional.linear(nn.functional.linear(h1 * 0.5, originals["down.weight"] * 0.5),
+                                  originals["lm_head.weight"], originals["lm_head.bias"])
+    assert_bytes_equal(y, expect, "forward with a callable spec")
+    h.restore()
+    with pytest.raises(TypeError, match="a callable"):
+        mxq.emulate(m, weights=3)
+
+
 def _tiny_llama():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

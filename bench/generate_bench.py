@@ -1,0 +1,174 @@
+"""End-to-end generation throughput with microscaling emulation (issue 14): tokens/s of transformers
+models built from configs with random weights (no download), in bf16 and with MXFP4 weight +
+activation QDQ through (a) a plain PyTorch rendering of the QDQ (bench/torch_peers.py, the math of
+the vllm-qdq-plugin's reference), (b) torch.compile of that rendering, (c) mxq.
+
+Decode: batch B, one token per step against a static KV cache, one decode step captured in a CUDA
+graph and replayed (plain eager generate is launch-bound and hides the kernels); tokens/s = B x
+steps / time. Prefill: one forward over [B, L] tokens, eager. Variants alternate and repeat (--rounds)
+so that order does not decide; the table reports the median round and each variant against bf16.
+
+    python bench/generate_bench.py --model llama-1.3b --markdown out.md     # on a GPU
+    python bench/generate_bench.py --model tiny --device cpu --no-graph     # smoke test (CPU)
+
+Limits: the MoE config's emulated experts run transformers' eager experts loop (a host
+synchronisation per step), so it is measured without graphs; not yet run on the H200.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_peers  # noqa: E402
+
+import mxq  # noqa: E402
+
+MODELS = {
+    # dense, Llama-style: about 1.35B parameters in 20 layers
+    "llama-1.3b": ("llama", dict(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=20,
+                                 num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096)),
+    # Qwen3-MoE-style, scaled to fit: 128 experts, top-8
+    "qwen3-moe": ("qwen3_moe", dict(vocab_size=32000, hidden_size=2048, intermediate_size=6144,
+                                    moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                                    num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
+                                    head_dim=128, max_position_embeddings=4096)),
+    "tiny": ("llama", dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)),
+}
+
+
+def build(name: str, device: str) -> torch.nn.Module:
+    import transformers
+    kind, kw = MODELS[name]
+    cfg = (transformers.LlamaConfig if kind == "llama" else transformers.Qwen3MoeConfig)(**kw)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = (transformers.LlamaForCausalLM if kind == "llama" else transformers.Qwen3MoeForCausalLM)(cfg)
+    return model.to(torch.bfloat16).eval()
+
+
+def reference_qdq(x: torch.Tensor) -> torch.Tensor:
+    """MXFP4 ('even' rule) QDQ written in plain PyTorch, any leading dimensions."""
+    return torch_peers.qdq_mxfp4_even(x.reshape(-1, x.shape[-1])).view_as(x)
+
+
+def variants():
+    compiled = torch.compile(reference_qdq, dynamic=True)
+    return {
+        "bf16": None,
+        "reference": reference_qdq,
+        "reference, torch.compile": compiled,
+        "mxq": {"format": "mxfp4", "rule": "even"},
+    }
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def decode_tokens_per_s(model, batch: int, prompt: int, steps: int, device: str, graph: bool) -> float:
+    import transformers
+    cache = transformers.StaticCache(config=model.config, max_cache_len=prompt + steps + 8)
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device=device)
+    pos = torch.arange(prompt, device=device)
+    model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True)  # prefill fills the cache
+    tok = torch.zeros((batch, 1), dtype=torch.long, device=device)
+    cpos = torch.tensor([prompt], device=device)
+
+    def step():
+        return model(input_ids=tok, past_key_values=cache, cache_position=cpos, use_cache=True).logits
+
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            logits = step()
+        run = g.replay
+    else:
+        run = step
+    sync(device)
+    t0 = time.perf_counter()
+    for i in range(steps):
+        cpos.fill_(prompt + i)  # the same cache slot sequence every variant
+        run()
+        if not graph:
+            logits = None
+    sync(device)
+    return batch * steps / (time.perf_counter() - t0)
+
+
+@torch.no_grad()
+def prefill_tokens_per_s(model, batch: int, length: int, device: str, reps: int = 3) -> float:
+    ids = torch.randint(0, model.config.vocab_size, (batch, length), device=device)
+    model(input_ids=ids, use_cache=False)
+    sync(device)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        model(input_ids=ids, use_cache=False)
+        sync(device)
+        ts.append(time.perf_counter() - t0)
+    return batch * length / statistics.median(ts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=sorted(MODELS), default="llama-1.3b")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--prefill", type=int, default=2048, help="prefill length (tokens per sequence)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-graph", action="store_true", help="decode without CUDA graphs")
+    ap.add_argument("--markdown", help="also write the table here")
+    a = ap.parse_args()
+    graph = a.device == "cuda" and not a.no_graph and MODELS[a.model][0] == "llama"
+    model = build(a.model, a.device)
+    results: dict[tuple[str, str], list[float]] = {}
+    vs = variants()
+    for r in range(a.rounds):
+        order = list(vs) if r % 2 == 0 else list(reversed(vs))  # alternate the order between rounds
+        for name in order:
+            handle = None if vs[name] is None else mxq.emulate(model, weights=vs[name], activations=vs[name])
+            try:
+                for b in a.batch:
+                    results.setdefault((name, f"decode B={b}"), []).append(
+                        decode_tokens_per_s(model, b, a.prompt, a.steps, a.device, graph))
+                results.setdefault((name, f"prefill {a.prefill}"), []).append(
+                    prefill_tokens_per_s(model, 1, a.prefill, a.device))
+            finally:
+                if handle is not None:
+                    handle.restore()
+    cases = list(dict.fromkeys(c for _, c in results))
+    dev = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
+    lines = [f"{a.model} on {dev}, torch {torch.__version__}, {'CUDA graph' if graph else 'eager'} decode, "
+             f"median of {a.rounds} rounds (tokens/s; x bf16)", "",
+             "| variant | " + " | ".join(cases) + " |", "|---|" + "---:|" * len(cases)]
+    for name in vs:
+        cells = []
+        for c in cases:
+            v, base = statistics.median(results[(name, c)]), statistics.median(results[("bf16", c)])
+            cells.append(f"{v:,.0f} ({v / base:.2f})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    print("\n".join(lines))
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
