@@ -1,6 +1,6 @@
 """Format and scale-rule names (as the C++ library's to_string / parse_* spell them), friendly aliases,
 and the shape facts the fake (meta) implementations need. tests/python/test_formats.py checks these
-facts against the C++ library's outputs."""
+facts against the kernels (shapes, saturation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from . import _formats as F
+from . import ops as _ops
 from .ops import qdq
 
 __all__ = ["emulate", "restore", "EmulationHandle", "QDQLinear", "QDQExperts", "DEFAULT_EXCLUDE"]
@@ -54,6 +55,8 @@ def _spec(spec: Spec, what: str) -> Optional[dict]:
                         f"got {type(spec).__name__}")
     d["format"] = F.canonical_format(d["format"])
     d["rule"] = F.canonical_rule(d.get("rule"), d["format"])
+    if isinstance(d.get("tensor_scale"), torch.Tensor):  # read once here, not on every forward
+        d["tensor_scale"] = _ops._scale_value(d["tensor_scale"])
     return d
 
 
@@ -130,8 +133,10 @@ class QDQExperts(nn.Module):
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(hidden_states)
-        # NOTE: QDQ works row by row (RNE), so quantizing all tokens once equals quantizing each
-        # expert's gathered tokens.
+        # NOTE: the tokens are quantized once, before they are gathered per expert. With MX formats and
+        # round-to-nearest-even that equals quantizing each expert's gathered rows (blocks lie inside a
+        # row); NVFP4 without a given tensor scale takes one amax over all tokens here (not one per
+        # expert), and stochastic rounding draws by the row's index in all tokens.
         h = _apply(hidden_states, self.activation_spec)
         with torch.no_grad():
             hit = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)

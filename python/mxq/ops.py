@@ -186,6 +186,9 @@ def dequantize(
     _check_layout(layout)
     ts_f, ts_t = None, None
     if isinstance(tensor_scale, torch.Tensor):
+        if tensor_scale.numel() != 1:
+            raise ValueError(f"mxq.dequantize: argument 'tensor_scale': a tensor of shape {tuple(tensor_scale.shape)}, "
+                             "expected one element (the encode scale 448*6/amax)")
         ts_t = tensor_scale.reshape(1).to(torch.float32)
     else:
         ts_f = _scale_value(tensor_scale)

@@ -24,6 +24,8 @@ import os
 
 import torch
 
+from .. import ops as _ops
+
 __all__ = ["mxfp4_qdq", "mxfp8_qdq", "cute_requested"]
 
 _TRUTHY = ("1", "true", "yes")
@@ -58,7 +60,7 @@ def mxfp4_qdq(x: torch.Tensor, group_size: int = 32, *, trace_op_name: str = "mx
         Tensor of x's shape and dtype, with MXFP4 quantization noise applied.
     """
     _check(x, "mxfp4_qdq")
-    return torch.ops.mxq.qdq(x, "mxfp4", "even", int(group_size), False, 0, 0, None)
+    return torch.ops.mxq.qdq(x, "mxfp4", "even", _ops._group(group_size), False, 0, 0, None)
 
 
 def mxfp8_qdq(x: torch.Tensor, group_size: int = 32, *, trace_op_name: str = "mxfp8_qdq") -> torch.Tensor:
@@ -73,4 +75,4 @@ def mxfp8_qdq(x: torch.Tensor, group_size: int = 32, *, trace_op_name: str = "mx
         Tensor of x's shape and dtype, with MXFP8 E4M3 quantization noise applied.
     """
     _check(x, "mxfp8_qdq")
-    return torch.ops.mxq.qdq(x, "mxfp8_e4m3", "floor", int(group_size), False, 0, 0, None)
+    return torch.ops.mxq.qdq(x, "mxfp8_e4m3", "floor", _ops._group(group_size), False, 0, 0, None)
