@@ -327,6 +327,12 @@ int run_quantize(const QuantizeArgs& a) {
       } else if (std::any_of(exc.begin(), exc.end(), [&](const std::regex& r) { return std::regex_search(t.name, r); })) {
         p.why = "matched by --exclude";
         ignored_modules.push_back(module);
+      } else if (t.shape[0] == 0 || t.shape[1] == 0) {
+        // Nothing to quantize, and a Linear module without rows or columns has no scales to load:
+        // copied as it is and listed, quantize leaves it in the config's ignore list.
+        p.why = fmt::format("empty weight [{}, {}]", t.shape[0], t.shape[1]);
+        ignored_modules.push_back(module);
+        unfit.push_back(t.name);
       } else if (!a.fake && t.shape[1] % g != 0) {
         p.why = fmt::format("K = {} is not a multiple of {} (vLLM could not load it)", t.shape[1], g);
         ignored_modules.push_back(module);
@@ -492,6 +498,7 @@ int run_quantize(const QuantizeArgs& a) {
     stage.publish();
     fmt::print("fake-quantized {} tensors ({}), copied {} unchanged; peak memory {} MiB\n", n_quant, a.format, n_copy,
                peak_rss_mib());
+    for (const std::string& u : unfit) fmt::print("left unchanged (empty): {}\n", u);
     return 0;
   }
   // config.json with the quantization_config vLLM reads.
@@ -539,7 +546,7 @@ int run_quantize(const QuantizeArgs& a) {
   stage.publish();
   fmt::print("quantized {} tensors to {}, copied {} unchanged; {:.1f} MiB -> {:.1f} MiB; peak memory {} MiB\n", n_quant,
              a.format, n_copy, bytes_in / 1048576, bytes_out / 1048576, peak_rss_mib());
-  for (const std::string& u : unfit) fmt::print("left unquantized (shape vLLM could not load): {}\n", u);
+  for (const std::string& u : unfit) fmt::print("left unquantized (empty, or a shape vLLM could not load): {}\n", u);
   return 0;
 }
 

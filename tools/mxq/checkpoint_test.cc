@@ -377,3 +377,69 @@ TEST(CheckpointDevice, GpuWritesTheSameBytesAsCpu) {
   testing::internal::GetCapturedStdout();
   fs::remove_all(root);
 }
+
+namespace {
+// A lone-file checkpoint of the given BF16 tensors (random values), written under dir.
+void write_lone_file(const fs::path& file, const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& ts) {
+  fs::create_directories(file.parent_path());
+  st::Writer w(file.string());
+  for (const auto& [n, sh] : ts) w.declare(n, "BF16", sh);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const auto& [n, sh] : ts) {
+    std::int64_t k = 1;
+    for (auto d : sh) k *= d;
+    std::vector<std::uint16_t> v(k);
+    for (auto& x : v) x = to_bf16(nd(rng));
+    w.write(n, {reinterpret_cast<const std::uint8_t*>(v.data()), v.size() * 2});
+  }
+  w.commit();
+}
+
+fs::path scratch(const std::string& tag) {
+  const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  return root;
+}
+}  // namespace
+
+// A weight with zero columns or zero rows is copied as it is and left in the ignore list: no
+// division by K, no empty quantized tensors, no staging directory left behind.
+TEST(CheckpointQuantize, EmptyWeightsAreCopiedAndListed) {
+  const fs::path root = scratch("empty");
+  write_lone_file(root / "in" / "m.safetensors", {{"cols0.weight", {32, 0}}, {"rows0.weight", {0, 64}}, {"proj.weight", {32, 64}}});
+  for (const std::string format : {"mxfp4", "mxfp8", "nvfp4", "mxfp6_e3m2"}) {
+    mxq::cli::QuantizeArgs qa;
+    qa.in = (root / "in" / "m.safetensors").string();
+    qa.out = (root / ("q_" + format)).string();
+    qa.format = format;
+    qa.fake = format == "mxfp6_e3m2";
+    testing::internal::CaptureStdout();
+    const int rc = mxq::cli::run_quantize(qa);
+    const std::string log = testing::internal::GetCapturedStdout();
+    ASSERT_EQ(rc, 0) << format;
+    EXPECT_NE(log.find("cols0.weight"), std::string::npos) << log;
+    const st::File f((fs::path(qa.out) / "m.safetensors").string());
+    for (const auto& [n, sh] : std::vector<std::pair<std::string, std::vector<std::int64_t>>>{{"cols0.weight", {32, 0}}, {"rows0.weight", {0, 64}}}) {
+      const st::TensorInfo* t = f.view().find(n);
+      ASSERT_NE(t, nullptr) << format << " " << n;
+      EXPECT_EQ(t->dtype, "BF16");
+      EXPECT_EQ(t->shape, sh);
+    }
+    EXPECT_NE(f.view().find(qa.fake ? "proj.weight" : format == "mxfp8" ? "proj.weight" : "proj.weight_packed"), nullptr);
+    if (!qa.fake) {
+      const json qc = json::parse(std::ifstream(fs::path(qa.out) / "quantization_config.json"));
+      const auto ign = qc["ignore"].get<std::vector<std::string>>();
+      EXPECT_NE(std::find(ign.begin(), ign.end(), "cols0"), ign.end()) << format;
+      EXPECT_NE(std::find(ign.begin(), ign.end(), "rows0"), ign.end()) << format;
+      // and it dequantizes back
+      mxq::cli::DequantizeArgs da;
+      da.in = (fs::path(qa.out) / "m.safetensors").string();
+      da.out = (root / ("dq_" + format)).string();
+      EXPECT_EQ(mxq::cli::run_dequantize(da), 0) << format;
+    }
+    for (const auto& e : fs::directory_iterator(qa.out))
+      EXPECT_EQ(e.path().filename().string().find(".mxq-staging"), std::string::npos) << e.path();
+  }
+  fs::remove_all(root);
+}
