@@ -88,14 +88,14 @@ Checkpoint open_checkpoint(const std::string& in) {
 DType mxq_dtype(const std::string& dt) { return dt == "F32" ? DType::f32 : dt == "F16" ? DType::f16 : DType::bf16; }
 
 // The projections that share one NVFP4 global scale: q/k/v of an attention block, gate/up of an MLP,
-// w1/w3 of an expert. Returns the group key ("" when the tensor fuses with nothing).
+// w1/w3 of an expert. Returns the group key ("" when the tensor fuses with nothing). Plain string
+// comparisons: names come from the file.
 std::string fused_group(const std::string& module) {
-  static const std::regex qkv(R"((.*)\.(q_proj|k_proj|v_proj)$)"), gu(R"((.*)\.(gate_proj|up_proj)$)"),
-      w13(R"((.*)\.(w1|w3)$)");
-  std::smatch m;
-  if (std::regex_match(module, m, qkv)) return m[1].str() + ".qkv";
-  if (std::regex_match(module, m, gu)) return m[1].str() + ".gate_up";
-  if (std::regex_match(module, m, w13)) return m[1].str() + ".w13";
+  static const std::pair<const char*, const char*> kSuffixes[] = {
+      {".q_proj", ".qkv"}, {".k_proj", ".qkv"}, {".v_proj", ".qkv"}, {".gate_proj", ".gate_up"},
+      {".up_proj", ".gate_up"}, {".w1", ".w13"}, {".w3", ".w13"}};
+  for (const auto& [suffix, group] : kSuffixes)
+    if (module.ends_with(suffix)) return module.substr(0, module.size() - std::strlen(suffix)) + group;
   return "";
 }
 
@@ -157,11 +157,26 @@ void dequantize_module(Engine& eng, const st::View& v, const std::string& path, 
 }
 
 // Modules vLLM expects unquantized (checkpoint-formats.md): the LM head, embeddings, MoE routers,
-// vision towers.
+// vision towers. Plain string comparisons, no std::regex: names come from the file.
 bool default_ignored(const std::string& module) {
-  static const std::regex re(
-      R"((^|.*\.)lm_head$|.*embed.*|.*\.mlp\.gate$|.*router.*|.*shared_expert_gate$|.*(visual|vision).*)");
-  return std::regex_match(module, re);
+  const auto has = [&](const char* s) { return module.find(s) != std::string::npos; };
+  return module == "lm_head" || module.ends_with(".lm_head") || has("embed") || module.ends_with(".mlp.gate") ||
+         has("router") || module.ends_with("shared_expert_gate") || has("visual") || has("vision");
+}
+
+// A --include/--exclude pattern (ECMAScript). libstdc++ matches it with its polynomial executor:
+// memory and stack bounded by the pattern, time by the pattern times the name, whatever the name
+// (the default executor backtracks, recursing per character: a long name overflows the stack).
+std::regex user_pattern(const std::string& flag, const std::string& s) {
+  try {
+#ifdef __GLIBCXX__
+    return std::regex(s, std::regex::ECMAScript | std::regex_constants::__polynomial);
+#else
+    return std::regex(s, std::regex::ECMAScript);
+#endif
+  } catch (const std::regex_error& e) {
+    fail(flag + " '" + s + "': not a usable regular expression (back-references are not supported): " + e.what());
+  }
 }
 
 // The NVFP4 encode scale S = 448 * 6 / amax (numerics.md section 3), 1 for a zero or non-finite amax.
@@ -292,8 +307,8 @@ int run_quantize(const QuantizeArgs& a) {
   }
   const int g = format == Format::nvfp4 ? 16 : 32;
   std::vector<std::regex> inc, exc;
-  for (const std::string& s : a.include) inc.emplace_back(s);
-  for (const std::string& s : a.exclude) exc.emplace_back(s);
+  for (const std::string& s : a.include) inc.push_back(user_pattern("--include", s));
+  for (const std::string& s : a.exclude) exc.push_back(user_pattern("--exclude", s));
 
   Engine eng(a.device);
   const Checkpoint c = open_checkpoint(a.in);
@@ -327,6 +342,11 @@ int run_quantize(const QuantizeArgs& a) {
       } else if (std::any_of(exc.begin(), exc.end(), [&](const std::regex& r) { return std::regex_search(t.name, r); })) {
         p.why = "matched by --exclude";
         ignored_modules.push_back(module);
+      } else if (!a.fake && module.size() + std::strlen(".weight_global_scale") > st::kMaxNameBytes) {
+        // its quantized tensors' names would be longer than a reader accepts
+        p.why = fmt::format("name too long for its quantized tensors (limit {} bytes)", st::kMaxNameBytes);
+        ignored_modules.push_back(module);
+        unfit.push_back(t.name);
       } else if (t.shape[0] == 0 || t.shape[1] == 0) {
         // Nothing to quantize, and a Linear module without rows or columns has no scales to load:
         // copied as it is and listed, quantize leaves it in the config's ignore list.

@@ -443,3 +443,46 @@ TEST(CheckpointQuantize, EmptyWeightsAreCopiedAndListed) {
   }
   fs::remove_all(root);
 }
+
+// Tensor names are data from the file: a 30000-byte name is refused with one line naming the limit
+// (std::regex used to overflow the stack on it), and a name at the limit is matched against a
+// backtracking --exclude pattern in bounded time and stack.
+TEST(CheckpointErrors, OverlongTensorNamesAreRefused) {
+  const fs::path root = scratch("longname");
+  const std::string long_name = std::string(30000, 'a') + ".weight";
+  write_lone_file(root / "long.safetensors", {{long_name, {32, 64}}});
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "long.safetensors").string();
+  qa.out = (root / "q").string();
+  const std::string m = quantize_failure(qa, "a 30000-byte tensor name");
+  EXPECT_NE(m.find("long.safetensors"), std::string::npos) << m;
+  EXPECT_NE(m.find("exceeds the limit of 1024"), std::string::npos) << m;
+  EXPECT_FALSE(fs::exists(root / "q"));
+
+  const std::string at_limit = std::string(st::kMaxNameBytes - 20, 'a') + ".weight";  // + "_global_scale" fits
+  write_lone_file(root / "ok.safetensors", {{at_limit, {32, 64}}, {"embed.weight", {32, 64}}});
+  qa.in = (root / "ok.safetensors").string();
+  qa.exclude = {"(a|aa)*c"};  // exponential for a backtracking matcher
+  testing::internal::CaptureStdout();
+  const int rc = mxq::cli::run_quantize(qa);
+  testing::internal::GetCapturedStdout();
+  ASSERT_EQ(rc, 0);
+  const st::File f((root / "q" / "ok.safetensors").string());
+  EXPECT_NE(f.view().find(at_limit.substr(0, at_limit.size() - 7) + ".weight_packed"), nullptr);
+  EXPECT_NE(f.view().find("embed.weight"), nullptr);  // the default ignore list, without std::regex
+  // a module whose quantized names would pass the limit is left unquantized
+  const std::string too_long = std::string(st::kMaxNameBytes - 7, 'b') + ".weight";
+  write_lone_file(root / "ok2.safetensors", {{too_long, {32, 64}}});
+  qa.in = (root / "ok2.safetensors").string();
+  qa.out = (root / "q3").string();
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  testing::internal::GetCapturedStdout();
+  EXPECT_NE(st::File((root / "q3" / "ok2.safetensors").string()).view().find(too_long), nullptr);
+  qa.in = (root / "ok.safetensors").string();
+  qa.exclude = {"(a)\\1"};
+  qa.out = (root / "q2").string();
+  const std::string br = quantize_failure(qa, "a back-reference");
+  EXPECT_NE(br.find("--exclude '(a)\\1'"), std::string::npos) << br;
+  fs::remove_all(root);
+}

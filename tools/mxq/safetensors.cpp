@@ -68,9 +68,15 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
   for (auto it = h.begin(); it != h.end(); ++it) {
     const std::string& key = it.key();
     const nlohmann::json& v = it.value();
+    if (key.size() > kMaxNameBytes)
+      fail(name_, "a tensor name of " + std::to_string(key.size()) + " bytes exceeds the limit of " +
+                      std::to_string(kMaxNameBytes) + " (it begins '" + key.substr(0, 40) + "')");
     if (key == "__metadata__") {
       if (!v.is_object()) fail(name_, "__metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
+        if (m.key().size() > kMaxNameBytes)
+          fail(name_, "a __metadata__ key of " + std::to_string(m.key().size()) + " bytes exceeds the limit of " +
+                          std::to_string(kMaxNameBytes));
         if (!m.value().is_string()) fail(name_, "__metadata__ entry '" + m.key() + "' is not a string");
         metadata_[m.key()] = m.value().get<std::string>();
       }
