@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cmath>
 #include <cstring>
@@ -209,17 +210,27 @@ void copy_side_files(const Checkpoint& c, const fs::path& out, const std::set<st
     if (!e.is_regular_file()) continue;
     const std::string n = e.path().filename().string();
     if (skip.count(n) || n.ends_with(".safetensors") || n == "model.safetensors.index.json") continue;
-    fs::copy_file(e.path(), out / n, fs::copy_options::overwrite_existing);
+    std::error_code ec;
+    fs::copy_file(e.path(), out / n, fs::copy_options::overwrite_existing, ec);
+    if (ec) fail(e.path().string() + ": cannot copy to the output: " + ec.message());
   }
 }
 
-// Writes text to path through a temporary name.
+// Writes text to path through a temporary name: every write checked after it reached the disk
+// (fflush, fsync, fclose), the temporary removed on failure, so a full disk never leaves an empty
+// or partial file under the final name.
 void write_text(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f << text;
-    if (!f) fail(tmp.string() + ": write failed");
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) fail(tmp.string() + ": cannot create: " + std::strerror(errno));
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  const int e = errno;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    fail(tmp.string() + ": write failed: " + std::strerror(e ? e : errno));
   }
   fs::rename(tmp, path);
 }

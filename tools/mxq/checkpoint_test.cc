@@ -1,5 +1,8 @@
 // mxq quantize / dequantize on a two-shard checkpoint this test writes: the files vLLM reads (names,
 // dtypes, shapes, index, config) and the numbers, checked against the library's own quantize and qdq.
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -484,5 +487,58 @@ TEST(CheckpointErrors, OverlongTensorNamesAreRefused) {
   qa.out = (root / "q2").string();
   const std::string br = quantize_failure(qa, "a back-reference");
   EXPECT_NE(br.find("--exclude '(a)\\1'"), std::string::npos) << br;
+  fs::remove_all(root);
+}
+
+namespace {
+// Runs the mxq tool in a child process whose files may not grow past fsize bytes (RLIMIT_FSIZE, as a
+// full disk: writes fail with EFBIG, SIGXFSZ ignored). Returns its exit status (-1: killed), and
+// its stderr in *err.
+int run_tool_with_fsize(const std::vector<std::string>& args, rlim_t fsize, std::string* err) {
+  const fs::path log = fs::path(testing::TempDir()) / ("mxq_fsize_" + std::to_string(::getpid()) + ".log");
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::FILE* l = std::fopen(log.c_str(), "w");
+    std::FILE* null = std::fopen("/dev/null", "w");
+    if (l) ::dup2(::fileno(l), 2);
+    if (null) ::dup2(::fileno(null), 1);
+    ::signal(SIGXFSZ, SIG_IGN);
+    rlimit r{fsize, fsize};
+    ::setrlimit(RLIMIT_FSIZE, &r);
+    std::vector<char*> argv{const_cast<char*>(MXQ_TOOL_PATH)};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(MXQ_TOOL_PATH, argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::ifstream f(log);
+  *err = std::string(std::istreambuf_iterator<char>(f), {});
+  fs::remove(log);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+}  // namespace
+
+// A full disk: every write is checked after flush, fsync and close; quantize and dequantize exit 2
+// naming the file and leave no output (the config.json used to be written empty, exit status 0).
+TEST(CheckpointErrors, FullDiskFailsAndLeavesNothing) {
+  const fs::path root = scratch("fsize");
+  write_lone_file(root / "in" / "model.safetensors", {{"norm.weight", {4}}});  // a ~100-byte output shard
+  std::ofstream(root / "in" / "config.json") << json{{"pad", std::string(600, 'x')}}.dump();
+  write_lone_file(root / "big" / "model.safetensors", {{"proj.weight", {32, 64}}});  // a 1.2 kB output shard
+  for (const std::string cmd : {"quantize", "dequantize"})
+    for (const char* in : {"in", "big"}) {
+      std::string err;
+      const fs::path out = root / (cmd + "_" + in);
+      EXPECT_EQ(run_tool_with_fsize({cmd, (root / in).string(), "-o", out.string()}, 400, &err), 2) << cmd << " " << in << ": " << err;
+      EXPECT_NE(err.find("write failed"), std::string::npos) << err;
+      EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+      EXPECT_FALSE(fs::exists(out)) << cmd << " " << in << ": a failed conversion left output behind";
+    }
+  std::string err;  // and with room enough, the same command succeeds
+  EXPECT_EQ(run_tool_with_fsize({"quantize", (root / "in").string(), "-o", (root / "ok").string()}, 1 << 20, &err), 0) << err;
+  EXPECT_TRUE(fs::exists(root / "ok" / "config.json"));
   fs::remove_all(root);
 }

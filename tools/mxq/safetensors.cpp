@@ -231,10 +231,11 @@ void Writer::commit() {
   if (!f_) open_and_write_header();
   if (next_ != tensors_.size())
     throw Error(path_ + ": " + std::to_string(tensors_.size() - next_) + " declared tensors were not written");
-  const bool ok = std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0;
-  std::fclose(f_);
+  bool ok = std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0;
+  const int e = errno;
+  ok = std::fclose(f_) == 0 && ok;  // the last chance to hear of a failed write (NFS, quotas)
   f_ = nullptr;
-  if (!ok) throw Error(tmp_ + ": flush failed: " + std::strerror(errno));
+  if (!ok) throw Error(tmp_ + ": write failed: " + std::strerror(e ? e : errno));
   if (std::rename(tmp_.c_str(), path_.c_str()) != 0) throw Error(path_ + ": cannot rename into place: " + std::strerror(errno));
   committed_ = true;
 }
