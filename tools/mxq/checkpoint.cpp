@@ -69,6 +69,9 @@ Checkpoint open_checkpoint(const std::string& in) {
         const std::string fn = file.get<std::string>();
         if (fn.find('/') != std::string::npos || fn.find("..") != std::string::npos)
           fail(idx.string() + ": weight_map entry '" + name + "' names a file outside the checkpoint: " + fn);
+        if (!fn.ends_with(".safetensors"))
+          fail(idx.string() + ": weight_map entry '" + name + "' names '" + fn +
+               "', not a .safetensors file (PyTorch .bin/.pt checkpoints are not read; convert them to safetensors first)");
         files.insert(fn);
       }
       c.shards.assign(files.begin(), files.end());
@@ -78,6 +81,8 @@ Checkpoint open_checkpoint(const std::string& in) {
       fail(in + ": neither model.safetensors.index.json nor model.safetensors in this directory");
     }
   } else if (fs::is_regular_file(p)) {
+    if (!p.filename().string().ends_with(".safetensors"))
+      fail(in + ": not a .safetensors file (PyTorch .bin/.pt checkpoints are not read; convert them to safetensors first)");
     c.dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
     c.shards = {p.filename().string()};
   } else {
@@ -209,7 +214,9 @@ void copy_side_files(const Checkpoint& c, const fs::path& out, const std::set<st
   for (const auto& e : fs::directory_iterator(c.dir)) {
     if (!e.is_regular_file()) continue;
     const std::string n = e.path().filename().string();
-    if (skip.count(n) || n.ends_with(".safetensors") || n == "model.safetensors.index.json") continue;
+    if (skip.count(n) || n.ends_with(".safetensors") || n == "model.safetensors.index.json" ||
+        std::find(c.shards.begin(), c.shards.end(), n) != c.shards.end())
+      continue;  // never a converted shard overwritten by its original
     std::error_code ec;
     fs::copy_file(e.path(), out / n, fs::copy_options::overwrite_existing, ec);
     if (ec) fail(e.path().string() + ": cannot copy to the output: " + ec.message());

@@ -542,3 +542,34 @@ TEST(CheckpointErrors, FullDiskFailsAndLeavesNothing) {
   EXPECT_TRUE(fs::exists(root / "ok" / "config.json"));
   fs::remove_all(root);
 }
+
+// An index naming a PyTorch .bin shard is refused (it used to exit 0, its output shard the original
+// .bin copied over the converted one), by name; a zip or pickle named .safetensors, by content.
+TEST(CheckpointErrors, RefusesWhatIsNotSafetensors) {
+  const fs::path root = scratch("bin");
+  write_lone_file(root / "in" / "pytorch_model.bin", {{"proj.weight", {32, 64}}});  // safetensors bytes, .bin name
+  std::ofstream(root / "in" / "model.safetensors.index.json")
+      << json{{"weight_map", {{"proj.weight", "pytorch_model.bin"}}}}.dump();
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  std::string m = quantize_failure(qa, "an index naming a .bin shard");
+  EXPECT_NE(m.find("pytorch_model.bin"), std::string::npos) << m;
+  EXPECT_NE(m.find("proj.weight"), std::string::npos) << m;
+  EXPECT_NE(m.find("not a .safetensors file"), std::string::npos) << m;
+  EXPECT_FALSE(fs::exists(root / "q"));
+  qa.in = (root / "in" / "pytorch_model.bin").string();
+  m = quantize_failure(qa, "a lone .bin file");
+  EXPECT_NE(m.find("not a .safetensors file"), std::string::npos) << m;
+  // content: a zip archive and a pickle under a .safetensors name
+  fs::create_directories(root / "z");
+  std::ofstream(root / "z" / "zip.safetensors", std::ios::binary) << std::string("PK\x03\x04", 4) << std::string(200, '\0');
+  std::ofstream(root / "z" / "pickle.safetensors", std::ios::binary) << std::string("\x80\x02}q\x00(X", 7) << std::string(200, 'a');
+  for (const char* f : {"zip.safetensors", "pickle.safetensors"}) {
+    qa.in = (root / "z" / f).string();
+    m = quantize_failure(qa, f);
+    EXPECT_NE(m.find(f), std::string::npos) << m;
+    EXPECT_NE(m.find("PyTorch"), std::string::npos) << m;
+  }
+  fs::remove_all(root);
+}

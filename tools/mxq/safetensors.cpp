@@ -26,6 +26,15 @@ constexpr DTypeInfo kDTypes[] = {
   throw Error(file + ": tensor '" + tensor + "': " + what);
 }
 
+// What a file that is not safetensors looks like, for the error message: "" when unrecognised.
+std::string not_safetensors_hint(std::span<const std::uint8_t> b) {
+  if (b.size() >= 4 && b[0] == 'P' && b[1] == 'K' && b[2] == 3 && b[3] == 4)
+    return " (this is a zip archive: a PyTorch .bin/.pt checkpoint? only safetensors files are read)";
+  if (b.size() >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5)
+    return " (this looks like a Python pickle: a PyTorch checkpoint? only safetensors files are read)";
+  return "";
+}
+
 std::uint64_t read_le64(const std::uint8_t* p) {
   std::uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
@@ -50,10 +59,11 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
   if (bytes.size() < 8) fail(name_, "truncated: " + std::to_string(bytes.size()) + " bytes, not even the 8-byte header length");
   const std::uint64_t n = read_le64(bytes.data());
   if (n > kMaxHeaderBytes)
-    fail(name_, "header length " + std::to_string(n) + " bytes exceeds the limit of " + std::to_string(kMaxHeaderBytes));
+    fail(name_, "header length " + std::to_string(n) + " bytes exceeds the limit of " + std::to_string(kMaxHeaderBytes) +
+                    not_safetensors_hint(bytes));
   if (n > bytes.size() - 8)
     fail(name_, "truncated: the header claims " + std::to_string(n) + " bytes but only " +
-                    std::to_string(bytes.size() - 8) + " follow the length");
+                    std::to_string(bytes.size() - 8) + " follow the length" + not_safetensors_hint(bytes));
   header_bytes_ = n;
   data_ = bytes.subspan(8 + n);
 
@@ -61,7 +71,7 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
   try {
     h = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + std::ptrdiff_t(n));
   } catch (const nlohmann::json::exception& e) {
-    fail(name_, std::string("header is not valid JSON: ") + e.what());
+    fail(name_, std::string("header is not valid JSON: ") + e.what() + not_safetensors_hint(bytes));
   }
   if (!h.is_object()) fail(name_, "header is not a JSON object");
 
