@@ -74,7 +74,28 @@ Checkpoint open_checkpoint(const std::string& in) {
                "', not a .safetensors file (PyTorch .bin/.pt checkpoints are not read; convert them to safetensors first)");
         files.insert(fn);
       }
+      if (files.empty()) fail(idx.string() + ": the weight_map is empty: no tensor to convert");
       c.shards.assign(files.begin(), files.end());
+      // The index and the shards must agree: every listed tensor in the shard the index names, no
+      // tensor in two shards, none unlisted (it would be converted but unreachable, or dropped).
+      const json& wm = (*c.index)["weight_map"];
+      std::map<std::string, std::string> found;  // tensor -> shard that defines it
+      for (const std::string& shard : c.shards) {
+        const st::File f((c.dir / shard).string());
+        for (const st::TensorInfo& t : f.view().tensors()) {
+          const auto [it, fresh] = found.emplace(t.name, shard);
+          if (!fresh)
+            fail(idx.string() + ": tensor '" + t.name + "' is defined in both " + it->second + " and " + shard);
+          if (!wm.contains(t.name))
+            fail(idx.string() + ": tensor '" + t.name + "' of " + shard + " is not listed in the weight_map");
+          if (wm[t.name].get<std::string>() != shard)
+            fail(idx.string() + ": tensor '" + t.name + "' is in " + shard + " but the weight_map names " +
+                 wm[t.name].get<std::string>());
+        }
+      }
+      for (auto& [name, file] : wm.items())
+        if (!found.count(name))
+          fail(idx.string() + ": tensor '" + name + "' is listed in the weight_map but absent from " + file.get<std::string>());
     } else if (fs::exists(p / "model.safetensors")) {
       c.shards = {"model.safetensors"};
     } else {

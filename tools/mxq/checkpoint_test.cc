@@ -573,3 +573,29 @@ TEST(CheckpointErrors, RefusesWhatIsNotSafetensors) {
   }
   fs::remove_all(root);
 }
+
+// The index and the shards disagree: each is an error naming the tensor and the files (they used to
+// be dropped, written twice, or an empty weight_map converted nothing and succeeded).
+TEST(CheckpointErrors, IndexAndShardsMustAgree) {
+  const fs::path root = scratch("index");
+  write_lone_file(root / "in" / "a.safetensors", {{"x.weight", {32, 64}}});
+  write_lone_file(root / "in" / "b.safetensors", {{"x.weight", {32, 64}}, {"y.weight", {32, 64}}});
+  const auto with_index = [&](const json& wm, const std::string& what, const std::vector<std::string>& needles) {
+    std::ofstream(root / "in" / "model.safetensors.index.json") << json{{"weight_map", wm}}.dump();
+    mxq::cli::QuantizeArgs qa;
+    qa.in = (root / "in").string();
+    qa.out = (root / "q").string();
+    const std::string m = quantize_failure(qa, what);
+    for (const std::string& n : needles) EXPECT_NE(m.find(n), std::string::npos) << what << ": " << m;
+    EXPECT_FALSE(fs::exists(root / "q")) << what;
+  };
+  with_index(json::object(), "an empty weight_map", {"weight_map is empty"});
+  with_index({{"x.weight", "a.safetensors"}, {"y.weight", "b.safetensors"}}, "x.weight in two shards",
+             {"x.weight", "a.safetensors", "b.safetensors", "defined in both"});
+  write_lone_file(root / "in" / "b.safetensors", {{"y.weight", {32, 64}}});
+  with_index({{"x.weight", "a.safetensors"}, {"y.weight", "b.safetensors"}, {"z.weight", "b.safetensors"}},
+             "z.weight absent from its shard", {"z.weight", "b.safetensors", "absent"});
+  with_index({{"x.weight", "a.safetensors"}, {"y.weight", "a.safetensors"}}, "y.weight in another shard",
+             {"y.weight", "absent from a.safetensors"});
+  fs::remove_all(root);
+}
