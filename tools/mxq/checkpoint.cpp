@@ -112,6 +112,18 @@ Checkpoint open_checkpoint(const std::string& in) {
   return c;
 }
 
+// IN's config.json (directories only), read and checked before any shard is converted: valid JSON
+// and an object, or an error naming the file.
+std::optional<json> read_config(const Checkpoint& c, const std::string& in) {
+  const fs::path p = c.dir / "config.json";
+  if (!fs::is_directory(in) || !fs::exists(p)) return std::nullopt;
+  std::ifstream f(p);
+  json cfg = json::parse(f, nullptr, false);
+  if (cfg.is_discarded()) fail(p.string() + ": not valid JSON");
+  if (!cfg.is_object()) fail(p.string() + ": not a JSON object (a model config is {...})");
+  return cfg;
+}
+
 DType mxq_dtype(const std::string& dt) { return dt == "F32" ? DType::f32 : dt == "F16" ? DType::f16 : DType::bf16; }
 
 // The projections that share one NVFP4 global scale: q/k/v of an attention block, gate/up of an MLP,
@@ -351,6 +363,7 @@ int run_quantize(const QuantizeArgs& a) {
 
   Engine eng(a.device);
   const Checkpoint c = open_checkpoint(a.in);
+  std::optional<json> config = read_config(c, a.in);
   Staging stage{fs::path(a.out)};
   const fs::path& out = stage.dir();
   fmt::print("device: {} ({})\n", eng.name(), eng.why());
@@ -587,14 +600,8 @@ int run_quantize(const QuantizeArgs& a) {
              {"sparsity_config", json::object()},
              {"transform_config", json::object()},
              {"global_compression_ratio", nullptr}};
-  if (fs::is_directory(a.in) && fs::exists(c.dir / "config.json")) {
-    json cfg;
-    std::ifstream cf(c.dir / "config.json");
-    try {
-      cfg = json::parse(cf);
-    } catch (const json::exception& e) {
-      fail((c.dir / "config.json").string() + ": not valid JSON: " + e.what());
-    }
+  if (config) {
+    json& cfg = *config;
     cfg["quantization_config"] = qc;
     copy_side_files(c, out, {"config.json"});
     write_text(out / "config.json", cfg.dump(2) + "\n");
@@ -616,6 +623,7 @@ int run_dequantize(const DequantizeArgs& a) {
   const int ob = odt == DType::f32 ? 4 : 2;
   Engine eng(a.device);
   const Checkpoint c = open_checkpoint(a.in);
+  std::optional<json> config = read_config(c, a.in);
   Staging stage{fs::path(a.out)};
   const fs::path& out = stage.dir();
   fmt::print("device: {} ({})\n", eng.name(), eng.why());
@@ -658,9 +666,8 @@ int run_dequantize(const DequantizeArgs& a) {
     idx["weight_map"] = weight_map;
     write_text(out / "model.safetensors.index.json", idx.dump(2) + "\n");
   }
-  if (fs::is_directory(a.in) && fs::exists(c.dir / "config.json")) {
-    json cfg = json::parse(std::ifstream(c.dir / "config.json"), nullptr, false);
-    if (cfg.is_discarded()) fail((c.dir / "config.json").string() + ": not valid JSON");
+  if (config) {
+    json& cfg = *config;
     cfg.erase("quantization_config");
     copy_side_files(c, out, {"config.json"});
     write_text(out / "config.json", cfg.dump(2) + "\n");

@@ -599,3 +599,38 @@ TEST(CheckpointErrors, IndexAndShardsMustAgree) {
              {"y.weight", "absent from a.safetensors"});
   fs::remove_all(root);
 }
+
+// config.json is read and checked before any shard is converted; JSON that is not an object is an
+// error naming the file (it was a bare json type_error, found after every shard was converted).
+TEST(CheckpointErrors, ConfigIsCheckedFirst) {
+  const fs::path root = scratch("config");
+  write_lone_file(root / "in" / "model.safetensors", {{"proj.weight", {32, 64}}});
+  for (const char* bad : {"[1, 2]", "{\"a\": "}) {
+    std::ofstream(root / "in" / "config.json") << bad;
+    mxq::cli::QuantizeArgs qa;
+    qa.in = (root / "in").string();
+    qa.out = (root / "q").string();
+    testing::internal::CaptureStdout();
+    std::string m;
+    try {
+      mxq::cli::run_quantize(qa);
+    } catch (const std::exception& e) {
+      m = e.what();
+    }
+    const std::string log = testing::internal::GetCapturedStdout();
+    EXPECT_NE(m.find("config.json"), std::string::npos) << bad << ": " << m;
+    EXPECT_EQ(log.find("proj.weight"), std::string::npos) << "converted before the config was read: " << log;
+    mxq::cli::DequantizeArgs da;
+    da.in = qa.in;
+    da.out = (root / "dq").string();
+    try {
+      mxq::cli::run_dequantize(da);
+      ADD_FAILURE() << "dequantize accepted config " << bad;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("config.json"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(root / "q"));
+    EXPECT_FALSE(fs::exists(root / "dq"));
+  }
+  fs::remove_all(root);
+}
