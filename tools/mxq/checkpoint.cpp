@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cmath>
 #include <cstring>
@@ -68,15 +69,41 @@ Checkpoint open_checkpoint(const std::string& in) {
         const std::string fn = file.get<std::string>();
         if (fn.find('/') != std::string::npos || fn.find("..") != std::string::npos)
           fail(idx.string() + ": weight_map entry '" + name + "' names a file outside the checkpoint: " + fn);
+        if (!fn.ends_with(".safetensors"))
+          fail(idx.string() + ": weight_map entry '" + name + "' names '" + fn +
+               "', not a .safetensors file (PyTorch .bin/.pt checkpoints are not read; convert them to safetensors first)");
         files.insert(fn);
       }
+      if (files.empty()) fail(idx.string() + ": the weight_map is empty: no tensor to convert");
       c.shards.assign(files.begin(), files.end());
+      // The index and the shards must agree: every listed tensor in the shard the index names, no
+      // tensor in two shards, none unlisted (it would be converted but unreachable, or dropped).
+      const json& wm = (*c.index)["weight_map"];
+      std::map<std::string, std::string> found;  // tensor -> shard that defines it
+      for (const std::string& shard : c.shards) {
+        const st::File f((c.dir / shard).string());
+        for (const st::TensorInfo& t : f.view().tensors()) {
+          const auto [it, fresh] = found.emplace(t.name, shard);
+          if (!fresh)
+            fail(idx.string() + ": tensor '" + t.name + "' is defined in both " + it->second + " and " + shard);
+          if (!wm.contains(t.name))
+            fail(idx.string() + ": tensor '" + t.name + "' of " + shard + " is not listed in the weight_map");
+          if (wm[t.name].get<std::string>() != shard)
+            fail(idx.string() + ": tensor '" + t.name + "' is in " + shard + " but the weight_map names " +
+                 wm[t.name].get<std::string>());
+        }
+      }
+      for (auto& [name, file] : wm.items())
+        if (!found.count(name))
+          fail(idx.string() + ": tensor '" + name + "' is listed in the weight_map but absent from " + file.get<std::string>());
     } else if (fs::exists(p / "model.safetensors")) {
       c.shards = {"model.safetensors"};
     } else {
       fail(in + ": neither model.safetensors.index.json nor model.safetensors in this directory");
     }
   } else if (fs::is_regular_file(p)) {
+    if (!p.filename().string().ends_with(".safetensors"))
+      fail(in + ": not a .safetensors file (PyTorch .bin/.pt checkpoints are not read; convert them to safetensors first)");
     c.dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
     c.shards = {p.filename().string()};
   } else {
@@ -85,17 +112,29 @@ Checkpoint open_checkpoint(const std::string& in) {
   return c;
 }
 
+// IN's config.json (directories only), read and checked before any shard is converted: valid JSON
+// and an object, or an error naming the file.
+std::optional<json> read_config(const Checkpoint& c, const std::string& in) {
+  const fs::path p = c.dir / "config.json";
+  if (!fs::is_directory(in) || !fs::exists(p)) return std::nullopt;
+  std::ifstream f(p);
+  json cfg = json::parse(f, nullptr, false);
+  if (cfg.is_discarded()) fail(p.string() + ": not valid JSON");
+  if (!cfg.is_object()) fail(p.string() + ": not a JSON object (a model config is {...})");
+  return cfg;
+}
+
 DType mxq_dtype(const std::string& dt) { return dt == "F32" ? DType::f32 : dt == "F16" ? DType::f16 : DType::bf16; }
 
 // The projections that share one NVFP4 global scale: q/k/v of an attention block, gate/up of an MLP,
-// w1/w3 of an expert. Returns the group key ("" when the tensor fuses with nothing).
+// w1/w3 of an expert. Returns the group key ("" when the tensor fuses with nothing). Plain string
+// comparisons: names come from the file.
 std::string fused_group(const std::string& module) {
-  static const std::regex qkv(R"((.*)\.(q_proj|k_proj|v_proj)$)"), gu(R"((.*)\.(gate_proj|up_proj)$)"),
-      w13(R"((.*)\.(w1|w3)$)");
-  std::smatch m;
-  if (std::regex_match(module, m, qkv)) return m[1].str() + ".qkv";
-  if (std::regex_match(module, m, gu)) return m[1].str() + ".gate_up";
-  if (std::regex_match(module, m, w13)) return m[1].str() + ".w13";
+  static const std::pair<const char*, const char*> kSuffixes[] = {
+      {".q_proj", ".qkv"}, {".k_proj", ".qkv"}, {".v_proj", ".qkv"}, {".gate_proj", ".gate_up"},
+      {".up_proj", ".gate_up"}, {".w1", ".w13"}, {".w3", ".w13"}};
+  for (const auto& [suffix, group] : kSuffixes)
+    if (module.ends_with(suffix)) return module.substr(0, module.size() - std::strlen(suffix)) + group;
   return "";
 }
 
@@ -157,11 +196,26 @@ void dequantize_module(Engine& eng, const st::View& v, const std::string& path, 
 }
 
 // Modules vLLM expects unquantized (checkpoint-formats.md): the LM head, embeddings, MoE routers,
-// vision towers.
+// vision towers. Plain string comparisons, no std::regex: names come from the file.
 bool default_ignored(const std::string& module) {
-  static const std::regex re(
-      R"((^|.*\.)lm_head$|.*embed.*|.*\.mlp\.gate$|.*router.*|.*shared_expert_gate$|.*(visual|vision).*)");
-  return std::regex_match(module, re);
+  const auto has = [&](const char* s) { return module.find(s) != std::string::npos; };
+  return module == "lm_head" || module.ends_with(".lm_head") || has("embed") || module.ends_with(".mlp.gate") ||
+         has("router") || module.ends_with("shared_expert_gate") || has("visual") || has("vision");
+}
+
+// A --include/--exclude pattern (ECMAScript). libstdc++ matches it with its polynomial executor:
+// memory and stack bounded by the pattern, time by the pattern times the name, whatever the name
+// (the default executor backtracks, recursing per character: a long name overflows the stack).
+std::regex user_pattern(const std::string& flag, const std::string& s) {
+  try {
+#ifdef __GLIBCXX__
+    return std::regex(s, std::regex::ECMAScript | std::regex_constants::__polynomial);
+#else
+    return std::regex(s, std::regex::ECMAScript);
+#endif
+  } catch (const std::regex_error& e) {
+    fail(flag + " '" + s + "': not a usable regular expression (back-references are not supported): " + e.what());
+  }
 }
 
 // The NVFP4 encode scale S = 448 * 6 / amax (numerics.md section 3), 1 for a zero or non-finite amax.
@@ -193,18 +247,30 @@ void copy_side_files(const Checkpoint& c, const fs::path& out, const std::set<st
   for (const auto& e : fs::directory_iterator(c.dir)) {
     if (!e.is_regular_file()) continue;
     const std::string n = e.path().filename().string();
-    if (skip.count(n) || n.ends_with(".safetensors") || n == "model.safetensors.index.json") continue;
-    fs::copy_file(e.path(), out / n, fs::copy_options::overwrite_existing);
+    if (skip.count(n) || n.ends_with(".safetensors") || n == "model.safetensors.index.json" ||
+        std::find(c.shards.begin(), c.shards.end(), n) != c.shards.end())
+      continue;  // never a converted shard overwritten by its original
+    std::error_code ec;
+    fs::copy_file(e.path(), out / n, fs::copy_options::overwrite_existing, ec);
+    if (ec) fail(e.path().string() + ": cannot copy to the output: " + ec.message());
   }
 }
 
-// Writes text to path through a temporary name.
+// Writes text to path through a temporary name: every write checked after it reached the disk
+// (fflush, fsync, fclose), the temporary removed on failure, so a full disk never leaves an empty
+// or partial file under the final name.
 void write_text(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f << text;
-    if (!f) fail(tmp.string() + ": write failed");
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) fail(tmp.string() + ": cannot create: " + std::strerror(errno));
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  const int e = errno;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    fail(tmp.string() + ": write failed: " + std::strerror(e ? e : errno));
   }
   fs::rename(tmp, path);
 }
@@ -292,11 +358,12 @@ int run_quantize(const QuantizeArgs& a) {
   }
   const int g = format == Format::nvfp4 ? 16 : 32;
   std::vector<std::regex> inc, exc;
-  for (const std::string& s : a.include) inc.emplace_back(s);
-  for (const std::string& s : a.exclude) exc.emplace_back(s);
+  for (const std::string& s : a.include) inc.push_back(user_pattern("--include", s));
+  for (const std::string& s : a.exclude) exc.push_back(user_pattern("--exclude", s));
 
   Engine eng(a.device);
   const Checkpoint c = open_checkpoint(a.in);
+  std::optional<json> config = read_config(c, a.in);
   Staging stage{fs::path(a.out)};
   const fs::path& out = stage.dir();
   fmt::print("device: {} ({})\n", eng.name(), eng.why());
@@ -327,6 +394,17 @@ int run_quantize(const QuantizeArgs& a) {
       } else if (std::any_of(exc.begin(), exc.end(), [&](const std::regex& r) { return std::regex_search(t.name, r); })) {
         p.why = "matched by --exclude";
         ignored_modules.push_back(module);
+      } else if (!a.fake && module.size() + std::strlen(".weight_global_scale") > st::kMaxNameBytes) {
+        // its quantized tensors' names would be longer than a reader accepts
+        p.why = fmt::format("name too long for its quantized tensors (limit {} bytes)", st::kMaxNameBytes);
+        ignored_modules.push_back(module);
+        unfit.push_back(t.name);
+      } else if (t.shape[0] == 0 || t.shape[1] == 0) {
+        // Nothing to quantize, and a Linear module without rows or columns has no scales to load:
+        // copied as it is and listed, quantize leaves it in the config's ignore list.
+        p.why = fmt::format("empty weight [{}, {}]", t.shape[0], t.shape[1]);
+        ignored_modules.push_back(module);
+        unfit.push_back(t.name);
       } else if (!a.fake && t.shape[1] % g != 0) {
         p.why = fmt::format("K = {} is not a multiple of {} (vLLM could not load it)", t.shape[1], g);
         ignored_modules.push_back(module);
@@ -492,6 +570,7 @@ int run_quantize(const QuantizeArgs& a) {
     stage.publish();
     fmt::print("fake-quantized {} tensors ({}), copied {} unchanged; peak memory {} MiB\n", n_quant, a.format, n_copy,
                peak_rss_mib());
+    for (const std::string& u : unfit) fmt::print("left unchanged (empty): {}\n", u);
     return 0;
   }
   // config.json with the quantization_config vLLM reads.
@@ -521,14 +600,8 @@ int run_quantize(const QuantizeArgs& a) {
              {"sparsity_config", json::object()},
              {"transform_config", json::object()},
              {"global_compression_ratio", nullptr}};
-  if (fs::is_directory(a.in) && fs::exists(c.dir / "config.json")) {
-    json cfg;
-    std::ifstream cf(c.dir / "config.json");
-    try {
-      cfg = json::parse(cf);
-    } catch (const json::exception& e) {
-      fail((c.dir / "config.json").string() + ": not valid JSON: " + e.what());
-    }
+  if (config) {
+    json& cfg = *config;
     cfg["quantization_config"] = qc;
     copy_side_files(c, out, {"config.json"});
     write_text(out / "config.json", cfg.dump(2) + "\n");
@@ -539,7 +612,7 @@ int run_quantize(const QuantizeArgs& a) {
   stage.publish();
   fmt::print("quantized {} tensors to {}, copied {} unchanged; {:.1f} MiB -> {:.1f} MiB; peak memory {} MiB\n", n_quant,
              a.format, n_copy, bytes_in / 1048576, bytes_out / 1048576, peak_rss_mib());
-  for (const std::string& u : unfit) fmt::print("left unquantized (shape vLLM could not load): {}\n", u);
+  for (const std::string& u : unfit) fmt::print("left unquantized (empty, or a shape vLLM could not load): {}\n", u);
   return 0;
 }
 
@@ -550,6 +623,7 @@ int run_dequantize(const DequantizeArgs& a) {
   const int ob = odt == DType::f32 ? 4 : 2;
   Engine eng(a.device);
   const Checkpoint c = open_checkpoint(a.in);
+  std::optional<json> config = read_config(c, a.in);
   Staging stage{fs::path(a.out)};
   const fs::path& out = stage.dir();
   fmt::print("device: {} ({})\n", eng.name(), eng.why());
@@ -592,9 +666,8 @@ int run_dequantize(const DequantizeArgs& a) {
     idx["weight_map"] = weight_map;
     write_text(out / "model.safetensors.index.json", idx.dump(2) + "\n");
   }
-  if (fs::is_directory(a.in) && fs::exists(c.dir / "config.json")) {
-    json cfg = json::parse(std::ifstream(c.dir / "config.json"), nullptr, false);
-    if (cfg.is_discarded()) fail((c.dir / "config.json").string() + ": not valid JSON");
+  if (config) {
+    json& cfg = *config;
     cfg.erase("quantization_config");
     copy_side_files(c, out, {"config.json"});
     write_text(out / "config.json", cfg.dump(2) + "\n");

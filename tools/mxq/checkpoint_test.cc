@@ -1,5 +1,8 @@
 // mxq quantize / dequantize on a two-shard checkpoint this test writes: the files vLLM reads (names,
 // dtypes, shapes, index, config) and the numbers, checked against the library's own quantize and qdq.
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -375,5 +378,259 @@ TEST(CheckpointDevice, GpuWritesTheSameBytesAsCpu) {
     }
   }
   testing::internal::GetCapturedStdout();
+  fs::remove_all(root);
+}
+
+namespace {
+// A lone-file checkpoint of the given BF16 tensors (random values), written under dir.
+void write_lone_file(const fs::path& file, const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& ts) {
+  fs::create_directories(file.parent_path());
+  st::Writer w(file.string());
+  for (const auto& [n, sh] : ts) w.declare(n, "BF16", sh);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const auto& [n, sh] : ts) {
+    std::int64_t k = 1;
+    for (auto d : sh) k *= d;
+    std::vector<std::uint16_t> v(k);
+    for (auto& x : v) x = to_bf16(nd(rng));
+    w.write(n, {reinterpret_cast<const std::uint8_t*>(v.data()), v.size() * 2});
+  }
+  w.commit();
+}
+
+fs::path scratch(const std::string& tag) {
+  const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  return root;
+}
+}  // namespace
+
+// A weight with zero columns or zero rows is copied as it is and left in the ignore list: no
+// division by K, no empty quantized tensors, no staging directory left behind.
+TEST(CheckpointQuantize, EmptyWeightsAreCopiedAndListed) {
+  const fs::path root = scratch("empty");
+  write_lone_file(root / "in" / "m.safetensors", {{"cols0.weight", {32, 0}}, {"rows0.weight", {0, 64}}, {"proj.weight", {32, 64}}});
+  for (const std::string format : {"mxfp4", "mxfp8", "nvfp4", "mxfp6_e3m2"}) {
+    mxq::cli::QuantizeArgs qa;
+    qa.in = (root / "in" / "m.safetensors").string();
+    qa.out = (root / ("q_" + format)).string();
+    qa.format = format;
+    qa.fake = format == "mxfp6_e3m2";
+    testing::internal::CaptureStdout();
+    const int rc = mxq::cli::run_quantize(qa);
+    const std::string log = testing::internal::GetCapturedStdout();
+    ASSERT_EQ(rc, 0) << format;
+    EXPECT_NE(log.find("cols0.weight"), std::string::npos) << log;
+    const st::File f((fs::path(qa.out) / "m.safetensors").string());
+    for (const auto& [n, sh] : std::vector<std::pair<std::string, std::vector<std::int64_t>>>{{"cols0.weight", {32, 0}}, {"rows0.weight", {0, 64}}}) {
+      const st::TensorInfo* t = f.view().find(n);
+      ASSERT_NE(t, nullptr) << format << " " << n;
+      EXPECT_EQ(t->dtype, "BF16");
+      EXPECT_EQ(t->shape, sh);
+    }
+    EXPECT_NE(f.view().find(qa.fake ? "proj.weight" : format == "mxfp8" ? "proj.weight" : "proj.weight_packed"), nullptr);
+    if (!qa.fake) {
+      const json qc = json::parse(std::ifstream(fs::path(qa.out) / "quantization_config.json"));
+      const auto ign = qc["ignore"].get<std::vector<std::string>>();
+      EXPECT_NE(std::find(ign.begin(), ign.end(), "cols0"), ign.end()) << format;
+      EXPECT_NE(std::find(ign.begin(), ign.end(), "rows0"), ign.end()) << format;
+      // and it dequantizes back
+      mxq::cli::DequantizeArgs da;
+      da.in = (fs::path(qa.out) / "m.safetensors").string();
+      da.out = (root / ("dq_" + format)).string();
+      EXPECT_EQ(mxq::cli::run_dequantize(da), 0) << format;
+    }
+    for (const auto& e : fs::directory_iterator(qa.out))
+      EXPECT_EQ(e.path().filename().string().find(".mxq-staging"), std::string::npos) << e.path();
+  }
+  fs::remove_all(root);
+}
+
+// Tensor names are data from the file: a 30000-byte name is refused with one line naming the limit
+// (std::regex used to overflow the stack on it), and a name at the limit is matched against a
+// backtracking --exclude pattern in bounded time and stack.
+TEST(CheckpointErrors, OverlongTensorNamesAreRefused) {
+  const fs::path root = scratch("longname");
+  const std::string long_name = std::string(30000, 'a') + ".weight";
+  write_lone_file(root / "long.safetensors", {{long_name, {32, 64}}});
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "long.safetensors").string();
+  qa.out = (root / "q").string();
+  const std::string m = quantize_failure(qa, "a 30000-byte tensor name");
+  EXPECT_NE(m.find("long.safetensors"), std::string::npos) << m;
+  EXPECT_NE(m.find("exceeds the limit of 1024"), std::string::npos) << m;
+  EXPECT_FALSE(fs::exists(root / "q"));
+
+  const std::string at_limit = std::string(st::kMaxNameBytes - 20, 'a') + ".weight";  // + "_global_scale" fits
+  write_lone_file(root / "ok.safetensors", {{at_limit, {32, 64}}, {"embed.weight", {32, 64}}});
+  qa.in = (root / "ok.safetensors").string();
+  qa.exclude = {"(a|aa)*c"};  // exponential for a backtracking matcher
+  testing::internal::CaptureStdout();
+  const int rc = mxq::cli::run_quantize(qa);
+  testing::internal::GetCapturedStdout();
+  ASSERT_EQ(rc, 0);
+  const st::File f((root / "q" / "ok.safetensors").string());
+  EXPECT_NE(f.view().find(at_limit.substr(0, at_limit.size() - 7) + ".weight_packed"), nullptr);
+  EXPECT_NE(f.view().find("embed.weight"), nullptr);  // the default ignore list, without std::regex
+  // a module whose quantized names would pass the limit is left unquantized
+  const std::string too_long = std::string(st::kMaxNameBytes - 7, 'b') + ".weight";
+  write_lone_file(root / "ok2.safetensors", {{too_long, {32, 64}}});
+  qa.in = (root / "ok2.safetensors").string();
+  qa.out = (root / "q3").string();
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  testing::internal::GetCapturedStdout();
+  EXPECT_NE(st::File((root / "q3" / "ok2.safetensors").string()).view().find(too_long), nullptr);
+  qa.in = (root / "ok.safetensors").string();
+  qa.exclude = {"(a)\\1"};
+  qa.out = (root / "q2").string();
+  const std::string br = quantize_failure(qa, "a back-reference");
+  EXPECT_NE(br.find("--exclude '(a)\\1'"), std::string::npos) << br;
+  fs::remove_all(root);
+}
+
+namespace {
+// Runs the mxq tool in a child process whose files may not grow past fsize bytes (RLIMIT_FSIZE, as a
+// full disk: writes fail with EFBIG, SIGXFSZ ignored). Returns its exit status (-1: killed), and
+// its stderr in *err.
+int run_tool_with_fsize(const std::vector<std::string>& args, rlim_t fsize, std::string* err) {
+  const fs::path log = fs::path(testing::TempDir()) / ("mxq_fsize_" + std::to_string(::getpid()) + ".log");
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::FILE* l = std::fopen(log.c_str(), "w");
+    std::FILE* null = std::fopen("/dev/null", "w");
+    if (l) ::dup2(::fileno(l), 2);
+    if (null) ::dup2(::fileno(null), 1);
+    ::signal(SIGXFSZ, SIG_IGN);
+    rlimit r{fsize, fsize};
+    ::setrlimit(RLIMIT_FSIZE, &r);
+    std::vector<char*> argv{const_cast<char*>(MXQ_TOOL_PATH)};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(MXQ_TOOL_PATH, argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::ifstream f(log);
+  *err = std::string(std::istreambuf_iterator<char>(f), {});
+  fs::remove(log);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+}  // namespace
+
+// A full disk: every write is checked after flush, fsync and close; quantize and dequantize exit 2
+// naming the file and leave no output (the config.json used to be written empty, exit status 0).
+TEST(CheckpointErrors, FullDiskFailsAndLeavesNothing) {
+  const fs::path root = scratch("fsize");
+  write_lone_file(root / "in" / "model.safetensors", {{"norm.weight", {4}}});  // a ~100-byte output shard
+  std::ofstream(root / "in" / "config.json") << json{{"pad", std::string(600, 'x')}}.dump();
+  write_lone_file(root / "big" / "model.safetensors", {{"proj.weight", {32, 64}}});  // a 1.2 kB output shard
+  for (const std::string cmd : {"quantize", "dequantize"})
+    for (const char* in : {"in", "big"}) {
+      std::string err;
+      const fs::path out = root / (cmd + "_" + in);
+      EXPECT_EQ(run_tool_with_fsize({cmd, (root / in).string(), "-o", out.string()}, 400, &err), 2) << cmd << " " << in << ": " << err;
+      EXPECT_NE(err.find("write failed"), std::string::npos) << err;
+      EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+      EXPECT_FALSE(fs::exists(out)) << cmd << " " << in << ": a failed conversion left output behind";
+    }
+  std::string err;  // and with room enough, the same command succeeds
+  EXPECT_EQ(run_tool_with_fsize({"quantize", (root / "in").string(), "-o", (root / "ok").string()}, 1 << 20, &err), 0) << err;
+  EXPECT_TRUE(fs::exists(root / "ok" / "config.json"));
+  fs::remove_all(root);
+}
+
+// An index naming a PyTorch .bin shard is refused (it used to exit 0, its output shard the original
+// .bin copied over the converted one), by name; a zip or pickle named .safetensors, by content.
+TEST(CheckpointErrors, RefusesWhatIsNotSafetensors) {
+  const fs::path root = scratch("bin");
+  write_lone_file(root / "in" / "pytorch_model.bin", {{"proj.weight", {32, 64}}});  // safetensors bytes, .bin name
+  std::ofstream(root / "in" / "model.safetensors.index.json")
+      << json{{"weight_map", {{"proj.weight", "pytorch_model.bin"}}}}.dump();
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  std::string m = quantize_failure(qa, "an index naming a .bin shard");
+  EXPECT_NE(m.find("pytorch_model.bin"), std::string::npos) << m;
+  EXPECT_NE(m.find("proj.weight"), std::string::npos) << m;
+  EXPECT_NE(m.find("not a .safetensors file"), std::string::npos) << m;
+  EXPECT_FALSE(fs::exists(root / "q"));
+  qa.in = (root / "in" / "pytorch_model.bin").string();
+  m = quantize_failure(qa, "a lone .bin file");
+  EXPECT_NE(m.find("not a .safetensors file"), std::string::npos) << m;
+  // content: a zip archive and a pickle under a .safetensors name
+  fs::create_directories(root / "z");
+  std::ofstream(root / "z" / "zip.safetensors", std::ios::binary) << std::string("PK\x03\x04", 4) << std::string(200, '\0');
+  std::ofstream(root / "z" / "pickle.safetensors", std::ios::binary) << std::string("\x80\x02}q\x00(X", 7) << std::string(200, 'a');
+  for (const char* f : {"zip.safetensors", "pickle.safetensors"}) {
+    qa.in = (root / "z" / f).string();
+    m = quantize_failure(qa, f);
+    EXPECT_NE(m.find(f), std::string::npos) << m;
+    EXPECT_NE(m.find("PyTorch"), std::string::npos) << m;
+  }
+  fs::remove_all(root);
+}
+
+// The index and the shards disagree: each is an error naming the tensor and the files (they used to
+// be dropped, written twice, or an empty weight_map converted nothing and succeeded).
+TEST(CheckpointErrors, IndexAndShardsMustAgree) {
+  const fs::path root = scratch("index");
+  write_lone_file(root / "in" / "a.safetensors", {{"x.weight", {32, 64}}});
+  write_lone_file(root / "in" / "b.safetensors", {{"x.weight", {32, 64}}, {"y.weight", {32, 64}}});
+  const auto with_index = [&](const json& wm, const std::string& what, const std::vector<std::string>& needles) {
+    std::ofstream(root / "in" / "model.safetensors.index.json") << json{{"weight_map", wm}}.dump();
+    mxq::cli::QuantizeArgs qa;
+    qa.in = (root / "in").string();
+    qa.out = (root / "q").string();
+    const std::string m = quantize_failure(qa, what);
+    for (const std::string& n : needles) EXPECT_NE(m.find(n), std::string::npos) << what << ": " << m;
+    EXPECT_FALSE(fs::exists(root / "q")) << what;
+  };
+  with_index(json::object(), "an empty weight_map", {"weight_map is empty"});
+  with_index({{"x.weight", "a.safetensors"}, {"y.weight", "b.safetensors"}}, "x.weight in two shards",
+             {"x.weight", "a.safetensors", "b.safetensors", "defined in both"});
+  write_lone_file(root / "in" / "b.safetensors", {{"y.weight", {32, 64}}});
+  with_index({{"x.weight", "a.safetensors"}, {"y.weight", "b.safetensors"}, {"z.weight", "b.safetensors"}},
+             "z.weight absent from its shard", {"z.weight", "b.safetensors", "absent"});
+  with_index({{"x.weight", "a.safetensors"}, {"y.weight", "a.safetensors"}}, "y.weight in another shard",
+             {"y.weight", "absent from a.safetensors"});
+  fs::remove_all(root);
+}
+
+// config.json is read and checked before any shard is converted; JSON that is not an object is an
+// error naming the file (it was a bare json type_error, found after every shard was converted).
+TEST(CheckpointErrors, ConfigIsCheckedFirst) {
+  const fs::path root = scratch("config");
+  write_lone_file(root / "in" / "model.safetensors", {{"proj.weight", {32, 64}}});
+  for (const char* bad : {"[1, 2]", "{\"a\": "}) {
+    std::ofstream(root / "in" / "config.json") << bad;
+    mxq::cli::QuantizeArgs qa;
+    qa.in = (root / "in").string();
+    qa.out = (root / "q").string();
+    testing::internal::CaptureStdout();
+    std::string m;
+    try {
+      mxq::cli::run_quantize(qa);
+    } catch (const std::exception& e) {
+      m = e.what();
+    }
+    const std::string log = testing::internal::GetCapturedStdout();
+    EXPECT_NE(m.find("config.json"), std::string::npos) << bad << ": " << m;
+    EXPECT_EQ(log.find("proj.weight"), std::string::npos) << "converted before the config was read: " << log;
+    mxq::cli::DequantizeArgs da;
+    da.in = qa.in;
+    da.out = (root / "dq").string();
+    try {
+      mxq::cli::run_dequantize(da);
+      ADD_FAILURE() << "dequantize accepted config " << bad;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("config.json"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(root / "q"));
+    EXPECT_FALSE(fs::exists(root / "dq"));
+  }
   fs::remove_all(root);
 }

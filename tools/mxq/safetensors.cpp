@@ -26,6 +26,15 @@ constexpr DTypeInfo kDTypes[] = {
   throw Error(file + ": tensor '" + tensor + "': " + what);
 }
 
+// What a file that is not safetensors looks like, for the error message: "" when unrecognised.
+std::string not_safetensors_hint(std::span<const std::uint8_t> b) {
+  if (b.size() >= 4 && b[0] == 'P' && b[1] == 'K' && b[2] == 3 && b[3] == 4)
+    return " (this is a zip archive: a PyTorch .bin/.pt checkpoint? only safetensors files are read)";
+  if (b.size() >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5)
+    return " (this looks like a Python pickle: a PyTorch checkpoint? only safetensors files are read)";
+  return "";
+}
+
 std::uint64_t read_le64(const std::uint8_t* p) {
   std::uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
@@ -50,10 +59,11 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
   if (bytes.size() < 8) fail(name_, "truncated: " + std::to_string(bytes.size()) + " bytes, not even the 8-byte header length");
   const std::uint64_t n = read_le64(bytes.data());
   if (n > kMaxHeaderBytes)
-    fail(name_, "header length " + std::to_string(n) + " bytes exceeds the limit of " + std::to_string(kMaxHeaderBytes));
+    fail(name_, "header length " + std::to_string(n) + " bytes exceeds the limit of " + std::to_string(kMaxHeaderBytes) +
+                    not_safetensors_hint(bytes));
   if (n > bytes.size() - 8)
     fail(name_, "truncated: the header claims " + std::to_string(n) + " bytes but only " +
-                    std::to_string(bytes.size() - 8) + " follow the length");
+                    std::to_string(bytes.size() - 8) + " follow the length" + not_safetensors_hint(bytes));
   header_bytes_ = n;
   data_ = bytes.subspan(8 + n);
 
@@ -61,16 +71,22 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
   try {
     h = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + std::ptrdiff_t(n));
   } catch (const nlohmann::json::exception& e) {
-    fail(name_, std::string("header is not valid JSON: ") + e.what());
+    fail(name_, std::string("header is not valid JSON: ") + e.what() + not_safetensors_hint(bytes));
   }
   if (!h.is_object()) fail(name_, "header is not a JSON object");
 
   for (auto it = h.begin(); it != h.end(); ++it) {
     const std::string& key = it.key();
     const nlohmann::json& v = it.value();
+    if (key.size() > kMaxNameBytes)
+      fail(name_, "a tensor name of " + std::to_string(key.size()) + " bytes exceeds the limit of " +
+                      std::to_string(kMaxNameBytes) + " (it begins '" + key.substr(0, 40) + "')");
     if (key == "__metadata__") {
       if (!v.is_object()) fail(name_, "__metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
+        if (m.key().size() > kMaxNameBytes)
+          fail(name_, "a __metadata__ key of " + std::to_string(m.key().size()) + " bytes exceeds the limit of " +
+                          std::to_string(kMaxNameBytes));
         if (!m.value().is_string()) fail(name_, "__metadata__ entry '" + m.key() + "' is not a string");
         metadata_[m.key()] = m.value().get<std::string>();
       }
@@ -225,10 +241,11 @@ void Writer::commit() {
   if (!f_) open_and_write_header();
   if (next_ != tensors_.size())
     throw Error(path_ + ": " + std::to_string(tensors_.size() - next_) + " declared tensors were not written");
-  const bool ok = std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0;
-  std::fclose(f_);
+  bool ok = std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0;
+  const int e = errno;
+  ok = std::fclose(f_) == 0 && ok;  // the last chance to hear of a failed write (NFS, quotas)
   f_ = nullptr;
-  if (!ok) throw Error(tmp_ + ": flush failed: " + std::strerror(errno));
+  if (!ok) throw Error(tmp_ + ": write failed: " + std::strerror(e ? e : errno));
   if (std::rename(tmp_.c_str(), path_.c_str()) != 0) throw Error(path_ + ": cannot rename into place: " + std::strerror(errno));
   committed_ = true;
 }

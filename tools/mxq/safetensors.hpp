@@ -44,6 +44,11 @@ struct TensorInfo {
 // Largest header accepted (the reference implementation's limit is 100 MB).
 constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;
 
+// Longest tensor name or metadata key accepted, in bytes. Real checkpoints' names are under 200
+// bytes; a longer one is refused before any name is matched against a pattern (names are data from
+// the file, and std::regex recurses once per character).
+constexpr std::size_t kMaxNameBytes = 1024;
+
 // A parsed header over some bytes (a mapped file, or memory for tests and the fuzzer).
 class View {
  public:

@@ -112,3 +112,13 @@ TEST(Safetensors, WriterRoundTripsAndLeavesNothingOnFailure) {
   EXPECT_THROW(st::File(dir + "/missing.safetensors"), st::Error);
   std::filesystem::remove_all(dir);
 }
+
+TEST(Safetensors, RefusesOverlongNames) {
+  const std::string name(st::kMaxNameBytes + 1, 'x');
+  expect_error(make_file(R"({")" + name + R"(":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1),
+               "a tensor name of 1025 bytes exceeds the limit of 1024");
+  expect_error(make_file(R"({"__metadata__":{")" + name + R"(":"v"}})", 0), "a __metadata__ key of 1025 bytes");
+  const std::string ok(st::kMaxNameBytes, 'x');
+  st::View v(make_file(R"({")" + ok + R"(":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1), "ok.safetensors");
+  EXPECT_NE(v.find(ok), nullptr);
+}
