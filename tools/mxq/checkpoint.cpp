@@ -304,12 +304,31 @@ class Progress {
   bool tty_, shown_ = false;
 };
 
+// What OUT may be: a new or an empty directory, or with --overwrite a directory whose contents the
+// converted checkpoint replaces; never the input's own directory (by path or inode, symlinks
+// resolved) nor a directory that holds the input (replacing it would delete the input).
+void check_output(const fs::path& in, const fs::path& out, bool overwrite) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) return;  // Staging creates it
+  if (!fs::is_directory(out)) fail(out.string() + ": exists and is not a directory");
+  const fs::path in_dir = fs::is_directory(in) ? in : (in.has_parent_path() ? in.parent_path() : fs::path("."));
+  if (fs::equivalent(in_dir, out, ec))
+    fail(out.string() + ": is the input's directory (" + in.string() + "); write the converted checkpoint elsewhere");
+  const fs::path cin = fs::weakly_canonical(in_dir, ec), cout = fs::weakly_canonical(out, ec);
+  for (fs::path p = cin; !p.empty(); p = p.parent_path()) {
+    if (p == cout) fail(out.string() + ": holds the input " + in.string() + "; write the converted checkpoint elsewhere");
+    if (p == p.parent_path()) break;
+  }
+  if (!overwrite && !fs::is_empty(out, ec))
+    fail(out.string() + ": exists and is not empty; pass --overwrite to replace its contents with the converted checkpoint");
+}
+
 // Output staging: every file is written into OUT/.mxq-staging-<pid>/ and moved into OUT only when
 // the whole checkpoint was written; on any failure the staging directory is removed, so OUT never
-// holds part of a conversion.
+// holds part of a conversion. With overwrite, OUT's previous contents are removed at publishing.
 class Staging {
  public:
-  explicit Staging(const fs::path& out) : out_(out) {
+  Staging(const fs::path& out, bool overwrite) : out_(out), overwrite_(overwrite) {
     if (fs::exists(out) && !fs::is_directory(out)) fail(out.string() + ": exists and is not a directory");
     created_ = !fs::exists(out);
     fs::create_directories(out);
@@ -327,6 +346,12 @@ class Staging {
   Staging& operator=(const Staging&) = delete;
   const fs::path& dir() const { return dir_; }
   void publish() {
+    if (overwrite_) {
+      std::vector<fs::path> old;
+      for (const auto& e : fs::directory_iterator(out_))
+        if (e.path() != dir_) old.push_back(e.path());
+      for (const fs::path& p : old) fs::remove_all(p);
+    }
     for (const auto& e : fs::directory_iterator(dir_)) fs::rename(e.path(), out_ / e.path().filename());
     fs::remove(dir_);
     published_ = true;
@@ -334,7 +359,7 @@ class Staging {
 
  private:
   fs::path out_, dir_;
-  bool created_ = false, published_ = false;
+  bool overwrite_ = false, created_ = false, published_ = false;
 };
 
 }  // namespace
@@ -364,7 +389,8 @@ int run_quantize(const QuantizeArgs& a) {
   Engine eng(a.device);
   const Checkpoint c = open_checkpoint(a.in);
   std::optional<json> config = read_config(c, a.in);
-  Staging stage{fs::path(a.out)};
+  check_output(fs::path(a.in), fs::path(a.out), a.overwrite);
+  Staging stage{fs::path(a.out), a.overwrite};
   const fs::path& out = stage.dir();
   fmt::print("device: {} ({})\n", eng.name(), eng.why());
 
@@ -624,7 +650,8 @@ int run_dequantize(const DequantizeArgs& a) {
   Engine eng(a.device);
   const Checkpoint c = open_checkpoint(a.in);
   std::optional<json> config = read_config(c, a.in);
-  Staging stage{fs::path(a.out)};
+  check_output(fs::path(a.in), fs::path(a.out), a.overwrite);
+  Staging stage{fs::path(a.out), a.overwrite};
   const fs::path& out = stage.dir();
   fmt::print("device: {} ({})\n", eng.name(), eng.why());
   json weight_map = json::object();

@@ -634,3 +634,49 @@ TEST(CheckpointErrors, ConfigIsCheckedFirst) {
   }
   fs::remove_all(root);
 }
+
+// OUT may not be the input (by path, through a symlink, or the directory of a lone input file), may
+// not hold the input, and a non-empty OUT is replaced only with --overwrite (then whole: no stale
+// shard survives). Every refusal leaves the input byte for byte as it was.
+TEST(CheckpointErrors, OutputNeverOverwritesTheInputOrMixesWithStaleFiles) {
+  const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_out_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  make_checkpoint(root / "in");
+  const auto before = read_tree(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  auto refused = [&](const fs::path& out, const std::string& what, const std::string& expect) {
+    qa.out = out.string();
+    const std::string m = quantize_failure(qa, what);
+    EXPECT_NE(m.find(expect), std::string::npos) << what << ": " << m;
+    EXPECT_EQ(read_tree(root / "in"), before) << what << " changed the input";
+  };
+  refused(root / "in", "-o equal to the input", "is the input's directory");
+  fs::create_directory_symlink(root / "in", root / "link");
+  refused(root / "link", "-o a symlink to the input", "is the input's directory");
+  qa.overwrite = true;
+  refused(root, "-o a directory holding the input, with --overwrite", "holds the input");
+  qa.overwrite = false;
+  // a lone file: its own directory is the input's directory
+  qa.in = (root / "in" / "model-00001-of-00002.safetensors").string();
+  refused(root / "in", "-o the directory of a lone input file", "is the input's directory");
+  qa.in = (root / "in").string();
+
+  // a non-empty OUT: refused, then replaced whole with --overwrite
+  fs::create_directories(root / "out");
+  { std::ofstream(root / "out" / "model-00009-of-00009.safetensors") << "stale"; }
+  refused(root / "out", "a non-empty OUT without --overwrite", "pass --overwrite");
+  EXPECT_TRUE(fs::exists(root / "out" / "model-00009-of-00009.safetensors")) << "a refusal touched OUT";
+  qa.overwrite = true;
+  qa.out = (root / "out").string();
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  EXPECT_FALSE(fs::exists(root / "out" / "model-00009-of-00009.safetensors")) << "a stale shard survived --overwrite";
+  EXPECT_TRUE(fs::exists(root / "out" / "model.safetensors.index.json"));
+  EXPECT_EQ(read_tree(root / "in"), before);
+  // an empty existing OUT needs no flag
+  fs::create_directories(root / "empty");
+  qa.overwrite = false;
+  qa.out = (root / "empty").string();
+  EXPECT_EQ(mxq::cli::run_quantize(qa), 0);
+  fs::remove_all(root);
+}

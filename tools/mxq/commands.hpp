@@ -22,11 +22,13 @@ struct QuantizeArgs {
   std::string in, out, format = "mxfp4", rule, device = "auto";
   std::vector<std::string> include, exclude;  // regular expressions searched in tensor names
   bool fake = false;  // mxq qdq: write the fake-quantized weights in their own dtype instead
+  bool overwrite = false;  // replace a non-empty output directory
 };
 int run_quantize(const QuantizeArgs& args);
 
 struct DequantizeArgs {
   std::string in, out, dtype = "bf16", device = "auto";
+  bool overwrite = false;  // replace a non-empty output directory
 };
 int run_dequantize(const DequantizeArgs& args);
 

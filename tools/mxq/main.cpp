@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   CLI::App* c_quant = app.add_subcommand("quantize", "a safetensors checkpoint to the compressed-tensors layout vLLM loads");
   c_quant->add_option("in", quant.in, "a .safetensors file or a checkpoint directory")->required();
   c_quant->add_option("-o,--output", quant.out, "output directory")->required();
+  c_quant->add_flag("--overwrite", quant.overwrite, "replace the contents of a non-empty output directory");
   c_quant->add_option("--format", quant.format, "mxfp4, mxfp8 or nvfp4")->capture_default_str();
   c_quant->add_option("--rule", quant.rule, "MX scale rule: floor, ceil, even (default) or rceil");
   c_quant->add_option("--include", quant.include, "quantize only weights whose name matches this regex (repeatable)");
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   CLI::App* c_qdq = app.add_subcommand("qdq", "a fake-quantized copy of a checkpoint, weights in their original dtype");
   c_qdq->add_option("in", fq.in, "a .safetensors file or a checkpoint directory")->required();
   c_qdq->add_option("-o,--output", fq.out, "output directory")->required();
+  c_qdq->add_flag("--overwrite", fq.overwrite, "replace the contents of a non-empty output directory");
   c_qdq->add_option("--format", fq.format, "any format: mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3, mxfp8_e5m2, mxint8, nvfp4")
       ->capture_default_str();
   c_qdq->add_option("--rule", fq.rule, "MX scale rule: floor, ceil, even (default), rceil, quest");
@@ -56,6 +58,7 @@ int main(int argc, char** argv) {
   CLI::App* c_deq = app.add_subcommand("dequantize", "a compressed-tensors checkpoint back to bf16/f16/f32 weights");
   c_deq->add_option("in", deq.in, "a .safetensors file or a checkpoint directory")->required();
   c_deq->add_option("-o,--output", deq.out, "output directory")->required();
+  c_deq->add_flag("--overwrite", deq.overwrite, "replace the contents of a non-empty output directory");
   c_deq->add_option("--dtype", deq.dtype, "bf16, f16 or f32")->capture_default_str();
   c_deq->add_option("--device", deq.device, "cpu, cuda or auto")->capture_default_str();
 
