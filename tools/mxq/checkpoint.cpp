@@ -163,6 +163,17 @@ std::map<std::string, QuantizedModule> quantized_modules(const st::View& v, cons
     else fail(path + ": tensor '" + t.name + "' has no X.weight_packed or F8_E4M3 X.weight beside it in this file");
     if (md.codes->shape.size() != 2 || t.shape.size() != 2)
       fail(path + ": tensor '" + md.codes->name + "': expected 2-D codes and scales");
+    // The dtypes compressed-tensors writes, so that no bytes are reinterpreted (an F32 "packed" tensor
+    // is not codes): FP4 codes U8; scales U8 (E8M0) or F8_E4M3 (NVFP4); the global scale one F32.
+    const auto expect_dtype = [&](const st::TensorInfo& x, const char* dt, const char* what) {
+      if (x.dtype != dt)
+        fail(path + ": tensor '" + x.name + "': dtype " + x.dtype + ", expected " + dt + " (" + what + " of " +
+             std::string(to_string(md.format)) + ")");
+    };
+    if (md.format != Format::mxfp8_e4m3) expect_dtype(*md.codes, "U8", "packed E2M1 codes");
+    expect_dtype(t, md.format == Format::nvfp4 ? "F8_E4M3" : "U8",
+                 md.format == Format::nvfp4 ? "E4M3 block scales" : "E8M0 block scales");
+    if (gs) expect_dtype(*gs, "F32", "the global encode scale");
     md.N = md.codes->shape[0];
     md.K = md.format == Format::mxfp8_e4m3 ? md.codes->shape[1] : 2 * md.codes->shape[1];
     md.options = md.format == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(md.format, ScaleRule::even);

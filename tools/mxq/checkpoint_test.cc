@@ -13,6 +13,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -678,5 +679,62 @@ TEST(CheckpointErrors, OutputNeverOverwritesTheInputOrMixesWithStaleFiles) {
   qa.overwrite = false;
   qa.out = (root / "empty").string();
   EXPECT_EQ(mxq::cli::run_quantize(qa), 0);
+  fs::remove_all(root);
+}
+
+namespace {
+// Rewrites one tensor's dtype in a safetensors header (same data bytes, header padded to 8).
+void retag(const fs::path& file, const std::string& tensor, const std::string& dtype) {
+  std::ifstream in(file, std::ios::binary);
+  std::vector<char> b((std::istreambuf_iterator<char>(in)), {});
+  std::uint64_t n = 0;
+  std::memcpy(&n, b.data(), 8);
+  json h = json::parse(std::string(b.data() + 8, n));
+  ASSERT_TRUE(h.contains(tensor)) << tensor;
+  h[tensor]["dtype"] = dtype;
+  std::string hs = h.dump();
+  hs.append((8 - hs.size() % 8) % 8, ' ');
+  const std::uint64_t m = hs.size();
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&m), 8);
+  out.write(hs.data(), std::streamsize(m));
+  out.write(b.data() + 8 + n, std::streamsize(b.size() - 8 - n));
+}
+}  // namespace
+
+// dequantize checks every quantized tensor's dtype against the format before reading its bytes: codes
+// that are not U8, scales of the wrong kind and a global scale that is not F32 are refused, naming the
+// tensor, what it got and what was expected.
+TEST(CheckpointErrors, DequantizeRefusesTensorsOfTheWrongDtype) {
+  const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_dt_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  make_checkpoint(root / "in");
+  for (const auto& [format, tensor, dtype, expect] :
+       {std::tuple<std::string, std::string, std::string, std::string>{"mxfp4", "weight_packed", "I8", "expected U8"},
+        {"mxfp4", "weight_scale", "I8", "expected U8"},
+        {"nvfp4", "weight_scale", "U8", "expected F8_E4M3"},
+        {"nvfp4", "weight_global_scale", "I32", "expected F32"}}) {
+    SCOPED_TRACE(format + " " + tensor + " as " + dtype);
+    mxq::cli::QuantizeArgs qa;
+    qa.in = (root / "in").string();
+    qa.out = (root / ("q_" + format)).string();
+    qa.format = format;
+    qa.overwrite = true;
+    ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+    retag(root / ("q_" + format) / "model-00001-of-00002.safetensors", "model.layers.0.self_attn.q_proj." + tensor, dtype);
+    mxq::cli::DequantizeArgs da;
+    da.in = qa.out;
+    da.out = (root / "dq").string();
+    std::string m;
+    try {
+      mxq::cli::run_dequantize(da);
+      ADD_FAILURE() << "accepted a " << dtype << " " << tensor;
+    } catch (const std::exception& e) {
+      m = e.what();
+    }
+    EXPECT_NE(m.find("q_proj." + tensor), std::string::npos) << m;
+    EXPECT_NE(m.find(expect), std::string::npos) << m;
+    EXPECT_FALSE(fs::exists(root / "dq")) << "a refused dequantize left output behind";
+  }
   fs::remove_all(root);
 }
