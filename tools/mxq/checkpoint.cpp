@@ -107,7 +107,9 @@ Checkpoint open_checkpoint(const std::string& in) {
     c.dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
     c.shards = {p.filename().string()};
   } else {
-    fail(in + ": no such file or directory");
+    std::error_code ec;
+    fail(in + (fs::exists(p, ec) ? ": not a regular file or directory (a FIFO, socket or device is not read)"
+                                 : ": no such file or directory"));
   }
   return c;
 }

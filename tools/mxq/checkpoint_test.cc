@@ -2,6 +2,7 @@
 // dtypes, shapes, index, config) and the numbers, checked against the library's own quantize and qdq.
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -736,5 +737,22 @@ TEST(CheckpointErrors, DequantizeRefusesTensorsOfTheWrongDtype) {
     EXPECT_NE(m.find(expect), std::string::npos) << m;
     EXPECT_FALSE(fs::exists(root / "dq")) << "a refused dequantize left output behind";
   }
+  fs::remove_all(root);
+}
+
+// A FIFO or a device given as IN is named as what it is (it used to say "no such file").
+TEST(CheckpointErrors, RefusesAFifoOrDeviceAsInput) {
+  const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_fifo_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  ASSERT_EQ(::mkfifo((root / "pipe.safetensors").c_str(), 0600), 0);
+  mxq::cli::QuantizeArgs qa;
+  qa.out = (root / "q").string();
+  for (const std::string in : {(root / "pipe.safetensors").string(), std::string("/dev/zero")}) {
+    qa.in = in;
+    const std::string m = quantize_failure(qa, in);
+    EXPECT_NE(m.find("not a regular file"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(root / "q"));
   fs::remove_all(root);
 }

@@ -67,6 +67,12 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
   header_bytes_ = n;
   data_ = bytes.subspan(8 + n);
 
+  // The header is UTF-8 JSON and nothing else (as the reference implementation reads it): no
+  // byte-order mark, no NUL (a parser could stop there and ignore what follows).
+  const auto hb = bytes.subspan(8, n);
+  if (n >= 3 && hb[0] == 0xEF && hb[1] == 0xBB && hb[2] == 0xBF) fail(name_, "header starts with a UTF-8 byte-order mark");
+  if (std::find(hb.begin(), hb.end(), std::uint8_t(0)) != hb.end())
+    fail(name_, "header holds a NUL byte at offset " + std::to_string(8 + (std::find(hb.begin(), hb.end(), std::uint8_t(0)) - hb.begin())));
   nlohmann::json h;
   try {
     h = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + std::ptrdiff_t(n));
@@ -150,7 +156,9 @@ const TensorInfo* View::find(const std::string& tensor) const {
 }
 
 Mapping::Mapping(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // NOTE: O_NONBLOCK so that a FIFO without a writer is refused below instead of blocking here; it
+  // changes nothing for a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
   struct stat sb {};
   if (::fstat(fd, &sb) != 0) {
@@ -160,7 +168,7 @@ Mapping::Mapping(const std::string& path) {
   }
   if (!S_ISREG(sb.st_mode)) {
     ::close(fd);
-    fail(path, "not a regular file");
+    fail(path, "not a regular file (a FIFO, socket or device is not read)");
   }
   size_ = std::size_t(sb.st_size);
   if (size_ > 0) {

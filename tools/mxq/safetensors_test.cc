@@ -2,6 +2,7 @@
 // the writer round-trips and never leaves a partial output.
 #include "safetensors.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -121,4 +122,31 @@ TEST(Safetensors, RefusesOverlongNames) {
   const std::string ok(st::kMaxNameBytes, 'x');
   st::View v(make_file(R"({")" + ok + R"(":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1), "ok.safetensors");
   EXPECT_NE(v.find(ok), nullptr);
+}
+
+// The header is JSON and nothing else: a UTF-8 byte-order mark or a NUL byte inside it is refused
+// (a parser could stop at the NUL and ignore what follows), as the reference implementation does.
+TEST(Safetensors, RefusesAByteOrderMarkOrANulInTheHeader) {
+  expect_error(make_file("\xEF\xBB\xBF" + kGood, 16), "byte-order mark");
+  std::string nul = kGood;
+  nul.push_back('\0');
+  nul += R"(,"c":{"dtype":"U8","shape":[1],"data_offsets":[16,17]})";
+  expect_error(make_file(nul, 17), "NUL byte at offset");
+}
+
+// Only regular files are read: a FIFO without a writer is refused at once (it used to block in
+// open), /dev/zero too, each with the reason.
+TEST(Safetensors, RefusesWhatIsNotARegularFile) {
+  const std::filesystem::path fifo = std::filesystem::temp_directory_path() / ("mxq_fifo_" + std::to_string(::getpid()));
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string path : {fifo.string(), std::string("/dev/zero")}) {
+    try {
+      st::Mapping m(path);
+      ADD_FAILURE() << "read " << path;
+    } catch (const st::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove(fifo);
 }
