@@ -24,11 +24,21 @@ def _check_float(x: torch.Tensor, op: str, arg: str) -> None:
         raise ValueError(f"mxq.{op}: argument '{arg}': a 0-dimensional tensor, expected at least 1 dimension")
 
 
+def _check_layout_group(op: str, layout: Optional[str], group_size: int) -> None:
+    """The checks the kernels make on these arguments, so that tracing fails where running would."""
+    if layout is not None and layout not in ("linear", "swizzled", "padded"):
+        raise ValueError(f"mxq.{op}: argument 'layout': '{layout}', expected linear, swizzled or padded")
+    if group_size != 0 and (group_size < 2 or group_size > 256 or group_size & (group_size - 1)):
+        raise ValueError(f"mxq.{op}: argument 'group_size': {group_size}, expected 0 (the format's default) "
+                         "or a power of two in [2, 256]")
+
+
 @torch.library.register_fake("mxq::qdq")
 def _qdq_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
               tensor_scale: Optional[float]):
     _check_float(x, "qdq", "x")
     F.canonical_format(format)
+    _check_layout_group("qdq", None, group_size)
     return x.new_empty(x.shape)
 
 
@@ -37,6 +47,7 @@ def _qdq_inplace_fake(x, format: str, rule: str, group_size: int, stochastic: bo
                       tensor_scale: Optional[float]):
     _check_float(x, "qdq_", "x")
     F.canonical_format(format)
+    _check_layout_group("qdq_", None, group_size)
     return None
 
 
@@ -45,6 +56,7 @@ def _quantize_fake(x, format: str, rule: str, group_size: int, stochastic: bool,
                    layout: str, tensor_scale: Optional[float], clip_mask: bool):
     _check_float(x, "quantize", "x")
     fmt = F.canonical_format(format)
+    _check_layout_group("quantize", layout, group_size)
     k = x.shape[-1]
     lead = tuple(x.shape[:-1])
     g = F.scale_cols(fmt, k, group_size)
@@ -62,6 +74,7 @@ def _quantize_fake(x, format: str, rule: str, group_size: int, stochastic: bool,
 def _dequantize_fake(codes, scales, cols: int, format: str, group_size: int, layout: str,
                      tensor_scale: Optional[float], tensor_scale_tensor, dtype: torch.dtype):
     F.canonical_format(format)
+    _check_layout_group("dequantize", layout, group_size)
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"mxq.dequantize: argument 'dtype': {dtype}, expected float32, float16 or bfloat16")
     return codes.new_empty(tuple(codes.shape[:-1]) + (cols,), dtype=dtype)

@@ -298,3 +298,21 @@ def test_torch_compile_inplace():
     out = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
     assert_bytes_equal(x, mxq.qdq(x2, "mxfp8"), "compiled in-place mutation reaches the input")
     assert_bytes_equal(out, mxq.qdq(x2, "mxfp8") + 1, "compiled in-place result")
+
+
+def test_fakes_refuse_what_the_kernels_refuse():
+    """Under FakeTensor tracing (torch.compile) a bad layout or group size fails at trace time, as the
+    kernels fail at run time, instead of producing shapes for a graph that cannot run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for kwargs, what in (({"layout": "bogus"}, "layout"), ({"group_size": 1000}, "group_size"),
+                         ({"group_size": 3}, "group_size")):
+        args = dict(format="mxfp4", rule="even", group_size=0, stochastic=False, seed=0, offset=0,
+                    layout="linear", tensor_scale=None, clip_mask=False)
+        args.update(kwargs)
+        with pytest.raises(ValueError, match=what):  # the real kernel
+            torch.ops.mxq.quantize(torch.ones(4, 64), *args.values())
+        with FakeTensorMode():
+            x = torch.ones(4, 64)
+            with pytest.raises(ValueError, match=what):  # the fake
+                torch.ops.mxq.quantize(x, *args.values())
