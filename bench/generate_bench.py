@@ -25,6 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_ops_bench  # noqa: E402  (graphed: one CUDA-graph capture for every benchmark)
 import torch_peers  # noqa: E402
 
 import mxq  # noqa: E402
@@ -86,26 +87,12 @@ def decode_tokens_per_s(model, batch: int, prompt: int, steps: int, device: str,
     def step():
         return model(input_ids=tok, past_key_values=cache, cache_position=cpos, use_cache=True).logits
 
-    if graph:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            logits = step()
-        run = g.replay
-    else:
-        run = step
+    run = torch_ops_bench.graphed(step) if graph else step
     sync(device)
     t0 = time.perf_counter()
     for i in range(steps):
         cpos.fill_(prompt + i)  # the same cache slot sequence every variant
         run()
-        if not graph:
-            logits = None
     sync(device)
     return batch * steps / (time.perf_counter() - t0)
 
