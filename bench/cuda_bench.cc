@@ -215,6 +215,14 @@ int main(int argc, char** argv) {
     qdq_row("nvfp4", nv_given, "given S");
     qdq_row("nvfp4", nv_auto, "computed S");
     qdq_row("mxfp4", mxfp4_sr, "even, stochastic");
+    mxq::QuantOptions mxfp4_sr16 = mxfp4_sr, mxfp4_sr8 = mxfp4_sr, nv_sr8 = nv_given, mxfp8_sr8 = mxfp8;
+    mxfp4_sr16.random_bits = 16;
+    mxfp4_sr8.random_bits = 8;
+    for (mxq::QuantOptions* o : {&nv_sr8, &mxfp8_sr8}) o->rounding = mxq::Rounding::stochastic, o->seed = 1234, o->random_bits = 8;
+    qdq_row("mxfp4", mxfp4_sr16, "even, stochastic 16-bit");
+    qdq_row("mxfp4", mxfp4_sr8, "even, stochastic 8-bit");
+    qdq_row("mxfp8_e4m3", mxfp8_sr8, "floor, stochastic 8-bit");
+    qdq_row("nvfp4", nv_sr8, "given S, stochastic 8-bit");
 
     auto quant_row = [&](const char* fmt, mxq::QuantOptions o, const char* mode) {
       if (!selected(only, "quantize", fmt, mode) && !selected(only, "dequantize", fmt, mode)) return;

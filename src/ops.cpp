@@ -102,7 +102,7 @@ void log_choice(const char* fn, const QuantOptions* opt, const Tensor& t, const 
   what += core::shape_str(t.rows, t.cols);
   if (opt)
     what += " " + std::string(to_string(opt->format)) + "/" + std::string(to_string(opt->rule)) +
-            (opt->rounding == Rounding::stochastic ? "/stochastic" : "");
+            (opt->rounding == Rounding::stochastic ? "/stochastic" + std::to_string(opt->random_bits) : "");
   std::fprintf(stderr, "mxq: %s %s -> %s (%s)\n", fn, what.c_str(), std::string(to_string(bc.backend)).c_str(),
                bc.reason.c_str());
 }

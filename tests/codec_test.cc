@@ -419,6 +419,69 @@ TEST(Codec, StochasticRoundingIsUnbiased) {
   }
 }
 
+// The random words of 16 and 8 bits per element: field j % (128 / B) of Philox at counter j / (128 / B),
+// bits [f * B, f * B + B) of the 128 (word-major, low bits first), as the word's B high bits with the
+// low 32 - B bits set; 32 bits: word j % 4 of counter j / 4. Computed here from the 128-bit output.
+TEST(Codec, RandomWordsOfEachWidth) {
+  const std::uint64_t seed = 0x0123456789ABCDEFull;
+  for (int B : {8, 16, 32}) {
+    const std::uint64_t per = 128 / B;
+    for (std::uint64_t j : {0ull, 1ull, 3ull, 4ull, 7ull, 8ull, 15ull, 16ull, 17ull, 12345ull, (1ull << 40) + 5, ~0ull}) {
+      const std::uint64_t c = j / per, f = j % per;
+      const U32x4 r = philox4x32_10(U32x4{{std::uint32_t(c), std::uint32_t(c >> 32), 0u, 0u}}, std::uint32_t(seed),
+                                    std::uint32_t(seed >> 32));
+      // the 128 bits as one little-endian integer, field f
+      unsigned __int128 all = 0;
+      for (int w = 3; w >= 0; --w) all = (all << 32) | r.v[w];
+      const std::uint32_t field = std::uint32_t((all >> (f * B)) & ((unsigned __int128)1 << B) - 1);
+      const std::uint32_t want = B == 32 ? field : (field << (32 - B)) | ((1u << (32 - B)) - 1u);
+      EXPECT_EQ(sr_bits(seed, j, B), want) << "B=" << B << " j=" << j;
+    }
+  }
+  EXPECT_EQ(sr_bits(seed, 5), sr_bits(seed, 5, 32));
+}
+
+TEST(Codec, FewerRandomBitsTruncateTheFraction) {
+  // With B random bits, rnd < t holds for exactly floor(t / 2^(32-B)) of the 2^B words: a rounding
+  // fraction that is a multiple of 2^-B is exact, any other is truncated to B bits.
+  for (int B : {8, 16}) {
+    const std::uint32_t low = (1u << (32 - B)) - 1u;
+    for (std::uint64_t t : {0ull, 1ull, 0xFFFFFFull, 0x1000000ull, 0x1000001ull, 0x80000000ull, 0xFFFFFFFFull, 0x100000000ull}) {
+      std::uint64_t ups = 0;
+      for (std::uint32_t r = 0; r < (1u << B); ++r) ups += std::uint64_t((std::uint64_t(r) << (32 - B)) | low) < t;
+      EXPECT_EQ(ups, t >> (32 - B)) << "B=" << B << " t=" << t;
+    }
+  }
+}
+
+TEST(Codec, StochasticRoundingWithFewerBitsIsUnbiasedOnItsGrid) {
+  // Values whose rounding fraction is a multiple of 2^-B round up with probability exactly that
+  // fraction (mean within 6 standard errors); others are biased toward zero by less than 2^-B of a step.
+  const int N = 1 << 20;
+  for (int B : {8, 16}) {
+    for (ElemType t : {ElemType::e2m1, ElemType::e4m3}) {
+      const FloatSpec s = elem_spec(t);
+      const oracle::Fmt& f = oracle::fmt(t);
+      // 1.25 = 1 + 1/4 of e2m1's step 1 at [1, 2) ... : fractions 1/4 and 3/8 (exact in 8 bits); 0.3 / 1.1: not
+      for (float v : {1.25f, 2.75f, 0.3f, 1.1f, -1.375f}) {
+        double sum = 0;
+        for (int j = 0; j < N; ++j)
+          sum += decode_f32(encode_scaled(std::bit_cast<std::uint32_t>(v), 0, s, true, sr_bits(7, std::uint64_t(j), B)), s);
+        const double mean = sum / N, a = std::fabs(double(v));
+        const auto hi = std::upper_bound(f.vals.begin(), f.vals.end(), a);
+        const double step = *hi - *(hi - 1), p = (a - *(hi - 1)) / step;
+        const double se = step * std::sqrt(p * (1 - p) / N);
+        const double pt = std::floor(p * std::ldexp(1.0, B)) / std::ldexp(1.0, B);  // the truncated fraction
+        const double want = std::copysign(*(hi - 1) + pt * step, double(v));
+        EXPECT_NEAR(mean, want, 6 * se + 1e-12) << f.name << " B=" << B << " v=" << v;
+        EXPECT_LE(std::fabs(double(v) - want), step * std::ldexp(1.0, -B)) << f.name << " B=" << B << " v=" << v;
+        if (p * std::ldexp(1.0, B) == std::floor(p * std::ldexp(1.0, B)))
+          EXPECT_NEAR(mean, double(v), 6 * se + 1e-12) << "exact on the 2^-B grid: " << f.name << " B=" << B << " v=" << v;
+      }
+    }
+  }
+}
+
 // The kernels' 32-bit rounding equals the 64-bit definition on every fp32 significand width, every
 // exponent offset that reaches any branch, every element format, both rounding modes.
 TEST(Codec, RoundMagnitude32MatchesRoundMagnitude) {

@@ -24,10 +24,13 @@ struct Case {
   mxq::ScaleRule rule;
   mxq::Rounding rounding;
   int group;  // 0 = the format's default
+  int random_bits = 32;  // stochastic rounding: random bits per element
+  bool aligned = false;  // offset 0 (every chunk starts at a Philox call) instead of 12345
 };
 
 inline void PrintTo(const Case& c, std::ostream* os) {
-  *os << mxq::to_string(c.format) << "/" << mxq::to_string(c.rule) << "/" << mxq::to_string(c.rounding) << "/g" << c.group;
+  *os << mxq::to_string(c.format) << "/" << mxq::to_string(c.rule) << "/" << mxq::to_string(c.rounding) << "/g" << c.group << "/r" << c.random_bits
+      << (c.aligned ? "/aligned" : "");
 }
 
 // The backends checked against the reference: the fast CPU path and the CUDA kernels (skipped, with
@@ -53,6 +56,20 @@ inline std::vector<Case> all_cases() {
     v.push_back({Format::mxint8, ScaleRule::floor, rd, 2});
     v.push_back({Format::mxfp6_e3m2, ScaleRule::rceil, rd, 4});
   }
+  // Stochastic rounding with 16 and 8 random bits per element (and 32, at an aligned offset): the
+  // kernels' aligned Philox paths (offset 0) and their per-element fallback (offset 12345).
+  for (int bits : {8, 16, 32}) {
+    for (bool aligned : {false, true}) {
+      if (bits == 32 && !aligned) continue;  // the cases above
+      const auto sr = mxq::Rounding::stochastic;
+      v.push_back({Format::mxfp4, ScaleRule::even, sr, 0, bits, aligned});
+      v.push_back({Format::mxfp8_e4m3, ScaleRule::floor, sr, 0, bits, aligned});
+      v.push_back({Format::nvfp4, ScaleRule::nvfp4, sr, 0, bits, aligned});
+      v.push_back({Format::mxfp6_e2m3, ScaleRule::quest, sr, 0, bits, aligned});
+      v.push_back({Format::mxfp4, ScaleRule::quest, sr, 8, bits, aligned});
+      v.push_back({Format::mxint8, ScaleRule::floor, sr, 2, bits, aligned});
+    }
+  }
   return v;
 }
 
@@ -61,7 +78,8 @@ inline mxq::QuantOptions options_of(const Case& c) {
   o.rounding = c.rounding;
   o.group_size = c.group;
   o.seed = 0xC0FFEE;
-  o.offset = 12345;
+  o.offset = c.aligned ? 0 : 12345;
+  o.random_bits = c.random_bits;
   return o;
 }
 
@@ -91,6 +109,8 @@ inline std::string backend_case_name(const testing::TestParamInfo<BackendCase>& 
   std::string n = std::string(mxq::to_string(std::get<0>(i.param))) + "_" + std::string(mxq::to_string(c.format)) + "_" +
                   std::string(mxq::to_string(c.rule)) + "_" + std::string(mxq::to_string(c.rounding));
   if (c.group) n += "_g" + std::to_string(c.group);
+  if (c.random_bits != 32) n += "_r" + std::to_string(c.random_bits);
+  if (c.aligned) n += "_aligned";
   return n;
 }
 inline std::string backend_name(const testing::TestParamInfo<mxq::Backend>& i) { return std::string(mxq::to_string(i.param)); }
@@ -128,6 +148,8 @@ inline std::vector<mxq::QuantOptions> sweep_options() {
     QuantOptions sr = opts[i];
     sr.rounding = Rounding::stochastic;
     sr.seed = 99;
+    opts.push_back(sr);
+    sr.random_bits = 8;  // the aligned 8-bit path (offset 0)
     opts.push_back(sr);
   }
   return opts;

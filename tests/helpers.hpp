@@ -152,7 +152,8 @@ inline void expect_same_bytes(const HostTensor& a, const HostTensor& b, const st
 inline std::string name_of(const mxq::QuantOptions& o) {
   return std::string(mxq::to_string(o.format)) + "/" + std::string(mxq::to_string(o.rule)) + "/" +
          std::string(mxq::to_string(o.rounding)) + "/" + std::string(mxq::to_string(o.scale_layout)) + "/g" +
-         std::to_string(mxq::group_size(o));
+         std::to_string(mxq::group_size(o)) +
+         (o.rounding == mxq::Rounding::stochastic ? "/r" + std::to_string(o.random_bits) : std::string());
 }
 
 }  // namespace th

@@ -93,6 +93,10 @@ struct QuantOptions {
   Rounding rounding = Rounding::nearest_even;
   std::uint64_t seed = 0;    // stochastic rounding: Philox4x32-10 key
   std::uint64_t offset = 0;  // stochastic rounding: added to each element's linear index
+  // Stochastic rounding: random bits per element, 32 (exact probabilities), 16 or 8 (the rounding
+  // fraction truncated to that many bits; one Philox call serves 8 or 16 elements instead of 4, as
+  // hardware stochastic-rounding converts take few bits). docs/numerics.md defines each.
+  int random_bits = 32;
   ScaleLayout scale_layout = ScaleLayout::linear;
   // NVFP4 only: the tensor ENCODE scale S (448 * 6 / amax). When absent, quantize computes it from
   // the tensor's amax; dequantize requires it.

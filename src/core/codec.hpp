@@ -504,13 +504,35 @@ MXQ_HD U32x4 philox4x32_10(U32x4 c, std::uint32_t k0, std::uint32_t k1) {
   }
   return c;
 }
-// The 32 random bits for logical element j (= offset + linear index): word j % 4 of Philox at
-// counter (j / 4) keyed by the seed.
-MXQ_HD std::uint32_t sr_bits(std::uint64_t seed, std::uint64_t j) {
-  const std::uint64_t c = j >> 2;
-  const U32x4 r = philox4x32_10(U32x4{{std::uint32_t(c), std::uint32_t(c >> 32), 0u, 0u}},
-                                std::uint32_t(seed), std::uint32_t(seed >> 32));
-  return r.v[j & 3];
+// Philox4x32-10 of the 64-bit counter c keyed by the seed: the 128 random bits of counter c.
+MXQ_HD U32x4 philox_block(std::uint64_t seed, std::uint64_t c) {
+  return philox4x32_10(U32x4{{std::uint32_t(c), std::uint32_t(c >> 32), 0u, 0u}}, std::uint32_t(seed),
+                       std::uint32_t(seed >> 32));
+}
+
+// The comparison word of field f of a Philox output r holding 128 / B fields of B random bits: bits
+// [f * B, f * B + B) of r (word-major, least significant bits first) as the B high bits of the word,
+// the 32 - B low bits set. With that word "rnd < t" rounds up with probability floor(t / 2^(32-B)) / 2^B:
+// the rounding fraction truncated to B bits (docs/numerics.md). B = 32 is the whole word.
+template <int B>
+MXQ_HD std::uint32_t sr_field(const U32x4& r, int f) {
+  static_assert(B == 8 || B == 16 || B == 32, "8, 16 or 32 random bits per element");
+  const std::uint32_t w = r.v[(f * B) >> 5];
+  if constexpr (B == 32) {
+    return w;
+  } else {
+    constexpr std::uint32_t kLow = (1u << (32 - B)) - 1u;
+    return (((w >> ((f * B) & 31)) & ((1u << B) - 1u)) << (32 - B)) | kLow;
+  }
+}
+
+// The random comparison word for logical element j (= offset + linear index) with `bits` random bits
+// per element (QuantOptions::random_bits: 32, 16 or 8): field j % (128 / bits) of Philox at counter
+// j / (128 / bits) keyed by the seed (for 32 bits: word j % 4 of counter j / 4).
+MXQ_HD std::uint32_t sr_bits(std::uint64_t seed, std::uint64_t j, int bits = 32) {
+  if (bits == 8) return sr_field<8>(philox_block(seed, j >> 4), int(j & 15));
+  if (bits == 16) return sr_field<16>(philox_block(seed, j >> 3), int(j & 7));
+  return sr_field<32>(philox_block(seed, j >> 2), int(j & 3));
 }
 
 }  // namespace mxq::core

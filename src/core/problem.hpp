@@ -20,6 +20,7 @@ struct Problem {
   std::int64_t nblocks = 0; // ceil(K / g) scale columns
   std::int64_t scale_rows_padded = 0, scale_cols_padded = 0;  // swizzled geometry
   bool stochastic = false;
+  int sr_bits = 32;         // stochastic rounding: random bits per element (32, 16, 8)
   bool fp4 = false;         // two codes per byte
   // NVFP4 encode scale, resolved by the entry layer's plan: given, 1 for an empty tensor, the host
   // amax's for the CPU backends; on the CUDA backend without a given scale, amax_acc (4 bytes of

@@ -96,6 +96,8 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
     c.fail("option 'group_size': " + std::to_string(opt.group_size) + ", expected 0 (format default) or a power of two in [2, 256]");
   if (opt.rounding != Rounding::nearest_even && opt.rounding != Rounding::stochastic)
     c.fail("option 'rounding': invalid value " + std::to_string(int(opt.rounding)));
+  if (opt.random_bits != 32 && opt.random_bits != 16 && opt.random_bits != 8)
+    c.fail("option 'random_bits': " + std::to_string(opt.random_bits) + ", expected 32, 16 or 8 random bits per element");
   if (opt.scale_layout != ScaleLayout::linear && opt.scale_layout != ScaleLayout::swizzled)
     c.fail("option 'scale_layout': invalid value " + std::to_string(int(opt.scale_layout)));
   if (opt.tensor_scale) {
@@ -112,6 +114,7 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
   p.scale_rows_padded = (rows + 127) / 128 * 128;
   p.scale_cols_padded = (p.nblocks + 3) / 4 * 4;
   p.stochastic = opt.rounding == Rounding::stochastic;
+  p.sr_bits = opt.random_bits;
   p.fp4 = p.info.elem_bits == 4;
   p.S = opt.tensor_scale.value_or(1.0f);
   p.empty = rows == 0 || K == 0;

@@ -130,7 +130,7 @@ MXQ_INLINE void quantize_block_scalar(const Problem& p, std::int64_t r, std::int
     const float m = nvfp4_multiplier(sc, p.S);
     scale_byte = static_cast<std::uint8_t>(sc);
     for (int i = 0; i < g; ++i) {
-      const std::uint32_t rnd = p.stochastic ? sr_bits(p.opt.seed, j0 + i) : 0u;
+      const std::uint32_t rnd = p.stochastic ? sr_bits(p.opt.seed, j0 + i, p.sr_bits) : 0u;
       codes[i] = nvfp4_encode(f2u(xf[i]), m, p.stochastic, rnd);
       keep[i] = std::fabs(xf[i] * m) < 6.0f;
     }
@@ -140,7 +140,7 @@ MXQ_INLINE void quantize_block_scalar(const Problem& p, std::int64_t r, std::int
   scale_byte = static_cast<std::uint8_t>(e + kE8M0Bias);
   const float inv = pow2f(-e), maxv = u2f(max_value_bits(p.elem));
   for (int i = 0; i < g; ++i) {
-    const std::uint32_t rnd = p.stochastic ? sr_bits(p.opt.seed, j0 + i) : 0u;
+    const std::uint32_t rnd = p.stochastic ? sr_bits(p.opt.seed, j0 + i, p.sr_bits) : 0u;
     codes[i] = encode_scaled(f2u(xf[i]), e, p.elem, p.stochastic, rnd);
     keep[i] = std::fabs(xf[i]) * inv < maxv;
   }

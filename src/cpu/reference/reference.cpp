@@ -85,7 +85,7 @@ void quantize(const Problem& p, const Tensor& x, const QuantizedOut& out) {
         for (int i = 0; i < g; ++i) {
           const std::int64_t k = b * g + i;
           if (k >= p.K) break;
-          const std::uint32_t rnd = p.stochastic ? sr_bits(p.opt.seed, p.opt.offset + r * p.K + k) : 0u;
+          const std::uint32_t rnd = p.stochastic ? sr_bits(p.opt.seed, p.opt.offset + r * p.K + k, p.sr_bits) : 0u;
           put_code(p, out.codes, r, k, nvfp4_encode(f2u(v[i]), m, p.stochastic, rnd));
           if (write_mask && std::fabs(v[i] * m) < 6.0f) *byte_ptr(out.clip_mask, r, k / 8) |= 1u << (k % 8);
         }
@@ -102,7 +102,7 @@ void quantize(const Problem& p, const Tensor& x, const QuantizedOut& out) {
           if (k >= p.K) break;
           // QuTLASS abs_max quantizes 3 * x (an fp32 multiplication) against the amax scale.
           const float xin = p.opt.rule == ScaleRule::qutlass_absmax ? 3.0f * v[i] : v[i];
-          const std::uint32_t rnd = p.stochastic ? sr_bits(p.opt.seed, p.opt.offset + r * p.K + k) : 0u;
+          const std::uint32_t rnd = p.stochastic ? sr_bits(p.opt.seed, p.opt.offset + r * p.K + k, p.sr_bits) : 0u;
           put_code(p, out.codes, r, k, encode_scaled(f2u(xin), e, p.elem, p.stochastic, rnd));
           if (write_mask && std::fabs(static_cast<double>(xin)) < limit)
             *byte_ptr(out.clip_mask, r, k / 8) |= 1u << (k % 8);

@@ -79,6 +79,7 @@ inline Params base_params(const core::Problem& p, const Plan& pl) {
   k.swizzled = p.opt.scale_layout == ScaleLayout::swizzled;
   k.seed = p.opt.seed;
   k.offset = p.opt.offset;
+  k.sr_bits = p.sr_bits;
   k.S = p.S;
   k.amax = p.amax_acc;
   return k;

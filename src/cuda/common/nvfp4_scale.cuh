@@ -12,13 +12,18 @@ struct NvScale {
   float S = 1.0f, r = 1.0f;
   bool fast = true;
 };
-__device__ __forceinline__ NvScale nv_scale(const Params& p) {
+__device__ __forceinline__ NvScale nv_scale_given(float S) {
   NvScale n;
-  // NOTE: __ldcg (L2, not L1): the amax may have been completed by other blocks' atomics.
-  n.S = p.amax ? nvfp4_encode_scale(u2f(__ldcg(p.amax))) : p.S;
+  n.S = S;
   n.r = div_rn(1.0f, n.S);
   n.fast = recip_div_ok(n.S);
   return n;
+}
+// From the tensor amax (fp32 bits).
+__device__ __forceinline__ NvScale nv_scale_of(u32 amax) { return nv_scale_given(nvfp4_encode_scale(u2f(amax))); }
+__device__ __forceinline__ NvScale nv_scale(const Params& p) {
+  // NOTE: __ldcg (L2, not L1): the amax may have been completed by other blocks' atomics.
+  return p.amax ? nv_scale_of(__ldcg(p.amax)) : nv_scale_given(p.S);
 }
 // a / S for a = |E2M1 value| * E4M3 block scale (a >= 0).
 template <bool FAST>

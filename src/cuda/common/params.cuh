@@ -59,6 +59,7 @@ struct Params {
   bool swizzled = false;
   bool x_vec = false, y_vec = false, codes_vec = false;
   u64 seed = 0, offset = 0;
+  int sr_bits = 32;  // stochastic rounding: random bits per element (32, 16, 8)
   float S = 1.0f;
   u32* amax = nullptr;  // NVFP4: S comes from this tensor amax (fp32 bits) when set
   // NVFP4 with amax set, flat and vector-aligned: block_kernel reduces the amax itself (cooperative

@@ -97,29 +97,55 @@ __device__ __forceinline__ float group_quest_arg(const Params& p, const u32 (&xb
   return add_rn(div_rn(mul_rn(sqrt_rn(var), 2.92247856f), 6.0f), 1e-8f);
 }
 
-// Stochastic-rounding words of the C elements starting at logical index j0 (sr_bits for each): the
-// chunk's are chunk_sr_words.
-template <int C>
+// Stochastic-rounding words of the C elements starting at logical index j0 with B random bits each
+// (sr_bits(seed, j, B) for each, core/codec.hpp). A Philox call holds the fields of kPer = 128 / B
+// consecutive elements: a chunk that starts at a multiple of kPer takes C / kPer calls; a chunk that
+// lies inside one call's elements takes that call; anything else (unaligned offsets or rows) one call
+// per element.
+template <int C, int B>
 __device__ __forceinline__ void sr_words(u64 seed, u64 j0, u32 (&rnd)[C]) {
   using namespace core;
-  if ((j0 & 3) == 0 && C % 4 == 0) {
+  constexpr int kPer = 128 / B;
+  if constexpr (C % kPer == 0) {
+    if (j0 % kPer == 0) {
 #pragma unroll
-    for (int n = 0; n < C / 4; ++n) {
-      const u64 c = (j0 >> 2) + n;
-      const U32x4 r = philox4x32_10(U32x4{{u32(c), u32(c >> 32), 0u, 0u}}, u32(seed), u32(seed >> 32));
+      for (int n = 0; n < C / kPer; ++n) {
+        const U32x4 r = philox_block(seed, j0 / kPer + n);
 #pragma unroll
-      for (int w = 0; w < 4; ++w) rnd[4 * n + w] = r.v[w];
+        for (int f = 0; f < kPer; ++f) rnd[n * kPer + f] = sr_field<B>(r, f);
+      }
+      return;
     }
   } else {
+    if (j0 % C == 0) {  // C divides kPer: the chunk is fields f0 .. f0 + C - 1 of one call
+      const U32x4 r = philox_block(seed, j0 / kPer);
+      const u32 b0 = u32(j0 % kPer) * B;  // the chunk's first bit in the call's 128
 #pragma unroll
-    for (int i = 0; i < C; ++i) rnd[i] = sr_bits(seed, j0 + i);
+      for (int i = 0; i < C; ++i) {
+        const u32 bit = b0 + u32(i * B), q = bit >> 5;
+        // NOTE: the word by selects, not r.v[q]: a runtime index would put r in local memory.
+        const u32 w = q == 0 ? r.v[0] : q == 1 ? r.v[1] : q == 2 ? r.v[2] : r.v[3];
+        if constexpr (B == 32) {
+          rnd[i] = w;
+        } else {
+          rnd[i] = (((w >> (bit & 31)) & ((1u << B) - 1u)) << (32 - B)) | ((1u << (32 - B)) - 1u);
+        }
+      }
+      return;
+    }
   }
+#pragma unroll
+  for (int i = 0; i < C; ++i) rnd[i] = sr_bits(seed, j0 + i, B);
 }
 
-// The stochastic-rounding words of chunk c's elements (logical index offset + row * K + column).
+// The stochastic-rounding words of chunk c's elements (logical index offset + row * K + column), with
+// the launch's random bits per element.
 template <int C>
 __device__ __forceinline__ void chunk_sr_words(const Params& p, const Coord& c, u32 (&rnd)[C]) {
-  sr_words<C>(p.seed, p.offset + u64(c.row) * u64(p.K) + u64(c.k0), rnd);
+  const u64 j0 = p.offset + u64(c.row) * u64(p.K) + u64(c.k0);
+  if (p.sr_bits == 8) sr_words<C, 8>(p.seed, j0, rnd);
+  else if (p.sr_bits == 16) sr_words<C, 16>(p.seed, j0, rnd);
+  else sr_words<C, 32>(p.seed, j0, rnd);
 }
 
 }  // namespace mxq::cuda

@@ -7,6 +7,7 @@
 #include "core/format_traits.hpp"
 #include "cuda/common/launch.cuh"
 #include "cuda/quantize/block_kernel.cuh"
+#include "cuda/quantize/nvfp4_cluster.cuh"
 
 namespace mxq::cuda {
 
@@ -36,6 +37,49 @@ void dispatch_choices(const core::Problem& p, F&& f) {
 // amax kernel before it: a flat launch at the fast chunk width with a 16-byte aligned x.
 inline bool fuses_amax(const core::Problem& p, const Plan& pl, DType dt, const void* x, i64 x_stride_bytes) {
   return p.amax_acc && pl.flat && pl.C == (dt == DType::f32 ? 8 : 16) && aligned(x, x_stride_bytes, 16);
+}
+
+// Blocks of the one-cluster NVFP4 launch (nvfp4_cluster_kernel) for `chunks` chunks, or 0 where it
+// does not apply: the kernel is not sm_90 code (older devices, or a build without sm_90), the chunks
+// exceed what one cluster holds in registers, or the device cannot schedule such a cluster. The
+// cluster has a block per 256 chunks (one chunk per thread) where it can, at most 16 (or 8) blocks.
+template <auto Kernel>
+int cluster_blocks(const char* fn, i64 chunks) {
+  if (chunks > ClusterConfig::kMaxChunks) return 0;
+  static std::atomic<int> largest[64] = {};  // per device: 0 not yet asked, -1 none, else blocks
+  int dev = 0;
+  check(cudaGetDevice(&dev), fn, "cudaGetDevice");
+  int n = largest[dev & 63].load(std::memory_order_relaxed);
+  if (n == 0) {
+    n = -1;
+    cudaFuncAttributes fa{};
+    check(cudaFuncGetAttributes(&fa, Kernel), fn, "cudaFuncGetAttributes of the NVFP4 cluster kernel");
+    if (fa.binaryVersion >= 90 && fa.ptxVersion >= 90) {
+      check(cudaFuncSetAttribute(Kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), fn,
+            "allowing a 16-block cluster");
+      for (int b : {ClusterConfig::kMaxBlocks, 8}) {
+        cudaLaunchConfig_t cfg{};
+        cfg.gridDim = dim3(unsigned(b));
+        cfg.blockDim = dim3(kThreads);
+        cudaLaunchAttribute a{};
+        a.id = cudaLaunchAttributeClusterDimension;
+        a.val.clusterDim.x = unsigned(b), a.val.clusterDim.y = 1, a.val.clusterDim.z = 1;
+        cfg.attrs = &a;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        if (cudaOccupancyMaxActiveClusters(&clusters, Kernel, &cfg) == cudaSuccess && clusters > 0) {
+          n = b;
+          break;
+        }
+        (void)cudaGetLastError();  // a refused size is an answer, not an error
+      }
+    }
+    largest[dev & 63].store(n, std::memory_order_relaxed);
+  }
+  const i64 per_block = i64(kThreads) * ClusterConfig::kIters;
+  const i64 need = (chunks + per_block - 1) / per_block;
+  if (n < 0 || need > n) return 0;
+  return int(std::clamp<i64>((chunks + kThreads - 1) / kThreads, need, n));
 }
 
 // MXQ_CUDA_BLOCKS_PER_SM=N (a tuning experiment, not for production): every block_kernel launch at
@@ -72,6 +116,27 @@ void launch_block_kernel(const char* fn, const core::Problem& p, DType dt, const
         if constexpr (C == fast_chunk<DT>()) {
           if constexpr (Fmt::nvfp4) {
             if (k.fused_amax) {
+              // Small tensors on sm_90: one cluster, one read, no accumulator to zero.
+              bool done = false;
+              dispatch_choices<Fmt>(p, [&](auto ch) {
+                constexpr auto kernel = nvfp4_cluster_kernel<DT, C, QDQ, decltype(ch)>;
+                const int nb = cluster_blocks<kernel>(fn, k.total);
+                if (nb == 0) return;
+                k.blocks = unsigned(nb);
+                cudaLaunchConfig_t cfg{};
+                cfg.gridDim = dim3(k.blocks);
+                cfg.blockDim = dim3(kThreads);
+                cfg.stream = s;
+                cudaLaunchAttribute attr{};
+                attr.id = cudaLaunchAttributeClusterDimension;
+                attr.val.clusterDim.x = k.blocks, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+                cfg.attrs = &attr;
+                cfg.numAttrs = 1;
+                check(cudaLaunchKernelEx(&cfg, kernel, k), fn, "cluster launch of the NVFP4 kernel");
+                done = true;
+              });
+              if (done) return;
+              check(cudaMemsetAsync(p.amax_acc, 0, sizeof(u32), s), fn, "zeroing the amax accumulator");
               // One cooperative launch (its grid-wide barrier needs every block resident: wave_grid's
               // grid is at most the resident blocks).
               return dispatch_choices<Fmt>(p, [&](auto ch) {

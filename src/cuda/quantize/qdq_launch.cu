@@ -12,8 +12,8 @@ void qdq(const core::Problem& p, const Tensor& x, const Tensor& y) {
   k.x = static_cast<const std::uint8_t*>(x.data);
   k.x_stride = x.stride() * dtype_size(x.dtype);
   k.fused_amax = fuses_amax(p, pl, x.dtype, k.x, k.x_stride);
-  if (k.fused_amax) check(cudaMemsetAsync(p.amax_acc, 0, sizeof(u32), s), p.fn, "zeroing the amax accumulator");
-  else if (p.amax_acc) enqueue_amax(p.fn, x, p.amax_acc, s);
+  // The fused amax (launch_block_kernel) zeroes the accumulator itself where it needs it.
+  if (!k.fused_amax && p.amax_acc) enqueue_amax(p.fn, x, p.amax_acc, s);
   k.y = static_cast<std::uint8_t*>(y.data);
   k.y_stride = y.stride() * dtype_size(y.dtype);
   launch_block_kernel<true>(p.fn, p, x.dtype, pl, k, s);

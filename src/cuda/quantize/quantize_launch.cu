@@ -13,8 +13,8 @@ void quantize(const core::Problem& p, const Tensor& x, const QuantizedOut& out) 
   k.x = static_cast<const std::uint8_t*>(x.data);
   k.x_stride = x.stride() * dtype_size(x.dtype);
   k.fused_amax = fuses_amax(p, pl, x.dtype, k.x, k.x_stride);
-  if (k.fused_amax) check(cudaMemsetAsync(p.amax_acc, 0, sizeof(u32), s), fn, "zeroing the amax accumulator");
-  else if (p.amax_acc) enqueue_amax(fn, x, p.amax_acc, s);
+  // The fused amax (launch_block_kernel) zeroes the accumulator itself where it needs it.
+  if (!k.fused_amax && p.amax_acc) enqueue_amax(fn, x, p.amax_acc, s);
   k.codes = static_cast<std::uint8_t*>(out.codes.data);
   k.codes_stride = out.codes.stride();
   k.scales = static_cast<std::uint8_t*>(out.scales.data);
