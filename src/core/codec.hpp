@@ -510,29 +510,34 @@ MXQ_HD U32x4 philox_block(std::uint64_t seed, std::uint64_t c) {
                        std::uint32_t(seed >> 32));
 }
 
-// The comparison word of field f of a Philox output r holding 128 / B fields of B random bits: bits
-// [f * B, f * B + B) of r (word-major, least significant bits first) as the B high bits of the word,
-// the 32 - B low bits set. With that word "rnd < t" rounds up with probability floor(t / 2^(32-B)) / 2^B:
-// the rounding fraction truncated to B bits (docs/numerics.md). B = 32 is the whole word.
-template <int B>
-MXQ_HD std::uint32_t sr_field(const U32x4& r, int f) {
-  static_assert(B == 8 || B == 16 || B == 32, "8, 16 or 32 random bits per element");
-  const std::uint32_t w = r.v[(f * B) >> 5];
-  if constexpr (B == 32) {
-    return w;
-  } else {
-    constexpr std::uint32_t kLow = (1u << (32 - B)) - 1u;
-    return (((w >> ((f * B) & 31)) & ((1u << B) - 1u)) << (32 - B)) | kLow;
-  }
+// log2 of the elements one Philox call serves with B random bits each: 128 / B = 2^(7 - log2 B).
+MXQ_HD int sr_log2_per_call(int B) { return B == 8 ? 4 : B == 16 ? 3 : 2; }
+// The comparison word of a B-bit random field r (B = 8, 16, 32): r as the word's B high bits, the
+// 32 - B low bits set. With it "rnd < t" rounds up with probability floor(t / 2^(32-B)) / 2^B: the
+// rounding fraction truncated to B bits (docs/numerics.md). B = 32 is r itself.
+MXQ_HD std::uint32_t sr_word(std::uint32_t r, int B) {
+  return B == 32 ? r : (r << (32 - B)) | ((1u << (32 - B)) - 1u);
+}
+// Word q (0..3) of a Philox output, by selects (a runtime index would put r in local memory on the GPU).
+MXQ_HD std::uint32_t philox_word(const U32x4& r, std::uint32_t q) {
+  return q == 0 ? r.v[0] : q == 1 ? r.v[1] : q == 2 ? r.v[2] : r.v[3];
+}
+// The comparison word of element k (0 <= k < 32 / B) of a word w holding 32 / B fields of B bits,
+// least significant first.
+MXQ_HD std::uint32_t sr_field_of_word(std::uint32_t w, int k, int B) {
+  return B == 32 ? w : sr_word((w >> (k * B)) & ((1u << B) - 1u), B);
 }
 
-// The random comparison word for logical element j (= offset + linear index) with `bits` random bits
-// per element (QuantOptions::random_bits: 32, 16 or 8): field j % (128 / bits) of Philox at counter
-// j / (128 / bits) keyed by the seed (for 32 bits: word j % 4 of counter j / 4).
-MXQ_HD std::uint32_t sr_bits(std::uint64_t seed, std::uint64_t j, int bits = 32) {
-  if (bits == 8) return sr_field<8>(philox_block(seed, j >> 4), int(j & 15));
-  if (bits == 16) return sr_field<16>(philox_block(seed, j >> 3), int(j & 7));
-  return sr_field<32>(philox_block(seed, j >> 2), int(j & 3));
+// The random comparison word for logical element j (= offset + linear index) with B random bits per
+// element (QuantOptions::random_bits: 32, 16 or 8): field f = j % (128 / B) of Philox at counter
+// j / (128 / B) keyed by the seed, i.e. bits [f B, f B + B) of its 128 output bits (word-major, least
+// significant first). For 32 bits: word j % 4 of counter j / 4.
+MXQ_HD std::uint32_t sr_bits(std::uint64_t seed, std::uint64_t j, int B = 32) {
+  const int lp = sr_log2_per_call(B);
+  const std::uint32_t f = std::uint32_t(j) & ((1u << lp) - 1u);
+  const U32x4 r = philox_block(seed, j >> lp);
+  const std::uint32_t bit = f * std::uint32_t(B);
+  return sr_field_of_word(philox_word(r, bit >> 5), int(bit & 31) / B, B);
 }
 
 }  // namespace mxq::core

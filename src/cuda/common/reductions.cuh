@@ -97,55 +97,63 @@ __device__ __forceinline__ float group_quest_arg(const Params& p, const u32 (&xb
   return add_rn(div_rn(mul_rn(sqrt_rn(var), 2.92247856f), 6.0f), 1e-8f);
 }
 
-// Stochastic-rounding words of the C elements starting at logical index j0 with B random bits each
-// (sr_bits(seed, j, B) for each, core/codec.hpp). A Philox call holds the fields of kPer = 128 / B
-// consecutive elements: a chunk that starts at a multiple of kPer takes C / kPer calls; a chunk that
-// lies inside one call's elements takes that call; anything else (unaligned offsets or rows) one call
-// per element.
-template <int C, int B>
-__device__ __forceinline__ void sr_words(u64 seed, u64 j0, u32 (&rnd)[C]) {
+// Stochastic-rounding words of the C elements starting at logical index j0, B random bits each
+// (sr_bits(seed, j, B) for each, core/codec.hpp). The chunk's random bits are nw = C B / 32 words of
+// the Philox stream: whole calls when j0 is a multiple of a call's 128 / B elements (C B >= 128), or
+// part of one call when the chunk lies inside one (C B < 128); then each element's field is spread
+// into its own word, in place from the last element down (element i reads word i B / 32 <= i). Any
+// other chunk (unaligned offsets or rows, C = 2) takes one sr_bits per element.
+// NOTE: one code path for every B: three inlined variants (B as a template parameter) spilled
+// registers in the 80-register stochastic kernels (nvcc 13.0, sm_90a).
+template <int C>
+__device__ __forceinline__ void sr_words(u64 seed, u64 j0, int B, u32 (&a)[C]) {
   using namespace core;
-  constexpr int kPer = 128 / B;
-  if constexpr (C % kPer == 0) {
-    if (j0 % kPer == 0) {
+  if constexpr (C >= 8) {
+    const int lp = sr_log2_per_call(B), nw = C * B / 32;
+    const u32 in_call = u32(j0) & ((1u << lp) - 1u);  // j0's field in its call
+    const bool whole = nw >= 4 && in_call == 0;
+    const bool part = nw < 4 && (u32(j0) & u32(C - 1)) == 0;
+    if (whole || part) {
+      if (whole) {
 #pragma unroll
-      for (int n = 0; n < C / kPer; ++n) {
-        const U32x4 r = philox_block(seed, j0 / kPer + n);
+        for (int n = 0; n < C / 4; ++n) {  // at most C / 4 calls (B = 32)
+          if (4 * n < nw) {
+            const U32x4 r = philox_block(seed, (j0 >> lp) + u64(n));
 #pragma unroll
-        for (int f = 0; f < kPer; ++f) rnd[n * kPer + f] = sr_field<B>(r, f);
+            for (int k = 0; k < 4; ++k) a[4 * n + k] = r.v[k];
+          }
+        }
+      } else {
+        const U32x4 r = philox_block(seed, j0 >> lp);
+        const u32 q = in_call * u32(B) / 32;  // the chunk's first word in the call
+#pragma unroll
+        for (int k = 0; k < 3; ++k)
+          if (k < nw) a[k] = philox_word(r, q + u32(k));
       }
-      return;
-    }
-  } else {
-    if (j0 % C == 0) {  // C divides kPer: the chunk is fields f0 .. f0 + C - 1 of one call
-      const U32x4 r = philox_block(seed, j0 / kPer);
-      const u32 b0 = u32(j0 % kPer) * B;  // the chunk's first bit in the call's 128
+      if (B != 32) {
 #pragma unroll
-      for (int i = 0; i < C; ++i) {
-        const u32 bit = b0 + u32(i * B), q = bit >> 5;
-        // NOTE: the word by selects, not r.v[q]: a runtime index would put r in local memory.
-        const u32 w = q == 0 ? r.v[0] : q == 1 ? r.v[1] : q == 2 ? r.v[2] : r.v[3];
-        if constexpr (B == 32) {
-          rnd[i] = w;
-        } else {
-          rnd[i] = (((w >> (bit & 31)) & ((1u << B) - 1u)) << (32 - B)) | ((1u << (32 - B)) - 1u);
+        for (int i = C - 1; i >= 0; --i) {
+          if (B == 16) a[i] = sr_field_of_word(a[i / 2], i % 2, 16);
+          else a[i] = sr_field_of_word(a[i / 4], i % 4, 8);
         }
       }
       return;
     }
   }
+#pragma unroll 1
+  for (int i = 0; i < C; ++i) {  // rare: one call per element, shifted into place (static indices)
+    const u32 v = sr_bits(seed, j0 + u64(i), B);
 #pragma unroll
-  for (int i = 0; i < C; ++i) rnd[i] = sr_bits(seed, j0 + i, B);
+    for (int k = 0; k + 1 < C; ++k) a[k] = a[k + 1];
+    a[C - 1] = v;
+  }
 }
 
 // The stochastic-rounding words of chunk c's elements (logical index offset + row * K + column), with
 // the launch's random bits per element.
 template <int C>
 __device__ __forceinline__ void chunk_sr_words(const Params& p, const Coord& c, u32 (&rnd)[C]) {
-  const u64 j0 = p.offset + u64(c.row) * u64(p.K) + u64(c.k0);
-  if (p.sr_bits == 8) sr_words<C, 8>(p.seed, j0, rnd);
-  else if (p.sr_bits == 16) sr_words<C, 16>(p.seed, j0, rnd);
-  else sr_words<C, 32>(p.seed, j0, rnd);
+  sr_words<C>(p.seed, p.offset + u64(c.row) * u64(p.K) + u64(c.k0), p.sr_bits, rnd);
 }
 
 }  // namespace mxq::cuda
