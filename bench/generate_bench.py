@@ -111,6 +111,38 @@ def prefill_tokens_per_s(model, batch: int, length: int, device: str, reps: int 
     return batch * length / statistics.median(ts)
 
 
+@torch.no_grad()
+def profile_prefill(a) -> None:
+    from torch.profiler import ProfilerActivity, profile
+    model = build(a.model, a.device)
+    ids = torch.randint(0, model.config.vocab_size, (1, a.prefill), device=a.device)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
+    out = []
+    for name, spec in variants().items():
+        handle = None if spec is None else mxq.emulate(model, weights=spec, activations=spec)
+        try:
+            for _ in range(2):  # warm-up (compilation, allocator)
+                model(input_ids=ids, use_cache=False)
+            sync(a.device)
+            t0 = time.perf_counter()
+            with profile(activities=acts) as prof:
+                model(input_ids=ids, use_cache=False)
+                sync(a.device)
+            wall = (time.perf_counter() - t0) * 1e3
+            key = "self_cuda_time_total" if a.device == "cuda" else "self_cpu_time_total"
+            ka = prof.key_averages()
+            out.append(f"== {name}: prefill {a.prefill} wall {wall:.1f} ms (profiled)\n"
+                       + ka.table(sort_by=key, row_limit=12) + "\n"
+                       + ka.table(sort_by="self_cpu_time_total", row_limit=8))
+        finally:
+            if handle is not None:
+                handle.restore()
+    text = "\n".join(out)
+    print(text)
+    with open(a.profile, "w") as f:
+        f.write(text + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="llama-1.3b")
@@ -122,7 +154,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-graph", action="store_true", help="decode without CUDA graphs")
     ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="instead of the table: one prefill per variant under torch.profiler, its top operators "
+                         "by GPU and by CPU time written to FILE (where the time of a slow variant goes)")
     a = ap.parse_args()
+    if a.profile:
+        return profile_prefill(a)
     graph = a.device == "cuda" and not a.no_graph and MODELS[a.model][0] == "llama"
     model = build(a.model, a.device)
     results: dict[tuple[str, str], list[float]] = {}

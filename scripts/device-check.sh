@@ -3,6 +3,10 @@
 # and the benchmarks, write logs under $OUT, end with a short table.
 #   MXQ_DEVICE_ARCH   CUDA architectures to build here (default: 90a, the H200; CI builds 80;89;90a)
 #   MXQ_CHECK_SKIP    space-separated stages to skip: cpu-tests gpu-tests cli sanitizer bench peers python
+#                     pytest (python without its tests: the package is still installed)
+#   MXQ_CHECK_E2E     bench/generate_bench.py models to run after the package is installed (end-to-end
+#                     tokens/s, e.g. "llama-1.3b qwen3-moe"); tables into $OUT/e2e-<model>.md
+#   MXQ_CHECK_E2E_PROFILE  models whose prefill is profiled per variant (torch.profiler) into $OUT
 #   MXQ_CHECK_NCU     ';'-separated cuda_bench rows to profile with Nsight Compute (summary lines printed)
 #   MXQ_CHECK_NCU_SOURCE  one cuda_bench row: per-instruction SASS counts into $OUT/ncu-source.csv
 set -uo pipefail
@@ -123,11 +127,24 @@ if ! skipped python; then  # the PyTorch package against this machine's torch (n
   if (cd "$ROOT" && MXQ_LIBMXQ_BUILD_DIR="$BUILD" MAX_JOBS=$JOBS "$PYV/bin/python" -m pip install --no-build-isolation \
         --no-deps --no-index -v . > "$LOG/pip-install.log" 2>&1); then
     status "python: pip install" "ok ($((SECONDS - t0)) s)"
-    t0=$SECONDS
-    (cd "$ROOT" && "$PYV/bin/python" -m pytest tests/python -v -rs > "$OUT/pytest.txt" 2>&1)
-    rc=$?
-    status "python: pytest tests/python" "$(tail -1 "$OUT/pytest.txt") rc=$rc ($((SECONDS - t0)) s)"
-    [ $rc -ne 0 ] && grep -E '^(FAILED|ERROR)' "$OUT/pytest.txt" | head -20
+    if ! skipped pytest; then
+      t0=$SECONDS
+      (cd "$ROOT" && "$PYV/bin/python" -m pytest tests/python -v -rs > "$OUT/pytest.txt" 2>&1)
+      rc=$?
+      status "python: pytest tests/python" "$(tail -1 "$OUT/pytest.txt") rc=$rc ($((SECONDS - t0)) s)"
+      [ $rc -ne 0 ] && grep -E '^(FAILED|ERROR)' "$OUT/pytest.txt" | head -20
+    fi
+    for m in ${MXQ_CHECK_E2E_PROFILE:-}; do  # torch.profiler of one prefill per variant
+      PYTHONUNBUFFERED=1 "$PYV/bin/python" "$ROOT/bench/generate_bench.py" --model "$m" --profile "$OUT/profile-$m.txt" > "$LOG/profile-$m.txt" 2>&1
+      status "python: prefill profile $m" "rc=$? (profile-$m.txt)"
+    done
+    for m in ${MXQ_CHECK_E2E:-}; do
+      t0=$SECONDS
+      PYTHONUNBUFFERED=1 "$PYV/bin/python" "$ROOT/bench/generate_bench.py" --model "$m" --markdown "$OUT/e2e-$m.md" > "$LOG/e2e-$m.txt" 2>&1
+      rc=$?
+      status "python: generate_bench $m" "rc=$rc ($((SECONDS - t0)) s, e2e-$m.md)"
+      [ $rc -ne 0 ] && tail -20 "$LOG/e2e-$m.txt"
+    done
     if ! skipped bench; then
       "$PYV/bin/python" "$ROOT/bench/torch_ops_bench.py" --markdown "$OUT/torch_ops_bench.md" > "$LOG/torch_ops_bench.txt" 2>&1
       status "python: torch_ops_bench" "rc=$? (torch_ops_bench.md)"
@@ -141,4 +158,5 @@ tar czf "$OUT/logs.tgz" -C "$OUT" logs; cp "$LOG/cuda_bench.txt" "$OUT/" 2>/dev/
 echo; cat "$LOG/machine.txt"; echo; cat "$OUT/summary.txt"; echo
 if [ -s "$OUT/perf_table.md" ]; then cat "$OUT/perf_table.md"; elif [ -s "$OUT/cuda_bench.txt" ]; then cat "$OUT/cuda_bench.txt"; fi
 [ -s "$OUT/torch_ops_bench.md" ] && { echo; cat "$OUT/torch_ops_bench.md"; }
+for f in "$OUT"/e2e-*.md; do [ -s "$f" ] && { echo; cat "$f"; }; done
 rm -rf "$LOG"

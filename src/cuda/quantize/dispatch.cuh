@@ -76,6 +76,12 @@ int cluster_blocks(const char* fn, i64 chunks) {
     }
     largest[dev & 63].store(n, std::memory_order_relaxed);
   }
+  // MXQ_CUDA_CLUSTER_BLOCKS=N (a tuning experiment, not for production): at most N blocks; 0 disables.
+  static const int knob = [] {
+    const char* v = std::getenv("MXQ_CUDA_CLUSTER_BLOCKS");
+    return v && *v ? std::atoi(v) : -1;
+  }();
+  if (knob >= 0) n = std::min(n, knob > 0 ? knob : -1);
   const i64 per_block = i64(kThreads) * ClusterConfig::kIters;
   const i64 need = (chunks + per_block - 1) / per_block;
   if (n < 0 || need > n) return 0;
