@@ -217,10 +217,6 @@ MXQ_HD_HOT std::uint32_t vminu2(std::uint32_t a, std::uint32_t b) {
   return umin(a & 0xFFFFu, b & 0xFFFFu) | (umin(a >> 16, b >> 16) << 16);
 #endif
 }
-#if !defined(__CUDA_ARCH__)
-// RNE of fp32 bits to bf16 bits (finite values; an overflow gives the infinity).
-inline std::uint32_t bf16_rne_host(std::uint32_t b) { return (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16; }
-#endif
 // a + b (sign * -1 for b: a - b) on both bf16 lanes, one rounding (fma.rn.bf16x2 with a unit factor).
 template <bool SUB = false>
 MXQ_HD_HOT std::uint32_t bf16x2_add(std::uint32_t a, std::uint32_t b) {
@@ -232,7 +228,7 @@ MXQ_HD_HOT std::uint32_t bf16x2_add(std::uint32_t a, std::uint32_t b) {
 #else
   auto lane = [](std::uint32_t x, std::uint32_t y) {
     const float s = SUB ? sub_rn(u2f(x << 16), u2f(y << 16)) : add_rn(u2f(x << 16), u2f(y << 16));
-    return bf16_rne_host(f2u(s));
+    return std::uint32_t(::mxq::f32_to_bf16(s));  // mxq/convert.hpp
   };
   return lane(a & 0xFFFFu, b & 0xFFFFu) | (lane(a >> 16, b >> 16) << 16);
 #endif
