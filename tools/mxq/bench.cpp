@@ -11,6 +11,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -144,7 +145,7 @@ int run_bench(const BenchArgs& a) {
           v.q.scales = Tensor::of(sp, DType::u8, ss.rows, ss.cols, 0, dev);
           return op_function(op.name, v, ob);
         };
-        auto print = [&](const char* backend, double s, double bw) {
+        auto print = [&](std::string_view backend, double s, double bw) {
           fmt::print("{:<11} {:<11} {:<12} {:<10} {:>11.1f} {:>9.2f} {:>8.1f}% {:>8}\n", op.name, to_string(f),
                      fmt::format("{}x{}", rows, K), backend, s * 1e6, op.bytes / s / 1e9, 100 * op.bytes / s / bw,
                      ref_s > 0 ? fmt::format("{:.1f}", ref_s / s) : "-");
