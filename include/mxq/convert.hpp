@@ -22,6 +22,11 @@ constexpr float f16_to_f32(std::uint16_t h) {
   return sign ? -v : v;
 }
 
+// The round-to-nearest-even step alone: the bf16 bits of fp32 bits `u` that are not a NaN (a value at
+// or beyond the largest finite bf16 plus half its ulp becomes Inf). f32_to_bf16 below, and the
+// library's saturating outputs (core::out_mag_bits, on the CPU and the GPU), are this step.
+constexpr std::uint32_t bf16_rne_bits(std::uint32_t u) { return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16; }
+
 // fp32 -> bf16 bits, round to nearest, ties to even (IEEE, as __float2bfloat16_rn for numbers):
 // fp32 subnormals round like any other value (no flush), and a value at or beyond the largest finite
 // bf16 plus half its ulp (0x7F7F8000) becomes Inf. A NaN stays a quiet NaN with its sign and the top 7
@@ -31,7 +36,7 @@ constexpr float f16_to_f32(std::uint16_t h) {
 constexpr std::uint16_t f32_to_bf16(float f) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
-  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  return static_cast<std::uint16_t>(bf16_rne_bits(u));
 }
 
 }  // namespace mxq

@@ -116,7 +116,7 @@ MXQ_HD_HOT std::uint32_t out_mag_bits(float v) {
   if constexpr (OUT == DType::f32) {
     return umin(b, 0x7F7FFFFFu);
   } else if constexpr (OUT == DType::bf16) {
-    return umin((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16, 0x7F7Fu);
+    return umin(::mxq::bf16_rne_bits(b), 0x7F7Fu);  // mxq/convert.hpp (constexpr: callable on the GPU)
   } else {
     const std::uint32_t normal = ((b - (112u << 23)) + 0xFFFu + ((b >> 13) & 1u)) >> 13;
     const std::uint32_t sub = f2u(add_rn(v, 0.5f)) - 0x3F000000u;  // v < 2^-14: RNE onto multiples of 2^-24
