@@ -115,10 +115,7 @@ int main(int argc, char** argv) {
       b.x.emplace_back(rows * K);
       b.y.emplace_back(rows * K);
       for (auto& v : b.x.back()) {
-        const float f = nd(rng);
-        std::uint32_t u;
-        std::memcpy(&u, &f, 4);
-        v = std::uint16_t(u >> 16);
+        v = mxq::f32_to_bf16(nd(rng));
       }
     }
     for (const Case& c : cases) {

@@ -26,56 +26,35 @@
 
 #include <mxq/mxq.hpp>
 
+#include "cuda_util.hpp"  // tools/mxq/
 #include "stats.hpp"
 
 namespace {
 
-#define CK(expr)                                                                              \
-  do {                                                                                        \
-    const cudaError_t e_ = (expr);                                                            \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-
-struct Dev {
-  void* p = nullptr;
-  explicit Dev(std::size_t n) { CK(cudaMalloc(&p, std::max<std::size_t>(n, 16))); }
-  ~Dev() { cudaFree(p); }
-};
+using mxq::cuda_util::DeviceBuffer;
+using mxq::cuda_util::EventTimer;
 
 cudaStream_t g_stream;
-Dev* g_flush = nullptr;
+DeviceBuffer* g_flush = nullptr;
 std::size_t g_flush_bytes = 0;
 
 // Flushes the L2 by writing a buffer twice its size (as triton's do_bench and nvbench do).
 // NOTE: measured on the H200 (2026-12-03): following the write with a read of another such buffer (an
 // L2 of clean lines, none of them the op's) made every row slower, the copy too (87% against 93% of
 // the 1 GiB copy at 8192x8192): the dirty lines the write leaves are not what costs small shapes.
-void flush_l2() { CK(cudaMemsetAsync(g_flush->p, 0x5A, g_flush_bytes, g_stream)); }
+void flush_l2() { MXQ_CUDA_CHECK(cudaMemsetAsync(g_flush->get(), 0x5A, g_flush_bytes, g_stream)); }
 
 using mxq::bench::median;
 
 // Median microseconds of `reps` cold-L2 runs of f.
 double time_cold(const std::function<void()>& f, int reps) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
+  EventTimer timer;
   for (int i = 0; i < 3; ++i) f();  // warm-up: module load, first-touch
   std::vector<double> us;
   for (int i = 0; i < reps; ++i) {
     flush_l2();
-    CK(cudaEventRecord(a, g_stream));
-    f();
-    CK(cudaEventRecord(b, g_stream));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    us.push_back(ms * 1e3);
+    us.push_back(timer.time(f, g_stream) * 1e6);
   }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
   return median(us);
 }
 
@@ -83,28 +62,16 @@ double time_cold(const std::function<void()>& f, int reps) {
 double time_graph(const std::function<void()>& f, int n, int reps) {
   cudaGraph_t g;
   cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
+  MXQ_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
   for (int i = 0; i < n; ++i) f();
-  CK(cudaStreamEndCapture(g_stream, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, g_stream));
+  MXQ_CUDA_CHECK(cudaStreamEndCapture(g_stream, &g));
+  MXQ_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  EventTimer timer;
+  for (int i = 0; i < 3; ++i) MXQ_CUDA_CHECK(cudaGraphLaunch(ge, g_stream));
   std::vector<double> us;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a, g_stream));
-    CK(cudaGraphLaunch(ge, g_stream));
-    CK(cudaEventRecord(b, g_stream));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    us.push_back(ms * 1e3 / n);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
+  for (int i = 0; i < reps; ++i) us.push_back(timer.time([&] { MXQ_CUDA_CHECK(cudaGraphLaunch(ge, g_stream)); }, g_stream) * 1e6 / n);
+  MXQ_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  MXQ_CUDA_CHECK(cudaGraphDestroy(g));
   return median(us);
 }
 
@@ -115,9 +82,7 @@ std::vector<std::uint16_t> llm_like_bf16(std::int64_t rows, std::int64_t cols, s
   for (std::int64_t i = 0; i < rows * cols; ++i) {
     float x = nd(rng);
     if ((i % cols) % 97 == 13) x *= 150.0f;  // outlier channels
-    std::uint32_t u;
-    std::memcpy(&u, &x, 4);
-    v[std::size_t(i)] = std::uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+    v[std::size_t(i)] = mxq::f32_to_bf16(x);
   }
   return v;
 }
@@ -133,7 +98,7 @@ struct Row {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   int reps = 50;
   std::string json;
   bool quick = false;
@@ -155,19 +120,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cuda_bench: no usable CUDA device: %s\n", why.c_str());
     return 1;
   }
-  cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
-  CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  const cudaDeviceProp prop = mxq::cuda_util::device_properties();
+  MXQ_CUDA_CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
   g_flush_bytes = std::size_t(std::max(prop.l2CacheSize, 1 << 20)) * 2;
-  g_flush = new Dev(g_flush_bytes);
+  g_flush = new DeviceBuffer(g_flush_bytes);
 
   // Device copy bandwidth: a 1 GiB device-to-device copy, bytes read + written.
   double copy_gbs = 0;
   {
     const std::size_t n = std::size_t(1) << 30;
-    Dev a(n), b(n);
-    CK(cudaMemset(a.p, 1, n));
-    const double us = time_cold([&] { CK(cudaMemcpyAsync(b.p, a.p, n, cudaMemcpyDeviceToDevice, g_stream)); }, reps);
+    DeviceBuffer a(n), b(n);
+    a.fill(1);
+    const double us = time_cold([&] { MXQ_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), n, cudaMemcpyDeviceToDevice, g_stream)); }, reps);
     copy_gbs = 2.0 * n / us / 1e3;
   }
 
@@ -175,21 +139,21 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<std::int64_t, std::int64_t>> big =
       quick ? std::vector<std::pair<std::int64_t, std::int64_t>>{{8192, 8192}}
             : std::vector<std::pair<std::int64_t, std::int64_t>>{{8192, 8192}, {32768, 8192}};
-  Dev ws(4);
+  DeviceBuffer ws(4);
   for (auto [R, K] : big) {
     const std::string shape = std::to_string(R) + "x" + std::to_string(K);
     const double n = double(R) * double(K);
     const auto host = llm_like_bf16(R, K, 7);
-    Dev x(std::size_t(R * K * 2)), y(std::size_t(R * K * 2)), codes(std::size_t(R * K)),
+    DeviceBuffer x(std::size_t(R * K * 2)), y(std::size_t(R * K * 2)), codes(std::size_t(R * K)),
         scales(std::size_t((R + 127) / 128 * 128 * ((K / 16 + 3) / 4 * 4))), S(4);
-    CK(cudaMemcpy(x.p, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
-    const mxq::Tensor xt = mxq::Tensor::of(x.p, mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
-    const mxq::Tensor yt = mxq::Tensor::of(y.p, mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
+    x.upload(host.data(), host.size() * 2);
+    const mxq::Tensor xt = mxq::Tensor::of(x.get(), mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
+    const mxq::Tensor yt = mxq::Tensor::of(y.get(), mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
     const float given_S = mxq::nvfp4_tensor_scale_from_amax(mxq::tensor_amax(xt, mxq::Backend::automatic, g_stream));
 
     auto opts = [&](mxq::QuantOptions o) {
       o.stream = g_stream;
-      o.workspace = ws.p;
+      o.workspace = ws.get();
       return o;
     };
     const mxq::QuantOptions mxfp4 = opts(mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::even));
@@ -207,7 +171,7 @@ int main(int argc, char** argv) {
     // The copy limit at this size, flushed the same way (the headline % is against the 1 GiB copy).
     if (selected(only, "copy", "-", "same size"))
       rows.push_back({"copy", "-", shape, "same size",
-                      time_cold([&] { CK(cudaMemcpyAsync(y.p, x.p, std::size_t(R * K * 2), cudaMemcpyDeviceToDevice, g_stream)); }, reps),
+                      time_cold([&] { MXQ_CUDA_CHECK(cudaMemcpyAsync(y.get(), x.get(), std::size_t(R * K * 2), cudaMemcpyDeviceToDevice, g_stream)); }, reps),
                       4.0 * n});
     qdq_row("mxfp4", mxfp4, "even");
     qdq_row("mxfp4", opts(mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::quest)), "quest");
@@ -230,9 +194,9 @@ int main(int argc, char** argv) {
       const mxq::FormatInfo fi = mxq::format_info(o.format);
       const mxq::Shape2 ss = mxq::scale_shape(o, R, K);
       mxq::QuantizedOut out;
-      out.codes = mxq::Tensor::of(codes.p, mxq::DType::u8, R, mxq::code_cols(o.format, K), 0, mxq::Device::cuda);
-      out.scales = mxq::Tensor::of(scales.p, mxq::DType::u8, ss.rows, ss.cols, 0, mxq::Device::cuda);
-      out.tensor_scale = o.format == mxq::Format::nvfp4 ? static_cast<float*>(S.p) : nullptr;
+      out.codes = mxq::Tensor::of(codes.get(), mxq::DType::u8, R, mxq::code_cols(o.format, K), 0, mxq::Device::cuda);
+      out.scales = mxq::Tensor::of(scales.get(), mxq::DType::u8, ss.rows, ss.cols, 0, mxq::Device::cuda);
+      out.tensor_scale = o.format == mxq::Format::nvfp4 ? static_cast<float*>(S.get()) : nullptr;
       const double bytes = n * (2.0 + fi.elem_bits / 8.0 + 1.0 / mxq::group_size(o));
       rows.push_back({"quantize", fmt, shape, mode, time_cold([&] { mxq::quantize(xt, out, o); }, reps), bytes});
       // and back: dequantize the codes just written
@@ -251,10 +215,10 @@ int main(int argc, char** argv) {
   {
     const std::int64_t R = 1024, K = 4096;
     const auto host = llm_like_bf16(R, K, 11);
-    Dev x(std::size_t(R * K * 2)), y(std::size_t(R * K * 2));
-    CK(cudaMemcpy(x.p, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
-    const mxq::Tensor xt = mxq::Tensor::of(x.p, mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
-    const mxq::Tensor yt = mxq::Tensor::of(y.p, mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
+    DeviceBuffer x(std::size_t(R * K * 2)), y(std::size_t(R * K * 2));
+    x.upload(host.data(), host.size() * 2);
+    const mxq::Tensor xt = mxq::Tensor::of(x.get(), mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
+    const mxq::Tensor yt = mxq::Tensor::of(y.get(), mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
     for (auto [fmt, rule, mode] : {std::tuple{mxq::Format::mxfp4, mxq::ScaleRule::even, "even, plugin shape"},
                                    std::tuple{mxq::Format::mxfp8_e4m3, mxq::ScaleRule::floor, "floor, plugin shape"}}) {
       mxq::QuantOptions o = mxq::QuantOptions::mx(fmt, rule);
@@ -271,13 +235,14 @@ int main(int argc, char** argv) {
     const std::string shape = std::to_string(R) + "x" + std::to_string(K);
     const double n = double(R) * double(K);
     const auto host = llm_like_bf16(R, K, 9);
-    Dev x(std::size_t(R * K * 2)), y(std::size_t(R * K * 2)), codes(std::size_t(R * K)), scales(std::size_t(256 * K / 16)), S(4);
-    CK(cudaMemcpy(x.p, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
-    const mxq::Tensor xt = mxq::Tensor::of(x.p, mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
-    const mxq::Tensor yt = mxq::Tensor::of(y.p, mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
+    DeviceBuffer x(std::size_t(R * K * 2)), y(std::size_t(R * K * 2)), codes(std::size_t(R * K)), scales(std::size_t(256 * K / 16)),
+        S(4);
+    x.upload(host.data(), host.size() * 2);
+    const mxq::Tensor xt = mxq::Tensor::of(x.get(), mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
+    const mxq::Tensor yt = mxq::Tensor::of(y.get(), mxq::DType::bf16, R, K, 0, mxq::Device::cuda);
     auto opts = [&](mxq::QuantOptions o) {
       o.stream = g_stream;
-      o.workspace = ws.p;
+      o.workspace = ws.get();
       return o;
     };
     const auto mxfp4 = opts(mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::even));
@@ -291,8 +256,8 @@ int main(int argc, char** argv) {
     q.scale_layout = mxq::ScaleLayout::swizzled;
     const mxq::Shape2 ss = mxq::scale_shape(q, R, K);
     mxq::QuantizedOut out;
-    out.codes = mxq::Tensor::of(codes.p, mxq::DType::u8, R, K / 2, 0, mxq::Device::cuda);
-    out.scales = mxq::Tensor::of(scales.p, mxq::DType::u8, ss.rows, ss.cols, 0, mxq::Device::cuda);
+    out.codes = mxq::Tensor::of(codes.get(), mxq::DType::u8, R, K / 2, 0, mxq::Device::cuda);
+    out.scales = mxq::Tensor::of(scales.get(), mxq::DType::u8, ss.rows, ss.cols, 0, mxq::Device::cuda);
     if (selected(only, "quantize", "mxfp4", "even, swizzled, graph")) rows.push_back({"quantize", "mxfp4", shape, "even, swizzled, graph",
                     time_graph([&] { mxq::quantize(xt, out, q); }, 64, reps), n * (2.0 + 0.5 + 1.0 / 32)});
   }
@@ -316,4 +281,13 @@ int main(int argc, char** argv) {
   if (jf) std::fclose(jf);
   delete g_flush;
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_bench: %s\n", e.what());
+    return 1;
+  }
 }

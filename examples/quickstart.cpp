@@ -3,27 +3,17 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <vector>
 
 #include <mxq/mxq.hpp>
 
-static std::uint16_t to_bf16(float f) {  // round to nearest even
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<std::uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
-static float from_bf16(std::uint16_t h) {
-  const std::uint32_t u = std::uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using mxq::bf16_to_f32;  // mxq/convert.hpp: bits <-> fp32, exact / round to nearest even
+using mxq::f32_to_bf16;
 
 int main() {
   const std::int64_t rows = 256, K = 1024;
   std::vector<std::uint16_t> x(rows * K), y(rows * K);
-  for (std::int64_t i = 0; i < rows * K; ++i) x[i] = to_bf16(std::sin(0.001f * float(i)) * (i % 61 == 0 ? 8.0f : 1.0f));
+  for (std::int64_t i = 0; i < rows * K; ++i) x[i] = f32_to_bf16(std::sin(0.001f * float(i)) * (i % 61 == 0 ? 8.0f : 1.0f));
 
   // 1. Fake-quantize (quantize + dequantize in one pass), output in the input dtype.
   const mxq::Tensor xt = mxq::Tensor::of(x.data(), mxq::DType::bf16, rows, K);
@@ -32,9 +22,9 @@ int main() {
 
   double err = 0, ref = 0;
   for (std::int64_t i = 0; i < rows * K; ++i) {
-    const double d = from_bf16(y[i]) - from_bf16(x[i]);
+    const double d = bf16_to_f32(y[i]) - bf16_to_f32(x[i]);
     err += d * d;
-    ref += double(from_bf16(x[i])) * from_bf16(x[i]);
+    ref += double(bf16_to_f32(x[i])) * bf16_to_f32(x[i]);
   }
   std::printf("MXFP4 QDQ: SQNR %.2f dB\n", 10 * std::log10(ref / err));
 
@@ -52,7 +42,7 @@ int main() {
   std::vector<float> z(rows * K);
   mxq::dequantize({out.codes, out.scales}, mxq::Tensor::of(z.data(), mxq::DType::f32, rows, K), opt);
   std::printf("packed %zu code bytes + %zu scale bytes; x[700] = %g -> %g\n", codes.size(), scales.size(),
-              from_bf16(x[700]), z[700]);
+              bf16_to_f32(x[700]), z[700]);
 
   // Errors name the argument and the expected shape.
   try {

@@ -10,7 +10,7 @@
 #include <mxq/mxq.hpp>
 
 #if defined(MXQ_TEST_HAVE_CUDA)
-#include <cuda_runtime.h>
+#include "cuda_util.hpp"  // tools/mxq/
 #endif
 #if defined(_OPENMP)
 #include <omp.h>
@@ -39,16 +39,11 @@ class Placed {
   Placed(mxq::Backend b, const HostTensor& h) : host_(h), device_(b == mxq::Backend::cuda) {
 #if defined(MXQ_TEST_HAVE_CUDA)
     if (device_) {
-      if (cudaMalloc(&dev_, std::max<std::size_t>(h.bytes.size(), 16)) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
-      cudaMemcpy(dev_, h.bytes.data(), h.bytes.size(), cudaMemcpyHostToDevice);
+      dev_.reserve(h.bytes.size());
+      dev_.upload(h.bytes.data(), h.bytes.size());
     }
 #else
     if (device_) throw std::runtime_error("this test build has no CUDA");
-#endif
-  }
-  ~Placed() {
-#if defined(MXQ_TEST_HAVE_CUDA)
-    if (dev_) cudaFree(dev_);
 #endif
   }
   Placed(const Placed&) = delete;
@@ -57,7 +52,7 @@ class Placed {
   mxq::Tensor view() {
     mxq::Tensor t = host_.view();
     if (device_) {
-      t.data = dev_;
+      t.data = device_data();
       t.device = mxq::Device::cuda;
     }
     return t;
@@ -67,9 +62,8 @@ class Placed {
     HostTensor h = host_;
 #if defined(MXQ_TEST_HAVE_CUDA)
     if (device_) {
-      const cudaError_t e = cudaDeviceSynchronize();
-      if (e != cudaSuccess) throw std::runtime_error(std::string("cudaDeviceSynchronize: ") + cudaGetErrorString(e));
-      cudaMemcpy(h.bytes.data(), dev_, h.bytes.size(), cudaMemcpyDeviceToHost);
+      MXQ_CUDA_CHECK(cudaDeviceSynchronize());
+      dev_.download(h.bytes.data(), h.bytes.size());
     }
 #endif
     return h;
@@ -78,7 +72,12 @@ class Placed {
  private:
   HostTensor host_;
   bool device_;
-  void* dev_ = nullptr;
+#if defined(MXQ_TEST_HAVE_CUDA)
+  mxq::cuda_util::DeviceBuffer dev_;
+  void* device_data() const { return dev_.get(); }
+#else
+  void* device_data() const { return nullptr; }
+#endif
 };
 
 // Four bytes on a backend: the NVFP4 tensor-scale output and the CUDA workspace.

@@ -9,18 +9,20 @@
 
 #include <gtest/gtest.h>
 
+#include "cuda_util.hpp"  // tools/mxq/
 #include "helpers.hpp"
 
 using namespace mxq;
 using th::HostTensor;
 using th::Quantized;
+namespace cuda_util = mxq::cuda_util;
 
 namespace {
 
 #define CUDA_OK(expr)                                                                     \
   do {                                                                                    \
     const cudaError_t err_ = (expr);                                                      \
-    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_);            \
+    ASSERT_EQ(err_, cudaSuccess) << cuda_util::error_message(err_, #expr);                \
   } while (0)
 
 // GTEST_SKIP returns from the calling function, so this is a macro used in the test body itself.
@@ -31,17 +33,9 @@ namespace {
   } while (0)
 
 // Device memory, poisoned with 0xA5 so that bytes a kernel fails to write show up.
-struct DevBuf {
-  void* p = nullptr;
-  std::size_t n = 0;
-  explicit DevBuf(std::size_t bytes) : n(bytes) {
-    if (cudaMalloc(&p, std::max<std::size_t>(n, 16)) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
-    poison();
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  void poison() { cudaMemset(p, 0xA5, std::max<std::size_t>(n, 16)); }
+struct DevBuf : cuda_util::DeviceBuffer {
+  explicit DevBuf(std::size_t bytes) : DeviceBuffer(bytes) { poison(); }
+  void poison() { fill(0xA5); }
 };
 
 // A device copy of a HostTensor's layout (same rows, cols, stride and dtype).
@@ -51,16 +45,16 @@ struct DevTensor {
   explicit DevTensor(const HostTensor& h) : shape(h), buf(std::make_unique<DevBuf>(h.bytes.size())) {}
   static DevTensor upload(const HostTensor& h) {
     DevTensor d(h);
-    cudaMemcpy(d.buf->p, h.bytes.data(), h.bytes.size(), cudaMemcpyHostToDevice);
+    d.buf->upload(h.bytes.data(), h.bytes.size());
     return d;
   }
   Tensor view() const {
-    return Tensor::of(buf->p, shape.dtype, shape.rows, shape.cols, shape.stride == shape.cols ? 0 : shape.stride,
+    return Tensor::of(buf->get(), shape.dtype, shape.rows, shape.cols, shape.stride == shape.cols ? 0 : shape.stride,
                       Device::cuda);
   }
   HostTensor download() const {
     HostTensor h = shape;
-    cudaMemcpy(h.bytes.data(), buf->p, h.bytes.size(), cudaMemcpyDeviceToHost);
+    buf->download(h.bytes.data(), h.bytes.size());
     return h;
   }
 };
@@ -77,21 +71,18 @@ struct DevQuantized {
     o.codes = codes.view();
     o.scales = scales.view();
     o.clip_mask = mask.view();
-    o.tensor_scale = static_cast<float*>(S.p);
+    o.tensor_scale = S.as<float>();
     return o;
   }
   QuantizedIn in() const { return QuantizedIn{codes.view(), scales.view()}; }
   float tensor_scale() const {
     float v = 0;
-    cudaMemcpy(&v, S.p, 4, cudaMemcpyDeviceToHost);
+    S.download(&v, 4);
     return v;
   }
 };
 
-void sync_ok() {
-  const cudaError_t e = cudaDeviceSynchronize();
-  ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
-}
+void sync_ok() { CUDA_OK(cudaDeviceSynchronize()); }
 
 // The ops captured in a CUDA graph (no allocation, no synchronisation inside), replayed twice with
 // different inputs; every output checked against the reference.
@@ -106,7 +97,7 @@ TEST(CudaGraph, CaptureAndReplayMatchesReference) {
   QuantOptions mx = QuantOptions::mx(Format::mxfp4, ScaleRule::even), nv = QuantOptions::nvfp4();
   mx.scale_layout = ScaleLayout::swizzled;
   mx.stream = nv.stream = s;
-  nv.workspace = workspace.p;
+  nv.workspace = workspace.get();
   DevQuantized q(mx, R, K);
   HostTensor y0(DType::bf16, R, K);
   DevTensor y_mx(y0), y_nv(y0), y_dq(y0);
@@ -125,7 +116,7 @@ TEST(CudaGraph, CaptureAndReplayMatchesReference) {
     SCOPED_TRACE("replay " + std::to_string(replay));
     if (replay == 1) {
       x = th::llm_like(DType::bf16, R, K, 77);
-      CUDA_OK(cudaMemcpy(xd.buf->p, x.bytes.data(), x.bytes.size(), cudaMemcpyHostToDevice));
+      xd.buf->upload(x.bytes.data(), x.bytes.size());
     }
     for (DevBuf* b : {y_mx.buf.get(), y_nv.buf.get(), y_dq.buf.get(), q.codes.buf.get(), q.scales.buf.get()}) b->poison();
     CUDA_OK(cudaGraphLaunch(exec, s));

@@ -39,7 +39,7 @@ struct HostTensor {
     } else {
       std::uint16_t h;
       if (dtype == mxq::DType::bf16)
-        h = std::isnan(v) ? 0x7FC0 : std::uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+        h = mxq::f32_to_bf16(v);
       else
         h = std::bit_cast<std::uint16_t>(static_cast<_Float16>(v));
       std::memcpy(&bytes[i * 2], &h, 2);
@@ -54,7 +54,7 @@ struct HostTensor {
     }
     std::uint16_t h;
     std::memcpy(&h, &bytes[i * 2], 2);
-    return dtype == mxq::DType::bf16 ? mxq::core::bf16_to_f32(h) : mxq::core::f16_to_f32(h);
+    return dtype == mxq::DType::bf16 ? mxq::bf16_to_f32(h) : mxq::f16_to_f32(h);
   }
   std::uint32_t bits(std::int64_t r, std::int64_t c) const {
     const std::int64_t i = r * stride + c;

@@ -1,5 +1,6 @@
 #pragma once
 // The whole public C++ API of mxq.
+#include <mxq/convert.hpp>
 #include <mxq/ops.hpp>
 #include <mxq/presets.hpp>
 #include <mxq/types.hpp>

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include <mxq/convert.hpp>
 #include <mxq/types.hpp>
 
 #if defined(__CUDACC__)
@@ -344,19 +345,10 @@ MXQ_HD float decode_f32(std::uint32_t code, const FloatSpec& f) {
 }
 
 // ---- input and output dtypes -------------------------------------------------------------------------------
-MXQ_HD float bf16_to_f32(std::uint16_t h) { return u2f(std::uint32_t(h) << 16); }
-
-MXQ_HD float f16_to_f32(std::uint16_t h) {
-  const std::uint32_t sign = std::uint32_t(h >> 15) << 31;
-  const std::uint32_t e = (h >> 10) & 0x1F;
-  const std::uint32_t m = h & 0x3FF;
-  if (e == 0x1F) return u2f(sign | 0x7F800000u | (m << 13));
-  if (e == 0) {
-    if (m == 0) return u2f(sign);
-    return u2f(sign | round_magnitude(m, -24, spec_f32()));  // subnormal: exact m * 2^-24
-  }
-  return u2f(sign | ((e + 112) << 23) | (m << 13));
-}
+// bf16/fp16 -> fp32 are exact and public (mxq/convert.hpp: host code only; the kernels read their
+// inputs with instructions of their own, cuda/common/vector_io.cuh).
+using ::mxq::bf16_to_f32;
+using ::mxq::f16_to_f32;
 
 // Round a finite fp32 value to bf16 / fp16 with RNE, saturating to the largest finite value; NaN stays
 // NaN; infinities stay infinities (a finite input never becomes Inf).

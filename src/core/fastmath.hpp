@@ -116,7 +116,7 @@ MXQ_HD_HOT std::uint32_t out_mag_bits(float v) {
   if constexpr (OUT == DType::f32) {
     return umin(b, 0x7F7FFFFFu);
   } else if constexpr (OUT == DType::bf16) {
-    return umin((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16, 0x7F7Fu);
+    return umin(::mxq::bf16_rne_bits(b), 0x7F7Fu);  // mxq/convert.hpp (constexpr: callable on the GPU)
   } else {
     const std::uint32_t normal = ((b - (112u << 23)) + 0xFFFu + ((b >> 13) & 1u)) >> 13;
     const std::uint32_t sub = f2u(add_rn(v, 0.5f)) - 0x3F000000u;  // v < 2^-14: RNE onto multiples of 2^-24
@@ -217,10 +217,6 @@ MXQ_HD_HOT std::uint32_t vminu2(std::uint32_t a, std::uint32_t b) {
   return umin(a & 0xFFFFu, b & 0xFFFFu) | (umin(a >> 16, b >> 16) << 16);
 #endif
 }
-#if !defined(__CUDA_ARCH__)
-// RNE of fp32 bits to bf16 bits (finite values; an overflow gives the infinity).
-inline std::uint32_t bf16_rne_host(std::uint32_t b) { return (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16; }
-#endif
 // a + b (sign * -1 for b: a - b) on both bf16 lanes, one rounding (fma.rn.bf16x2 with a unit factor).
 template <bool SUB = false>
 MXQ_HD_HOT std::uint32_t bf16x2_add(std::uint32_t a, std::uint32_t b) {
@@ -232,7 +228,7 @@ MXQ_HD_HOT std::uint32_t bf16x2_add(std::uint32_t a, std::uint32_t b) {
 #else
   auto lane = [](std::uint32_t x, std::uint32_t y) {
     const float s = SUB ? sub_rn(u2f(x << 16), u2f(y << 16)) : add_rn(u2f(x << 16), u2f(y << 16));
-    return bf16_rne_host(f2u(s));
+    return std::uint32_t(::mxq::f32_to_bf16(s));  // mxq/convert.hpp
   };
   return lane(a & 0xFFFFu, b & 0xFFFFu) | (lane(a >> 16, b >> 16) << 16);
 #endif

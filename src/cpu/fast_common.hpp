@@ -60,9 +60,9 @@ MXQ_INLINE void load_block(const Tensor& x, std::int64_t r, std::int64_t k0, std
   if constexpr (DT == DType::bf16) {
     const std::uint16_t* s = static_cast<const std::uint16_t*>(x.data) + base;
     if (n == g)
-      for (int i = 0; i < g; ++i) xf[i] = u2f(std::uint32_t(s[i]) << 16);
+      for (int i = 0; i < g; ++i) xf[i] = bf16_to_f32(s[i]);
     else
-      for (int i = 0; i < g; ++i) xf[i] = i < n ? u2f(std::uint32_t(s[i]) << 16) : 0.0f;
+      for (int i = 0; i < g; ++i) xf[i] = i < n ? bf16_to_f32(s[i]) : 0.0f;
   } else if constexpr (DT == DType::f32) {
     const float* s = static_cast<const float*>(x.data) + base;
     if (n == g)

@@ -13,7 +13,7 @@ MXQ_INLINE std::uint32_t abs_f32_bits(Storage<DT> v) {
 template <DType DT>
 MXQ_INLINE float to_f32(Storage<DT> v) {
   if constexpr (DT == DType::f32) return u2f(v);
-  else return u2f(std::uint32_t(v) << 16);
+  else return bf16_to_f32(v);
 }
 
 // QDQ of one full block of G elements, straight from x to y.

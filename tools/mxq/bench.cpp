@@ -11,6 +11,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -19,10 +20,9 @@
 #include <mxq/mxq.hpp>
 
 #include "commands.hpp"
-#include "convert.hpp"
 
 #if defined(MXQ_TOOL_HAVE_CUDA)
-#include <cuda_runtime.h>
+#include "cuda_util.hpp"
 #endif
 
 #include "stats.hpp"  // bench/
@@ -68,6 +68,21 @@ struct Op {
   double bytes;
 };
 
+// The tensors one benchmarked operation reads and writes.
+struct Views {
+  Tensor x, y;
+  QuantizedOut q;
+};
+
+// The named operation (qdq, quantize or dequantize) on v; v and o must outlive the function.
+std::function<void()> op_function(const std::string& name, const Views& v, const QuantOptions& o) {
+  const Views* pv = &v;
+  const QuantOptions* po = &o;
+  if (name == "qdq") return [pv, po] { qdq(pv->x, pv->y, *po); };
+  if (name == "quantize") return [pv, po] { quantize(pv->x, pv->q, *po); };
+  return [pv, po] { dequantize(QuantizedIn{pv->q.codes, pv->q.scales}, pv->y, *po); };
+}
+
 }  // namespace
 
 int run_bench(const BenchArgs& a) {
@@ -91,24 +106,14 @@ int run_bench(const BenchArgs& a) {
   double dev_bw = 0;
   if (cuda && a.gpu) {
     const std::size_t n = 1u << 30;
-    void *s = nullptr, *d = nullptr;
-    cudaMalloc(&s, n);
-    cudaMalloc(&d, n);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
+    cuda_util::DeviceBuffer s(n), d(n);
+    cuda_util::EventTimer timer;
     std::vector<double> t;
     for (int i = 0; i < 6; ++i) {
-      cudaEventRecord(e0);
-      cudaMemcpy(d, s, n, cudaMemcpyDeviceToDevice);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      if (i) t.push_back(ms / 1e3);
+      const double sec = timer.time([&] { MXQ_CUDA_CHECK(cudaMemcpy(d.get(), s.get(), n, cudaMemcpyDeviceToDevice)); });
+      if (i) t.push_back(sec);
     }
     dev_bw = 2.0 * double(n) / median(t);
-    cudaFree(s), cudaFree(d);
     fmt::print("; device copy {:.1f} GB/s", dev_bw / 1e9);
   }
 #endif
@@ -120,7 +125,7 @@ int run_bench(const BenchArgs& a) {
     std::mt19937 rng(1);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<std::uint16_t> x(rows * K);
-    for (auto& v : x) v = to_bf16(nd(rng));
+    for (auto& v : x) v = f32_to_bf16(nd(rng));
     std::vector<std::uint16_t> y(x.size());
     for (Format f : formats) {
       QuantOptions o = f == Format::nvfp4 ? QuantOptions::nvfp4(1.0f) : QuantOptions::mx(f, ScaleRule::even);
@@ -132,62 +137,44 @@ int run_bench(const BenchArgs& a) {
       for (const Op& op : ops) {
         if (!a.ops.empty() && std::find(a.ops.begin(), a.ops.end(), op.name) == a.ops.end()) continue;
         double ref_s = 0;
+        // The views of x, y, codes and scales at these addresses, and the operation on them.
+        auto bind = [&](Views& v, void* xp, void* yp, void* cp, void* sp, Device dev, const QuantOptions& ob) {
+          v.x = Tensor::of(xp, DType::bf16, rows, K, 0, dev);
+          v.y = Tensor::of(yp, DType::bf16, rows, K, 0, dev);
+          v.q.codes = Tensor::of(cp, DType::u8, rows, cc, 0, dev);
+          v.q.scales = Tensor::of(sp, DType::u8, ss.rows, ss.cols, 0, dev);
+          return op_function(op.name, v, ob);
+        };
+        auto print = [&](std::string_view backend, double s, double bw) {
+          fmt::print("{:<11} {:<11} {:<12} {:<10} {:>11.1f} {:>9.2f} {:>8.1f}% {:>8}\n", op.name, to_string(f),
+                     fmt::format("{}x{}", rows, K), backend, s * 1e6, op.bytes / s / 1e9, 100 * op.bytes / s / bw,
+                     ref_s > 0 ? fmt::format("{:.1f}", ref_s / s) : "-");
+        };
         for (Backend b : {Backend::reference, Backend::cpu}) {
           if (b == Backend::reference && !a.reference) continue;
           QuantOptions ob = o;
           ob.backend = b;
-          const Tensor xt = Tensor::of(x.data(), DType::bf16, rows, K), yt = Tensor::of(y.data(), DType::bf16, rows, K);
-          QuantizedOut q;
-          q.codes = Tensor::of(codes.data(), DType::u8, rows, cc);
-          q.scales = Tensor::of(scales.data(), DType::u8, ss.rows, ss.cols);
-          std::function<void()> fn;
-          if (op.name == std::string("qdq")) fn = [&] { qdq(xt, yt, ob); };
-          else if (op.name == std::string("quantize")) fn = [&] { quantize(xt, q, ob); };
-          else fn = [&] { dequantize(QuantizedIn{q.codes, q.scales}, yt, ob); };
-          if (op.name == std::string("dequantize")) quantize(xt, q, ob);
+          Views v;
+          const auto fn = bind(v, x.data(), y.data(), codes.data(), scales.data(), Device::cpu, ob);
+          if (op.name == std::string("dequantize")) quantize(v.x, v.q, ob);
           const double s = time_host(fn, b == Backend::reference ? std::max(1, a.reps / 5) : a.reps);
           if (b == Backend::reference) ref_s = s;
-          fmt::print("{:<11} {:<11} {:<12} {:<10} {:>11.1f} {:>9.2f} {:>8.1f}% {:>8}\n", op.name, to_string(f),
-                     fmt::format("{}x{}", rows, K), to_string(b), s * 1e6, op.bytes / s / 1e9, 100 * op.bytes / s / host_bw,
-                     ref_s > 0 ? fmt::format("{:.1f}", ref_s / s) : "-");
+          print(to_string(b), s, host_bw);
         }
 #if defined(MXQ_TOOL_HAVE_CUDA)
         if (cuda && a.gpu) {
-          void *xd = nullptr, *yd = nullptr, *cd = nullptr, *sd = nullptr;
-          cudaMalloc(&xd, x.size() * 2), cudaMalloc(&yd, y.size() * 2), cudaMalloc(&cd, codes.size()),
-              cudaMalloc(&sd, scales.size());
-          cudaMemcpy(xd, x.data(), x.size() * 2, cudaMemcpyHostToDevice);
+          cuda_util::DeviceBuffer xd(x.size() * 2), yd(y.size() * 2), cd(codes.size()), sd(scales.size());
+          xd.upload(x.data(), x.size() * 2);
           QuantOptions ob = o;
           ob.backend = Backend::cuda;
-          const Tensor xt = Tensor::of(xd, DType::bf16, rows, K, 0, Device::cuda),
-                       yt = Tensor::of(yd, DType::bf16, rows, K, 0, Device::cuda);
-          QuantizedOut q;
-          q.codes = Tensor::of(cd, DType::u8, rows, cc, 0, Device::cuda);
-          q.scales = Tensor::of(sd, DType::u8, ss.rows, ss.cols, 0, Device::cuda);
-          std::function<void()> fn;
-          if (op.name == std::string("qdq")) fn = [&] { qdq(xt, yt, ob); };
-          else if (op.name == std::string("quantize")) fn = [&] { quantize(xt, q, ob); };
-          else fn = [&] { dequantize(QuantizedIn{q.codes, q.scales}, yt, ob); };
-          quantize(xt, q, ob);
-          cudaEvent_t e0, e1;
-          cudaEventCreate(&e0), cudaEventCreate(&e1);
+          Views v;
+          const auto fn = bind(v, xd.get(), yd.get(), cd.get(), sd.get(), Device::cuda, ob);
+          quantize(v.x, v.q, ob);
+          cuda_util::EventTimer timer;
           fn();
           std::vector<double> t;
-          for (int i = 0; i < std::max(a.reps, 5); ++i) {
-            cudaEventRecord(e0);
-            fn();
-            cudaEventRecord(e1);
-            cudaEventSynchronize(e1);
-            float ms = 0;
-            cudaEventElapsedTime(&ms, e0, e1);
-            t.push_back(ms / 1e3);
-          }
-          const double s = median(t);
-          fmt::print("{:<11} {:<11} {:<12} {:<10} {:>11.1f} {:>9.2f} {:>8.1f}% {:>8}\n", op.name, to_string(f),
-                     fmt::format("{}x{}", rows, K), "cuda", s * 1e6, op.bytes / s / 1e9, 100 * op.bytes / s / dev_bw,
-                     ref_s > 0 ? fmt::format("{:.1f}", ref_s / s) : "-");
-          cudaEventDestroy(e0), cudaEventDestroy(e1);
-          cudaFree(xd), cudaFree(yd), cudaFree(cd), cudaFree(sd);
+          for (int i = 0; i < std::max(a.reps, 5); ++i) t.push_back(timer.time(fn));
+          print("cuda", median(t), dev_bw);
         }
 #endif
       }

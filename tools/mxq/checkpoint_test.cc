@@ -49,7 +49,7 @@ const std::vector<Spec> kSpecs = {
     {"lm_head.weight", {100, 128}, 1},
 };
 
-using mxq::cli::to_bf16;
+constexpr auto to_bf16 = mxq::f32_to_bf16;  // mxq/convert.hpp
 
 std::map<std::string, std::vector<std::uint16_t>> make_checkpoint(const fs::path& dir) {
   fs::create_directories(dir);

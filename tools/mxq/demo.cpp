@@ -15,13 +15,12 @@
 #include <mxq/mxq.hpp>
 
 #include "commands.hpp"
-#include "convert.hpp"
 #include "engine.hpp"
 
 namespace {
 
-using mxq::cli::to_bf16;
-float from_bf16(std::uint16_t h) { return mxq::cli::load_f32(reinterpret_cast<const std::uint8_t*>(&h), "BF16"); }
+using mxq::bf16_to_f32;
+using mxq::f32_to_bf16;
 
 struct Workload {
   const char* name;
@@ -35,7 +34,7 @@ Workload weights(std::int64_t rows, std::int64_t K) {
   std::normal_distribution<float> nd(0.0f, 0.02f);
   std::student_t_distribution<float> t3(3.0f);
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t k = 0; k < K; ++k) w.x[r * K + k] = to_bf16(k % 257 == 7 ? 0.08f * t3(rng) : nd(rng));
+    for (std::int64_t k = 0; k < K; ++k) w.x[r * K + k] = f32_to_bf16(k % 257 == 7 ? 0.08f * t3(rng) : nd(rng));
   return w;
 }
 
@@ -47,7 +46,7 @@ Workload activations(std::int64_t rows, std::int64_t K) {
     for (std::int64_t k = 0; k < K; ++k) {
       float v = 0.5f * t4(rng);
       if (k == 1021 || k == 2900 || k == 3333) v *= 60.0f;  // massive-activation channels
-      a.x[r * K + k] = to_bf16(v);
+      a.x[r * K + k] = f32_to_bf16(v);
     }
   return a;
 }
@@ -91,7 +90,7 @@ int run_demo(const DemoArgs& args) {
       const double sec = eng.qdq(xt, yt, o, eng.gpu() ? 20 : 1);  // a GPU op is short: the mean of 20
       double err = 0, ref = 0;
       for (std::size_t i = 0; i < w.x.size(); ++i) {
-        const double a = from_bf16(w.x[i]), d = from_bf16(y[i]) - a;
+        const double a = bf16_to_f32(w.x[i]), d = bf16_to_f32(y[i]) - a;
         err += d * d;
         ref += a * a;
       }

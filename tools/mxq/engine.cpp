@@ -7,7 +7,7 @@
 #include <vector>
 
 #if defined(MXQ_TOOL_HAVE_CUDA)
-#include <cuda_runtime.h>
+#include "cuda_util.hpp"
 #endif
 
 namespace mxq::cli {
@@ -33,45 +33,15 @@ std::int64_t bytes_of(const Tensor& t) {
 }
 
 struct Engine::Gpu {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  struct Buf {
-    void* p = nullptr;
-    std::size_t n = 0;
-  };
-  Buf buf[5];  // x, codes/y, scales, mask, 4-byte scalar
-  std::string device_name;
+  cuda_util::Stream stream;
+  cuda_util::EventTimer timer;
+  cuda_util::DeviceBuffer buf[5];  // x, codes/y, scales, mask, 4-byte scalar
+  std::string device_name = cuda_util::device_properties().name;
 
-  static void check(cudaError_t e, const char* what) {
-    if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
-  }
-  Gpu() {
-    int dev = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    cudaDeviceProp prop{};
-    check(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
-    device_name = prop.name;
-    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaEventCreate(&start), "cudaEventCreate");
-    check(cudaEventCreate(&stop), "cudaEventCreate");
-  }
-  ~Gpu() {
-    for (Buf& b : buf) cudaFree(b.p);
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    cudaStreamDestroy(stream);
-  }
   // Device buffer i of at least n bytes (contents undefined).
   void* get(int i, std::size_t n) {
-    Buf& b = buf[i];
-    if (b.n < n) {
-      cudaFree(b.p);
-      b.p = nullptr;
-      b.n = 0;
-      check(cudaMalloc(&b.p, n ? n : 1), "cudaMalloc (device staging buffer)");
-      b.n = n;
-    }
-    return b.p;
+    buf[i].reserve(n);
+    return buf[i].get();
   }
   // A device tensor shaped as t in buffer i, with t's contents when upload.
   Tensor stage(int i, const Tensor& t, bool upload) {
@@ -79,24 +49,20 @@ struct Engine::Gpu {
     Tensor d = t;
     d.data = get(i, n);
     d.device = Device::cuda;
-    if (upload && n) check(cudaMemcpyAsync(d.data, t.data, n, cudaMemcpyHostToDevice, stream), "copy to the GPU");
+    if (upload) buf[i].upload_async(t.data, n, stream);
     return d;
   }
-  void download(const Tensor& host, const Tensor& dev) {
-    const std::size_t n = std::size_t(bytes_of(host));
-    if (n) check(cudaMemcpyAsync(host.data, dev.data, n, cudaMemcpyDeviceToHost, stream), "copy from the GPU");
-  }
+  void download(int i, void* host, std::size_t n) { buf[i].download_async(host, n, stream); }
+  void download(int i, const Tensor& host) { download(i, host.data, std::size_t(bytes_of(host))); }
   template <class F>
   void timed(F&& f) {
-    check(cudaEventRecord(start, stream), "cudaEventRecord");
+    timer.start(stream);
     f();
-    check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    timer.stop(stream);
   }
   double finish() {
-    check(cudaStreamSynchronize(stream), "the GPU operation");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    return ms / 1e3;
+    stream.sync("the GPU operation");
+    return timer.seconds();
   }
   QuantOptions on_stream(QuantOptions o) {
     o.stream = stream;
@@ -148,10 +114,10 @@ double Engine::quantize(const Tensor& x, const QuantizedOut& q, const QuantOptio
     if (q.tensor_scale) qd.tensor_scale = static_cast<float*>(g.get(4, 4));
     const QuantOptions od = g.on_stream(o);
     g.timed([&] { mxq::quantize(xd, qd, od); });
-    g.download(q.codes, qd.codes);
-    g.download(q.scales, qd.scales);
-    if (q.clip_mask.data) g.download(q.clip_mask, qd.clip_mask);
-    if (q.tensor_scale) Gpu::check(cudaMemcpyAsync(q.tensor_scale, qd.tensor_scale, 4, cudaMemcpyDeviceToHost, g.stream), "copy from the GPU");
+    g.download(1, q.codes);
+    g.download(2, q.scales);
+    if (q.clip_mask.data) g.download(3, q.clip_mask);
+    if (q.tensor_scale) g.download(4, q.tensor_scale, 4);
     return g.finish();
   }
 #endif
@@ -168,7 +134,7 @@ double Engine::qdq(const Tensor& x, const Tensor& y, const QuantOptions& o, int 
     g.timed([&] {
       for (int r = 0; r < reps; ++r) mxq::qdq(xd, yd, od);
     });
-    g.download(y, yd);
+    g.download(1, y);
     return g.finish() / reps;
   }
 #endif
@@ -186,7 +152,7 @@ double Engine::dequantize(const QuantizedIn& in, const Tensor& y, const QuantOpt
     const Tensor yd = g.stage(1, y, false);
     const QuantOptions od = g.on_stream(o);
     g.timed([&] { mxq::dequantize(ind, yd, od); });
-    g.download(y, yd);
+    g.download(1, y);
     return g.finish();
   }
 #endif

@@ -12,10 +12,9 @@
 #include <mxq/mxq.hpp>
 
 #include "commands.hpp"
-#include "convert.hpp"
 
 #if defined(MXQ_TOOL_HAVE_CUDA)
-#include <cuda_runtime.h>
+#include "cuda_util.hpp"
 #endif
 
 namespace mxq::cli {
@@ -45,7 +44,7 @@ std::vector<std::uint16_t> input(std::int64_t rows, std::int64_t K, unsigned see
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<std::uint16_t> x(rows * K);
   for (std::int64_t i = 0; i < rows * K; ++i) {
-    x[i] = to_bf16(nd(rng) * (i % 97 == 5 ? 40.0f : 1.0f));
+    x[i] = f32_to_bf16(nd(rng) * (i % 97 == 5 ? 40.0f : 1.0f));
   }
   if (rows > 2) {
     x[1 * K] = 0x7FC0;      // NaN
@@ -85,15 +84,14 @@ Outputs run_host(const std::vector<std::uint16_t>& x, std::int64_t rows, std::in
 }
 
 #if defined(MXQ_TOOL_HAVE_CUDA)
-struct DevBuf {
-  void* p = nullptr;
-  explicit DevBuf(std::size_t n) {
-    if (cudaMalloc(&p, n ? n : 1) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
-    cudaMemset(p, 0, n ? n : 1);
-  }
-  ~DevBuf() { cudaFree(p); }
-};
-void download(std::vector<std::uint8_t>& dst, const DevBuf& b) { cudaMemcpy(dst.data(), b.p, dst.size(), cudaMemcpyDeviceToHost); }
+using cuda_util::DeviceBuffer;
+
+// A zeroed device buffer of n bytes.
+DeviceBuffer zeroed(std::size_t n) {
+  DeviceBuffer b(n);
+  b.fill(0);
+  return b;
+}
 
 Outputs run_cuda(const std::vector<std::uint16_t>& x, std::int64_t rows, std::int64_t K, QuantOptions o) {
   Outputs r;
@@ -104,24 +102,27 @@ Outputs run_cuda(const std::vector<std::uint16_t>& x, std::int64_t rows, std::in
   r.mask.assign(ms.rows * ms.cols, 0);
   r.deq.assign(rows * K * 2, 0);
   r.qdq.assign(rows * K * 2, 0);
-  DevBuf xd(x.size() * 2), cd(r.codes.size()), sd(r.scales.size()), md(r.mask.size()), Sd(4), ws(4), dd(r.deq.size()),
-      qd(r.qdq.size());
-  cudaMemcpy(xd.p, x.data(), x.size() * 2, cudaMemcpyHostToDevice);
-  const Tensor xt = Tensor::of(xd.p, DType::bf16, rows, K, 0, Device::cuda);
+  DeviceBuffer xd = zeroed(x.size() * 2), cd = zeroed(r.codes.size()), sd = zeroed(r.scales.size()),
+               md = zeroed(r.mask.size()), Sd = zeroed(4), ws = zeroed(4), dd = zeroed(r.deq.size()),
+               qd = zeroed(r.qdq.size());
+  xd.upload(x.data(), x.size() * 2);
+  const Tensor xt = Tensor::of(xd.get(), DType::bf16, rows, K, 0, Device::cuda);
   QuantizedOut out;
-  out.codes = Tensor::of(cd.p, DType::u8, rows, cc, 0, Device::cuda);
-  out.scales = Tensor::of(sd.p, DType::u8, ss.rows, ss.cols, 0, Device::cuda);
-  out.clip_mask = Tensor::of(md.p, DType::u8, ms.rows, ms.cols, 0, Device::cuda);
-  out.tensor_scale = static_cast<float*>(Sd.p);
-  o.workspace = ws.p;
+  out.codes = Tensor::of(cd.get(), DType::u8, rows, cc, 0, Device::cuda);
+  out.scales = Tensor::of(sd.get(), DType::u8, ss.rows, ss.cols, 0, Device::cuda);
+  out.clip_mask = Tensor::of(md.get(), DType::u8, ms.rows, ms.cols, 0, Device::cuda);
+  out.tensor_scale = Sd.as<float>();
+  o.workspace = ws.get();
   quantize(xt, out, o);
-  cudaMemcpy(&r.S, Sd.p, 4, cudaMemcpyDeviceToHost);
+  Sd.download(&r.S, 4);
   QuantOptions d = o;
   if (o.format == Format::nvfp4) d.tensor_scale = r.S;
-  dequantize(QuantizedIn{out.codes, out.scales}, Tensor::of(dd.p, DType::bf16, rows, K, 0, Device::cuda), d);
-  qdq(xt, Tensor::of(qd.p, DType::bf16, rows, K, 0, Device::cuda), o);
-  if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("CUDA error after the self-test kernels");
-  download(r.codes, cd), download(r.scales, sd), download(r.mask, md), download(r.deq, dd), download(r.qdq, qd);
+  dequantize(QuantizedIn{out.codes, out.scales}, Tensor::of(dd.get(), DType::bf16, rows, K, 0, Device::cuda), d);
+  qdq(xt, Tensor::of(qd.get(), DType::bf16, rows, K, 0, Device::cuda), o);
+  MXQ_CUDA_CHECK(cudaDeviceSynchronize());  // the self-test kernels
+  cd.download(r.codes.data(), r.codes.size()), sd.download(r.scales.data(), r.scales.size());
+  md.download(r.mask.data(), r.mask.size()), dd.download(r.deq.data(), r.deq.size());
+  qd.download(r.qdq.data(), r.qdq.size());
   return r;
 }
 #endif
@@ -150,10 +151,8 @@ int run_verify(const VerifyArgs& args) {
 #if defined(MXQ_TOOL_HAVE_CUDA)
   if (have_cuda) {
     int dev = 0, driver = 0;
-    cudaGetDevice(&dev);
-    cudaDriverGetVersion(&driver);
-    cudaDeviceProp prop{};
-    cudaGetDeviceProperties(&prop, dev);
+    const cudaDeviceProp prop = cuda_util::device_properties(&dev);
+    MXQ_CUDA_CHECK(cudaDriverGetVersion(&driver));
     fmt::print("GPU {}: {} (compute capability {}.{}, {} SMs), driver API {}.{}\n", dev, prop.name, prop.major,
                prop.minor, prop.multiProcessorCount, driver / 1000, (driver % 1000) / 10);
   }
