@@ -69,6 +69,36 @@ def _apply(x: torch.Tensor, spec: Optional[dict]) -> torch.Tensor:
     return qdq(x, kw.pop("format"), **kw)
 
 
+class _ActivationCache:
+    """The last activation fake-quantized by an emulation, shared by its QDQLinear layers: q/k/v (and
+    gate/up) projections read one tensor, which a quantized inference engine quantizes once; without
+    it each projection would QDQ it again (three graph nodes where one does; the bytes are the same).
+    Keyed by the tensor object, its version counter (an in-place write invalidates the entry) and the
+    spec. Under torch.compile tracing the cache is bypassed (every call QDQs)."""
+
+    __slots__ = ("x", "version", "spec", "out")
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.x: Optional[torch.Tensor] = None
+        self.version = -1
+        self.spec: Optional[dict] = None
+        self.out: Optional[torch.Tensor] = None
+
+    def __call__(self, x: torch.Tensor, spec: Optional[dict]) -> torch.Tensor:
+        if spec is None:
+            return x
+        if torch.compiler.is_compiling():
+            return _apply(x, spec)
+        if self.x is x and self.spec is spec and self.version == x._version:
+            return self.out  # type: ignore[return-value]
+        out = _apply(x, spec)
+        self.x, self.version, self.spec, self.out = x, x._version, spec, out
+        return out
+
+
 def _describe(spec: Optional[dict]) -> str:
     if spec is None:
         return "none"
@@ -82,8 +112,10 @@ class QDQLinear(nn.Module):
     """nn.Linear with a weight fake-quantized once (at construction) and its input fake-quantized on
     every forward: F.linear(qdq(x), qdq(W), b)."""
 
-    def __init__(self, linear: nn.Linear, weights: Optional[dict], activations: Optional[dict]):
+    def __init__(self, linear: nn.Linear, weights: Optional[dict], activations: Optional[dict],
+                 cache: Optional[_ActivationCache] = None):
         super().__init__()
+        self._cache = cache
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         with torch.no_grad():
@@ -94,7 +126,8 @@ class QDQLinear(nn.Module):
         self.activation_spec = activations
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(_apply(x, self.activation_spec), self.weight, self.bias)
+        xq = self._cache(x, self.activation_spec) if self._cache is not None else _apply(x, self.activation_spec)
+        return nn.functional.linear(xq, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -162,6 +195,7 @@ class EmulationHandle:
 
     model: nn.Module
     swaps: list = field(default_factory=list)
+    cache: Optional[_ActivationCache] = None
 
     @property
     def names(self) -> list[str]:
@@ -173,6 +207,8 @@ class EmulationHandle:
             if getattr(parent, attr) is new:
                 setattr(parent, attr, original)
         self.swaps.clear()
+        if self.cache is not None:
+            self.cache.clear()  # drop the references to the last activation
         if getattr(self.model, "_mxq_emulation", None) is self:
             del self.model._mxq_emulation
 
@@ -203,6 +239,7 @@ def emulate(
     exclude: Patterns = DEFAULT_EXCLUDE,
     experts: bool = True,
     filter: Optional[Callable[[str, nn.Module], bool]] = None,
+    share_activations: bool = True,
 ) -> EmulationHandle:
     """Swap the model's nn.Linear layers (and, with experts=True, transformers-5 MoE experts modules
     with 3-D weights) for fake-quantized ones, in place; returns a handle whose restore() undoes it.
@@ -212,6 +249,10 @@ def emulate(
     exclude: regexes of names never swapped (default: DEFAULT_EXCLUDE, the output head and MoE routers;
              pass () to swap those too).
     filter:  optional callable(name, module) -> bool, a last say on each candidate.
+    share_activations: layers that read the same input tensor (q/k/v, gate/up) share one QDQ of it,
+             as an inference engine quantizes an activation once: same outputs, fewer kernels (the
+             last activation stays referenced until the next call or restore()). False: every layer
+             QDQs its own input.
     Weights are QDQ'd once here, in their own dtype and device; the original modules are kept by the
     handle (for restore), so their memory stays allocated until it is released.
     """
@@ -219,7 +260,7 @@ def emulate(
         raise RuntimeError("mxq.emulate: this model is already emulated; call mxq.restore(model) first")
     w, a = _spec(weights, "weights"), _spec(activations, "activations")
     inc, exc = _compile(include, "include"), _compile(exclude, "exclude")
-    handle = EmulationHandle(model)
+    handle = EmulationHandle(model, cache=_ActivationCache() if share_activations else None)
     candidates = []
     for name, module in model.named_modules():
         if not name:
@@ -237,7 +278,7 @@ def emulate(
     for name, module, kind in candidates:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        new = kind(module, w, a)
+        new = QDQLinear(module, w, a, handle.cache) if kind is QDQLinear else kind(module, w, a)
         setattr(parent, attr, new)
         handle.swaps.append((name, parent, attr, module, new))
     model._mxq_emulation = handle

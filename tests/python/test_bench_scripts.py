@@ -16,10 +16,10 @@ def test_generate_bench_runs_every_variant_on_a_tiny_model(tmp_path):
     out = tmp_path / "table.md"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "generate_bench.py"), "--model", "tiny",
                         "--device", "cpu", "--no-graph", "--batch", "1", "--prompt", "8", "--steps", "2",
-                        "--prefill", "16", "--rounds", "1", "--markdown", str(out)],
+                        "--prefill", "16", "--prefill-batch", "2", "--rounds", "1", "--markdown", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     table = out.read_text()
     for variant in ("| bf16 |", "| reference |", "| reference, torch.compile |", "| mxq |"):
         assert variant in table, table
-    assert "decode B=1" in table and "prefill 16" in table
+    assert "decode B=1" in table and "prefill 2x16" in table

@@ -54,6 +54,53 @@ def test_emulate_plain_module_and_restore():
         mxq.emulate(m, weights={"rule": "even"})
 
 
+class Attention(nn.Module):
+    """Three projections of one input (q/k/v), then one of their sum (o)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64)
+        self.o = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.o(self.q(x) + self.k(x) * self.v(x))
+
+
+def test_emulate_shares_one_activation_qdq_between_layers_reading_it():
+    torch.manual_seed(0)
+    m = Attention().to(torch.bfloat16)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    calls = []
+
+    def counted(t):
+        calls.append(t.shape)
+        return mxq.qdq(t, "mxfp4")
+
+    h = mxq.emulate(m, weights=None, activations=counted)
+    y = m(x)
+    assert len(calls) == 2, f"q/k/v share one QDQ of x, o has its own: {len(calls)} calls"
+    calls.clear()
+    assert_bytes_equal(m(x), y, "a second forward")
+    assert len(calls) == 2, "the cache holds one entry, overwritten by o's input"
+    x.mul_(2)  # an in-place write bumps the version counter: the entry is stale
+    calls.clear()
+    y2 = m(x)
+    assert len(calls) == 2
+    h.restore()
+    assert h.cache.x is None and h.cache.out is None, "restore drops the references"
+    # Without sharing: one QDQ per layer, the same bytes.
+    calls.clear()
+    h = mxq.emulate(m, weights=None, activations=counted, share_activations=False)
+    assert_bytes_equal(m(x), y2, "shared and unshared emulation give the same output")
+    assert len(calls) == 4
+    h.restore()
+    # The bytes against the computation written out.
+    a = lambda t: mxq.qdq(t, "mxfp4")
+    xq = a(x)
+    expect = m.o(a(m.q(xq) + m.k(xq) * m.v(xq)))
+    assert_bytes_equal(y2, expect, "emulated forward")
+
+
 def test_emulate_with_a_callable_spec():
     """A callable stands in for mxq.qdq (a reference to compare with): applied to the weights once and
     to every input, nothing else."""

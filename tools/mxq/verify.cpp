@@ -26,8 +26,11 @@ struct Case {
   ScaleRule rule;
   Rounding rounding;
   ScaleLayout layout;
+  int random_bits = 32;  // stochastic rounding
 };
 
+// Every format x rule x layout with RNE and with stochastic rounding (32 random bits per element);
+// the linear layout with 8 random bits too.
 std::vector<Case> cases() {
   std::vector<Case> v;
   for (Rounding rd : {Rounding::nearest_even, Rounding::stochastic})
@@ -35,6 +38,8 @@ std::vector<Case> cases() {
       for (Format f : all_formats())
         for (ScaleRule r : rules_for(f)) v.push_back({f, r, rd, l});
     }
+  for (Format f : all_formats())
+    for (ScaleRule r : rules_for(f)) v.push_back({f, r, Rounding::stochastic, ScaleLayout::linear, 8});
   return v;
 }
 
@@ -179,6 +184,7 @@ int run_verify(const VerifyArgs& args) {
       o.rounding = c.rounding;
       o.scale_layout = c.layout;
       o.seed = 1234;
+      o.random_bits = c.random_bits;
       QuantOptions oref = o;
       oref.backend = Backend::reference;
       const Outputs want = run_host(x, rows, K, oref);
@@ -193,7 +199,7 @@ int run_verify(const VerifyArgs& args) {
         got = run_host(x, rows, K, oc);
       }
       const std::string name = fmt::format("{} {} {} {}", to_string(c.format), to_string(c.rule),
-                                           c.rounding == Rounding::stochastic ? "stochastic" : "rne",
+                                           c.rounding == Rounding::stochastic ? fmt::format("stochastic{}", c.random_bits) : std::string("rne"),
                                            c.layout == ScaleLayout::swizzled ? "swizzled" : "linear");
       long bad = compare("codes", name, want.codes, got.codes, args.verbose) +
                  compare("scales", name, want.scales, got.scales, args.verbose) +
