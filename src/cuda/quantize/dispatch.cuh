@@ -88,6 +88,19 @@ int cluster_blocks(const char* fn, i64 chunks) {
   return int(std::clamp<i64>((chunks + kThreads - 1) / kThreads, need, n));
 }
 
+// Kernel<<<k.blocks, kThreads, 0, s>>>(k) with one launch attribute (cooperative, cluster shape).
+template <auto Kernel>
+void launch_with(const char* fn, const Params& k, cudaStream_t s, const cudaLaunchAttribute& attr, const char* what) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(k.blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = s;
+  cudaLaunchAttribute a = attr;
+  cfg.attrs = &a;
+  cfg.numAttrs = 1;
+  check(cudaLaunchKernelEx(&cfg, Kernel, k), fn, what);
+}
+
 // MXQ_CUDA_BLOCKS_PER_SM=N (a tuning experiment, not for production): every block_kernel launch at
 // most N blocks per SM instead of the measured defaults below.
 inline int blocks_per_sm_override() {
@@ -129,16 +142,10 @@ void launch_block_kernel(const char* fn, const core::Problem& p, DType dt, const
                 const int nb = cluster_blocks<kernel>(fn, k.total);
                 if (nb == 0) return;
                 k.blocks = unsigned(nb);
-                cudaLaunchConfig_t cfg{};
-                cfg.gridDim = dim3(k.blocks);
-                cfg.blockDim = dim3(kThreads);
-                cfg.stream = s;
                 cudaLaunchAttribute attr{};
                 attr.id = cudaLaunchAttributeClusterDimension;
                 attr.val.clusterDim.x = k.blocks, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-                cfg.attrs = &attr;
-                cfg.numAttrs = 1;
-                check(cudaLaunchKernelEx(&cfg, kernel, k), fn, "cluster launch of the NVFP4 kernel");
+                launch_with<kernel>(fn, k, s, attr, "cluster launch of the NVFP4 kernel");
                 done = true;
               });
               if (done) return;
@@ -151,16 +158,10 @@ void launch_block_kernel(const char* fn, const core::Problem& p, DType dt, const
                 // NOTE: three quarters of the L2 for the lines the second pass reads first; the
                 // rest of it takes the streaming reads and the outputs.
                 k.l2_keep_iters = i64(l2_bytes(fn)) * 3 / 4 / (i64(k.blocks) * kThreads * vec_bytes<DT, C>());
-                cudaLaunchConfig_t cfg{};
-                cfg.gridDim = dim3(k.blocks);
-                cfg.blockDim = dim3(kThreads);
-                cfg.stream = s;
                 cudaLaunchAttribute attr{};
                 attr.id = cudaLaunchAttributeCooperative;
                 attr.val.cooperative = 1;
-                cfg.attrs = &attr;
-                cfg.numAttrs = 1;
-                check(cudaLaunchKernelEx(&cfg, kernel, k), fn, "cooperative launch of the fused-amax kernel");
+                launch_with<kernel>(fn, k, s, attr, "cooperative launch of the fused-amax kernel");
               });
             }
           }
