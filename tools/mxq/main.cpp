@@ -1,5 +1,6 @@
 // The mxq command-line tool. One subcommand per task; errors are one line on stderr and a non-zero
 // exit status.
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -9,6 +10,7 @@
 
 #include "commands.hpp"
 #include "safetensors.hpp"
+#include "staging.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"mxq: microscaling formats (MXFP4/6/8, MXINT8, NVFP4) - quantize, dequantize, QDQ, inspect"};
@@ -76,6 +78,8 @@ int main(int argc, char** argv) {
   c_verify->add_flag("-v,--verbose", verify.verbose, "print the first differing bytes of a mismatch");
 
   CLI11_PARSE(app, argc, argv);
+  // SIGINT, SIGTERM, SIGHUP: the conversion stops at the next tensor and removes what it staged.
+  mxq::cli::install_interrupt_handlers();
   try {
     if (*c_demo) return mxq::cli::run_demo(demo);
     if (*c_inspect) return mxq::cli::run_inspect(inspect);
@@ -88,6 +92,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mxq: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
+    if (const int sig = mxq::cli::interrupt_signal()) {
+      // The stack has unwound (the staging directory is gone): end as the signal would have.
+      std::fprintf(stderr, "mxq: %s; nothing was written to the output\n", mxq::cli::Interrupted(sig).what());
+      std::signal(sig, SIG_DFL);
+      std::raise(sig);
+    }
     std::fprintf(stderr, "mxq: %s\n", e.what());
     return 2;
   }

@@ -80,6 +80,10 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
     fail(name_, std::string("header is not valid JSON: ") + e.what() + not_safetensors_hint(bytes));
   }
   if (!h.is_object()) fail(name_, "header is not a JSON object");
+  if (h.size() - h.count("__metadata__") > kMaxTensors)
+    fail(name_, "the header declares " + std::to_string(h.size() - h.count("__metadata__")) + " tensors, more than the limit of " +
+                    std::to_string(kMaxTensors) + " per file");
+  tensors_.reserve(h.size());
 
   for (auto it = h.begin(); it != h.end(); ++it) {
     const std::string& key = it.key();
@@ -108,6 +112,8 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
     if (!info) fail_tensor(name_, key, "unknown dtype '" + t.dtype + "'");
     const auto sh = v.find("shape");
     if (sh == v.end() || !sh->is_array()) fail_tensor(name_, key, "missing or non-array 'shape'");
+    if (sh->size() > kMaxRank)
+      fail_tensor(name_, key, "shape has " + std::to_string(sh->size()) + " dimensions, more than the limit of " + std::to_string(kMaxRank));
     // Element count, checked against overflow: every dimension and the product stay below 2^62.
     unsigned __int128 numel = 1;
     for (const nlohmann::json& d : *sh) {
@@ -147,12 +153,15 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
   }
   if (pos != data_.size())
     fail(name_, std::to_string(data_.size() - pos) + " bytes after the last tensor are not described by the header");
+  // NOTE: a linear search here made every per-tensor lookup of the converters (X.weight_scale ->
+  // X.weight_packed...) quadratic in the tensor count.
+  by_name_.reserve(tensors_.size());
+  for (std::size_t i = 0; i < tensors_.size(); ++i) by_name_.emplace(tensors_[i].name, i);
 }
 
 const TensorInfo* View::find(const std::string& tensor) const {
-  for (const TensorInfo& t : tensors_)
-    if (t.name == tensor) return &t;
-  return nullptr;
+  const auto it = by_name_.find(tensor);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
 }
 
 Mapping::Mapping(const std::string& path) {
@@ -205,8 +214,7 @@ void Writer::declare(const std::string& name, const std::string& dtype, std::vec
   if (f_) throw Error(path_ + ": tensor '" + name + "' declared after writing started");
   const DTypeInfo* info = find_dtype(dtype);
   if (!info) throw Error(path_ + ": tensor '" + name + "': unknown dtype '" + dtype + "'");
-  for (const TensorInfo& t : tensors_)
-    if (t.name == name) throw Error(path_ + ": tensor '" + name + "' declared twice");
+  if (!declared_.insert(name).second) throw Error(path_ + ": tensor '" + name + "' declared twice");
   TensorInfo t;
   t.name = name;
   t.dtype = dtype;
@@ -217,11 +225,16 @@ void Writer::declare(const std::string& name, const std::string& dtype, std::vec
 }
 
 void Writer::open_and_write_header() {
-  nlohmann::ordered_json h = nlohmann::ordered_json::object();
-  if (!metadata_.empty()) h["__metadata__"] = metadata_;
-  for (const TensorInfo& t : tensors_)
-    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
-  std::string text = h.dump();
+  // The header text entry by entry (names are unique: declare checked them). NOTE: building one
+  // ordered_json object was quadratic: its operator[] searches the keys linearly.
+  std::string text = "{";
+  if (!metadata_.empty()) text += "\"__metadata__\":" + nlohmann::json(metadata_).dump();
+  for (const TensorInfo& t : tensors_) {
+    if (text.size() > 1) text += ',';
+    text += nlohmann::json(t.name).dump() + ':' +
+            nlohmann::ordered_json{{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}}.dump();
+  }
+  text += '}';
   text.resize((text.size() + 7) / 8 * 8, ' ');  // the data starts 8-byte aligned, as the reference writes
   tmp_ = path_ + ".tmp-" + std::to_string(::getpid());
   f_ = std::fopen(tmp_.c_str(), "wb");
