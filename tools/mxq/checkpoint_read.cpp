@@ -65,6 +65,8 @@ Checkpoint open_checkpoint(const std::string& in) {
       for (auto& [name, file] : (*c.index)["weight_map"].items()) {
         if (!file.is_string()) fail(idx.string() + ": weight_map entry '" + name + "' is not a file name");
         const std::string fn = file.get<std::string>();
+        if (fn.find('\0') != std::string::npos)  // the OS would read the name only up to it: another file
+          fail(idx.string() + ": weight_map entry '" + name + "' names a file with a NUL byte in its name");
         if (fn.find('/') != std::string::npos || fn.find("..") != std::string::npos)
           fail(idx.string() + ": weight_map entry '" + name + "' names a file outside the checkpoint: " + fn);
         if (!fn.ends_with(".safetensors"))

@@ -603,6 +603,9 @@ TEST(CheckpointErrors, IndexAndShardsMustAgree) {
              "z.weight absent from its shard", {"z.weight", "b.safetensors", "absent"});
   with_index({{"x.weight", "a.safetensors"}, {"y.weight", "a.safetensors"}}, "y.weight in another shard",
              {"y.weight", "absent from a.safetensors"});
+  // a file name with a NUL byte would open another file (the name up to the NUL)
+  with_index({{"x.weight", std::string("a.safetensors\0.safetensors", 26)}, {"y.weight", "b.safetensors"}},
+             "a NUL in a shard name", {"x.weight", "NUL byte"});
   fs::remove_all(root);
 }
 

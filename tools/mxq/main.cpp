@@ -9,7 +9,6 @@
 #include <mxq/mxq.hpp>
 
 #include "commands.hpp"
-#include "safetensors.hpp"
 #include "staging.hpp"
 
 int main(int argc, char** argv) {
@@ -88,10 +87,7 @@ int main(int argc, char** argv) {
     if (*c_deq) return mxq::cli::run_dequantize(deq);
     if (*c_qdq) return mxq::cli::run_quantize(fq);
     if (*c_bench) return mxq::cli::run_bench(bench);
-  } catch (const mxq::st::Error& e) {
-    std::fprintf(stderr, "mxq: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // mxq::st::Error, mxq::Error, filesystem and other errors alike
     if (const int sig = mxq::cli::interrupt_signal()) {
       // The stack has unwound (the staging directory is gone): end as the signal would have.
       std::fprintf(stderr, "mxq: %s; nothing was written to the output\n", mxq::cli::Interrupted(sig).what());

@@ -53,8 +53,8 @@ constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;
 constexpr std::size_t kMaxNameBytes = 1024;
 
 // Most tensors one file may declare (the largest real checkpoints have a few thousand per shard),
-// and most dimensions one tensor may have. Checked before any tensor is built, so that a header's
-// cost is bounded: parsing is linear in the header (at most kMaxHeaderBytes), and nothing done per
+// and most dimensions one tensor may have. The count is checked while the header is parsed, so that a
+// header's cost is bounded: parsing is linear in the header (at most kMaxHeaderBytes), and nothing done per
 // tensor afterwards (lookups by name, writing, listing) grows faster than the tensor count.
 constexpr std::size_t kMaxTensors = 200000;
 constexpr std::size_t kMaxRank = 32;
