@@ -77,8 +77,10 @@ int main(int argc, char** argv) {
   c_verify->add_flag("-v,--verbose", verify.verbose, "print the first differing bytes of a mismatch");
 
   CLI11_PARSE(app, argc, argv);
-  // SIGINT, SIGTERM, SIGHUP: the conversion stops at the next tensor and removes what it staged.
-  mxq::cli::install_interrupt_handlers();
+  // SIGINT, SIGTERM, SIGHUP: a conversion stops at the next tensor and removes what it staged. Only
+  // the commands that write a checkpoint check for them; the others keep the default action (a
+  // recorded signal that nothing checks would make the first Ctrl-C do nothing).
+  if (*c_quant || *c_deq || *c_qdq) mxq::cli::install_interrupt_handlers();
   try {
     if (*c_demo) return mxq::cli::run_demo(demo);
     if (*c_inspect) return mxq::cli::run_inspect(inspect);
