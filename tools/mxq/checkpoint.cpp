@@ -431,7 +431,15 @@ int run_quantize(const QuantizeArgs& a) {
     }
 
     // A converted tensor: its pages released, counted, and its error line printed.
-    auto finish_tensor = [&](const st::TensorInfo& t, const std::string& to, const ErrorSum& err) {
+    auto finish_tensor = [&](const st::TensorInfo& t, const std::uint8_t* xp, const std::string& to, const ErrorSum& err) {
+      // NaN/Inf weights, counted per block (such a block is stored as NaN and decodes to NaN
+      // everywhere); the error pass saw them first, so finite tensors cost no extra pass.
+      if (err.bad_in) {
+        const std::int64_t N = t.shape[0], K = t.shape[1];
+        const NonFinite nf = count_nonfinite(xp, t.dtype, N, K, g);
+        not_finite.push_back(fmt::format("{}: {} NaN/Inf values in {} of {} blocks of {}: those blocks decode to NaN", t.name,
+                                         nf.values, nf.blocks, N * ((K + g - 1) / g), g));
+      }
       f.release(t);
       ++n_quant;
       progress.clear_line();
@@ -474,10 +482,6 @@ int run_quantize(const QuantizeArgs& a) {
               "{}: NVFP4 global scale {} (the amax of {} is {}; docs/numerics.md: S = 1 when the amax is not finite)",
               t.name, *o.tensor_scale, gk.empty() ? "the tensor" : "its fused group " + gk, m));
       }
-      // NaN/Inf weights: counted per block (such a block is stored as NaN and decodes to NaN everywhere)
-      if (const NonFinite nf = count_nonfinite(xp, t.dtype, N, K, g); nf.values)
-        not_finite.push_back(fmt::format("{}: {} NaN/Inf values in {} of {} blocks of {}: those blocks decode to NaN", t.name,
-                                         nf.values, nf.blocks, N * ((K + g - 1) / g), g));
       if (a.fake) {
         std::vector<std::uint8_t> yq(src.size());
         try {
@@ -489,7 +493,7 @@ int run_quantize(const QuantizeArgs& a) {
         for (std::int64_t i = 0; i < N * K; ++i) err.add(load_f32(xp + i * es, t.dtype), load_f32(yq.data() + i * es, t.dtype));
         w.write(t.name, yq);
         bytes_out += double(yq.size());
-        finish_tensor(t, "qdq " + a.format, err);
+        finish_tensor(t, xp, "qdq " + a.format, err);
         continue;
       }
       const Shape2 ss = scale_shape(o, N, K);
@@ -528,7 +532,7 @@ int run_quantize(const QuantizeArgs& a) {
         w.write(module + ".weight_global_scale", {reinterpret_cast<const std::uint8_t*>(&S), 4});
         bytes_out += 4;
       }
-      finish_tensor(t, a.format, err);
+      finish_tensor(t, xp, a.format, err);
     }
     w.commit();
   }
