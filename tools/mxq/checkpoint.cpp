@@ -27,10 +27,12 @@
 
 #include <mxq/mxq.hpp>
 
+#include "checkpoint_read.hpp"
 #include "commands.hpp"
 #include "convert.hpp"
 #include "engine.hpp"
 #include "safetensors.hpp"
+#include "staging.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -40,91 +42,6 @@ namespace mxq::cli {
 namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
-
-// The shards of a checkpoint: the index's files, model.safetensors, or the one file given.
-struct Checkpoint {
-  fs::path dir;                      // where config.json and the shards live
-  std::vector<std::string> shards;   // file names relative to dir
-  std::optional<json> index;         // model.safetensors.index.json, when sharded
-};
-
-Checkpoint open_checkpoint(const std::string& in) {
-  Checkpoint c;
-  const fs::path p(in);
-  if (fs::is_directory(p)) {
-    c.dir = p;
-    const fs::path idx = p / "model.safetensors.index.json";
-    if (fs::exists(idx)) {
-      std::ifstream f(idx);
-      try {
-        c.index = json::parse(f);
-      } catch (const json::exception& e) {
-        fail(idx.string() + ": not valid JSON: " + e.what());
-      }
-      if (!c.index->contains("weight_map") || !(*c.index)["weight_map"].is_object())
-        fail(idx.string() + ": no 'weight_map' object");
-      std::set<std::string> files;
-      for (auto& [name, file] : (*c.index)["weight_map"].items()) {
-        if (!file.is_string()) fail(idx.string() + ": weight_map entry '" + name + "' is not a file name");
-        const std::string fn = file.get<std::string>();
-        if (fn.find('/') != std::string::npos || fn.find("..") != std::string::npos)
-          fail(idx.string() + ": weight_map entry '" + name + "' names a file outside the checkpoint: " + fn);
-        if (!fn.ends_with(".safetensors"))
-          fail(idx.string() + ": weight_map entry '" + name + "' names '" + fn +
-               "', not a .safetensors file (PyTorch .bin/.pt checkpoints are not read; convert them to safetensors first)");
-        files.insert(fn);
-      }
-      if (files.empty()) fail(idx.string() + ": the weight_map is empty: no tensor to convert");
-      c.shards.assign(files.begin(), files.end());
-      // The index and the shards must agree: every listed tensor in the shard the index names, no
-      // tensor in two shards, none unlisted (it would be converted but unreachable, or dropped).
-      const json& wm = (*c.index)["weight_map"];
-      std::map<std::string, std::string> found;  // tensor -> shard that defines it
-      for (const std::string& shard : c.shards) {
-        const st::File f((c.dir / shard).string());
-        for (const st::TensorInfo& t : f.view().tensors()) {
-          const auto [it, fresh] = found.emplace(t.name, shard);
-          if (!fresh)
-            fail(idx.string() + ": tensor '" + t.name + "' is defined in both " + it->second + " and " + shard);
-          if (!wm.contains(t.name))
-            fail(idx.string() + ": tensor '" + t.name + "' of " + shard + " is not listed in the weight_map");
-          if (wm[t.name].get<std::string>() != shard)
-            fail(idx.string() + ": tensor '" + t.name + "' is in " + shard + " but the weight_map names " +
-                 wm[t.name].get<std::string>());
-        }
-      }
-      for (auto& [name, file] : wm.items())
-        if (!found.count(name))
-          fail(idx.string() + ": tensor '" + name + "' is listed in the weight_map but absent from " + file.get<std::string>());
-    } else if (fs::exists(p / "model.safetensors")) {
-      c.shards = {"model.safetensors"};
-    } else {
-      fail(in + ": neither model.safetensors.index.json nor model.safetensors in this directory");
-    }
-  } else if (fs::is_regular_file(p)) {
-    if (!p.filename().string().ends_with(".safetensors"))
-      fail(in + ": not a .safetensors file (PyTorch .bin/.pt checkpoints are not read; convert them to safetensors first)");
-    c.dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
-    c.shards = {p.filename().string()};
-  } else {
-    std::error_code ec;
-    fail(in + (fs::exists(p, ec) ? ": not a regular file or directory (a FIFO, socket or device is not read)"
-                                 : ": no such file or directory"));
-  }
-  return c;
-}
-
-// IN's config.json (directories only), read and checked before any shard is converted: valid JSON
-// and an object, or an error naming the file.
-std::optional<json> read_config(const Checkpoint& c, const std::string& in) {
-  const fs::path p = c.dir / "config.json";
-  if (!fs::is_directory(in) || !fs::exists(p)) return std::nullopt;
-  std::ifstream f(p);
-  json cfg = json::parse(f, nullptr, false);
-  if (cfg.is_discarded()) fail(p.string() + ": not valid JSON");
-  if (!cfg.is_object()) fail(p.string() + ": not a JSON object (a model config is {...})");
-  return cfg;
-}
 
 DType mxq_dtype(const std::string& dt) { return dt == "F32" ? DType::f32 : dt == "F16" ? DType::f16 : DType::bf16; }
 
@@ -231,23 +148,66 @@ std::regex user_pattern(const std::string& flag, const std::string& s) {
   }
 }
 
-// The NVFP4 encode scale S = 448 * 6 / amax (numerics.md section 3), 1 for a zero or non-finite amax.
-float encode_scale(float amax) {
-  if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
-  const float s = 2688.0f / amax;
-  return std::isfinite(s) ? s : std::numeric_limits<float>::max();
+// The tensor amax of a 2-D floating weight as the library defines it (NaN if any element is NaN, +Inf
+// if any is infinite, wherever it sits), on the CPU: the planning pass reads the mapped file.
+float weight_amax(const st::View& v, const st::TensorInfo& t) {
+  const auto d = v.data(t);
+  const int es = st::find_dtype(t.dtype)->bytes;
+  std::vector<std::uint8_t> copy;
+  const std::uint8_t* p = d.data();
+  if (reinterpret_cast<std::uintptr_t>(p) % std::uintptr_t(es) != 0) {  // a misaligned offset in the file
+    copy.assign(d.begin(), d.end());
+    p = copy.data();
+  }
+  return tensor_amax(Tensor::of(p, mxq_dtype(t.dtype), t.shape[0], t.shape[1]), Backend::cpu);
 }
 
-// Signal and error energy over finite inputs: SQNR = 10 log10(sum x^2 / sum (y - x)^2).
+// The amax of a fused group as tensor_amax would give it over the members' weights side by side: NaN
+// if any member's is NaN, else the largest (+Inf included).
+float group_amax_of(float a, float b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
+
+// Non-finite values of a [N, K] weight and the blocks of g along its rows that hold them.
+struct NonFinite {
+  std::int64_t values = 0, blocks = 0;
+};
+NonFinite count_nonfinite(const std::uint8_t* x, const std::string& dtype, std::int64_t N, std::int64_t K, int g) {
+  NonFinite r;
+  const int es = st::find_dtype(dtype)->bytes;
+  for (std::int64_t i = 0; i < N; ++i)
+    for (std::int64_t j0 = 0; j0 < K; j0 += g) {
+      std::int64_t bad = 0;
+      for (std::int64_t j = j0; j < std::min<std::int64_t>(K, j0 + g); ++j) bad += !std::isfinite(load_f32(x + (i * K + j) * es, dtype));
+      r.values += bad;
+      r.blocks += bad != 0;
+    }
+  return r;
+}
+
+// Signal and error energy: SQNR = 10 log10(sum x^2 / sum (y - x)^2). A non-finite input, or a
+// non-finite output of a finite input (the rest of a NaN block), makes the statistics "not finite":
+// never a perfect score computed over what is left.
 struct ErrorSum {
   double e = 0, r = 0;
+  std::int64_t bad_in = 0, bad_out = 0;
   void add(float x, float y) {
-    if (!std::isfinite(x)) return;
+    if (!std::isfinite(x)) {
+      ++bad_in;
+      return;
+    }
+    if (!std::isfinite(y)) {
+      ++bad_out;
+      return;
+    }
     const double d = double(y) - x;
     e += d * d;
     r += double(x) * x;
   }
+  bool finite() const { return bad_in == 0 && bad_out == 0; }
   double sqnr_db() const { return e == 0 ? INFINITY : 10 * std::log10(r / e); }
+  std::string str() const {
+    if (finite()) return fmt::format("SQNR {:.2f} dB", sqnr_db());
+    return fmt::format("SQNR not finite ({} non-finite inputs, {} more non-finite outputs)", bad_in, bad_out);
+  }
 };
 
 long peak_rss_mib() {
@@ -256,17 +216,42 @@ long peak_rss_mib() {
   return u.ru_maxrss / 1024;
 }
 
+// Weights in another format (PyTorch pickles, TensorFlow, Flax, GGUF) are not the converted model:
+// copied beside its shards they would be loaded instead of them, or unpickled (running code).
+bool other_weight_format(const std::string& n) {
+  for (const char* ext : {".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".h5", ".msgpack", ".gguf", ".bin.index.json"})
+    if (n.ends_with(ext)) return true;
+  return false;
+}
+
+// The other regular files of IN's directory (tokenizer, generation config...), copied into OUT;
+// weights in other formats are skipped, each named on stderr.
 void copy_side_files(const Checkpoint& c, const fs::path& out, const std::set<std::string>& skip) {
   for (const auto& e : fs::directory_iterator(c.dir)) {
+    check_interrupted();
     if (!e.is_regular_file()) continue;
     const std::string n = e.path().filename().string();
     if (skip.count(n) || n.ends_with(".safetensors") || n == "model.safetensors.index.json" ||
         std::find(c.shards.begin(), c.shards.end(), n) != c.shards.end())
       continue;  // never a converted shard overwritten by its original
+    if (other_weight_format(n)) {
+      fmt::print(stderr, "mxq: warning: {} not copied to the output: weights in another format than safetensors "
+                 "(a PyTorch pickle, TensorFlow, Flax or GGUF file) are not part of the converted checkpoint\n",
+                 e.path().string());
+      continue;
+    }
     std::error_code ec;
     fs::copy_file(e.path(), out / n, fs::copy_options::overwrite_existing, ec);
     if (ec) fail(e.path().string() + ": cannot copy to the output: " + ec.message());
   }
+}
+
+// The summary's warnings about NaN/Inf weights: on stdout after the summary, and one line on stderr.
+void report_not_finite(const std::vector<std::string>& lines) {
+  if (lines.empty()) return;
+  for (const std::string& l : lines) fmt::print("NOT FINITE: {}\n", l);
+  std::fflush(stdout);
+  fmt::print(stderr, "mxq: warning: the input holds NaN or Inf weights: {} NOT FINITE line(s) in the summary\n", lines.size());
 }
 
 // Writes text to path through a temporary name: every write checked after it reached the disk
@@ -315,64 +300,6 @@ class Progress {
   std::size_t total_, done_ = 0;
   double bytes_ = 0;
   bool tty_, shown_ = false;
-};
-
-// What OUT may be: a new or an empty directory, or with --overwrite a directory whose contents the
-// converted checkpoint replaces; never the input's own directory (by path or inode, symlinks
-// resolved) nor a directory that holds the input (replacing it would delete the input).
-void check_output(const fs::path& in, const fs::path& out, bool overwrite) {
-  std::error_code ec;
-  if (!fs::exists(out, ec)) return;  // Staging creates it
-  if (!fs::is_directory(out)) fail(out.string() + ": exists and is not a directory");
-  const fs::path in_dir = fs::is_directory(in) ? in : (in.has_parent_path() ? in.parent_path() : fs::path("."));
-  if (fs::equivalent(in_dir, out, ec))
-    fail(out.string() + ": is the input's directory (" + in.string() + "); write the converted checkpoint elsewhere");
-  const fs::path cin = fs::weakly_canonical(in_dir, ec), cout = fs::weakly_canonical(out, ec);
-  for (fs::path p = cin; !p.empty(); p = p.parent_path()) {
-    if (p == cout) fail(out.string() + ": holds the input " + in.string() + "; write the converted checkpoint elsewhere");
-    if (p == p.parent_path()) break;
-  }
-  if (!overwrite && !fs::is_empty(out, ec))
-    fail(out.string() + ": exists and is not empty; pass --overwrite to replace its contents with the converted checkpoint");
-}
-
-// Output staging: every file is written into OUT/.mxq-staging-<pid>/ and moved into OUT only when
-// the whole checkpoint was written; on any failure the staging directory is removed, so OUT never
-// holds part of a conversion. With overwrite, OUT's previous contents are removed at publishing.
-class Staging {
- public:
-  Staging(const fs::path& out, bool overwrite) : out_(out), overwrite_(overwrite) {
-    if (fs::exists(out) && !fs::is_directory(out)) fail(out.string() + ": exists and is not a directory");
-    created_ = !fs::exists(out);
-    fs::create_directories(out);
-    dir_ = out / (".mxq-staging-" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  ~Staging() {
-    std::error_code ec;
-    if (published_) return;
-    fs::remove_all(dir_, ec);
-    if (created_ && fs::is_empty(out_, ec)) fs::remove(out_, ec);
-  }
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-  const fs::path& dir() const { return dir_; }
-  void publish() {
-    if (overwrite_) {
-      std::vector<fs::path> old;
-      for (const auto& e : fs::directory_iterator(out_))
-        if (e.path() != dir_) old.push_back(e.path());
-      for (const fs::path& p : old) fs::remove_all(p);
-    }
-    for (const auto& e : fs::directory_iterator(dir_)) fs::rename(e.path(), out_ / e.path().filename());
-    fs::remove(dir_);
-    published_ = true;
-  }
-
- private:
-  fs::path out_, dir_;
-  bool overwrite_ = false, created_ = false, published_ = false;
 };
 
 }  // namespace
@@ -451,26 +378,22 @@ int run_quantize(const QuantizeArgs& a) {
       } else {
         p.quantize = true;
         if (format == Format::nvfp4) {
-          const auto d = f.view().data(t);
-          const int es = st::find_dtype(t.dtype)->bytes;
-          float m = 0;
-          for (std::int64_t i = 0; i < t.numel(); ++i) {
-            const float v = std::fabs(load_f32(d.data() + i * es, t.dtype));
-            if (!(v <= m)) m = v;  // NaN propagates
-          }
-          amax[module] = m;
+          check_interrupted();
+          amax[module] = weight_amax(f.view(), t);
           f.release(t);
         }
       }
       plan[shard + "/" + t.name] = p;
     }
   }
-  // Shared global scales of fused projections: the largest amax of the group.
+  // Shared global scales of fused projections: the amax of the group (NaN or Inf when a member's is:
+  // then S = 1 for every member, docs/numerics.md, and the summary says so).
   std::map<std::string, float> group_amax;
   for (const auto& [m, v] : amax) {
     const std::string gk = fused_group(m);
-    if (!gk.empty()) group_amax[gk] = std::max(group_amax[gk], v);
+    if (!gk.empty()) group_amax[gk] = group_amax_of(group_amax[gk], v);
   }
+  std::vector<std::string> not_finite;  // the summary's warnings: tensors with NaN/Inf, global scales they forced
 
   json weight_map = json::object();
   Progress progress(plan.size());
@@ -478,6 +401,7 @@ int run_quantize(const QuantizeArgs& a) {
   double bytes_in = 0, bytes_out = 0;
   std::size_t done = 0, total = plan.size();
   for (const std::string& shard : c.shards) {
+    check_interrupted();
     const st::File f((c.dir / shard).string());
     st::Writer w((out / shard).string());
     w.metadata("format", "pt");
@@ -507,15 +431,23 @@ int run_quantize(const QuantizeArgs& a) {
     }
 
     // A converted tensor: its pages released, counted, and its error line printed.
-    auto finish_tensor = [&](const st::TensorInfo& t, const std::string& to, const ErrorSum& err) {
+    auto finish_tensor = [&](const st::TensorInfo& t, const std::uint8_t* xp, const std::string& to, const ErrorSum& err) {
+      // NaN/Inf weights, counted per block (such a block is stored as NaN and decodes to NaN
+      // everywhere); the error pass saw them first, so finite tensors cost no extra pass.
+      if (err.bad_in) {
+        const std::int64_t N = t.shape[0], K = t.shape[1];
+        const NonFinite nf = count_nonfinite(xp, t.dtype, N, K, g);
+        not_finite.push_back(fmt::format("{}: {} NaN/Inf values in {} of {} blocks of {}: those blocks decode to NaN", t.name,
+                                         nf.values, nf.blocks, N * ((K + g - 1) / g), g));
+      }
       f.release(t);
       ++n_quant;
       progress.clear_line();
-      fmt::print("[{}/{}] {} [{}, {}] {} -> {}: SQNR {:.2f} dB\n", done, total, t.name, t.shape[0], t.shape[1], t.dtype,
-                 to, err.sqnr_db());
+      fmt::print("[{}/{}] {} [{}, {}] {} -> {}: {}\n", done, total, t.name, t.shape[0], t.shape[1], t.dtype, to, err.str());
       std::fflush(stdout);
     };
     for (const st::TensorInfo& t : f.view().tensors()) {
+      check_interrupted();
       ++done;
       const auto src = f.view().data(t);
       bytes_in += double(src.size());
@@ -543,7 +475,12 @@ int run_quantize(const QuantizeArgs& a) {
       QuantOptions o = format == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(format, rule);
       if (format == Format::nvfp4) {
         const std::string gk = fused_group(module);
-        o.tensor_scale = encode_scale(gk.empty() ? amax[module] : group_amax[gk]);
+        const float m = gk.empty() ? amax[module] : group_amax[gk];
+        o.tensor_scale = nvfp4_tensor_scale_from_amax(m);
+        if (!std::isfinite(m))
+          not_finite.push_back(fmt::format(
+              "{}: NVFP4 global scale {} (the amax of {} is {}; docs/numerics.md: S = 1 when the amax is not finite)",
+              t.name, *o.tensor_scale, gk.empty() ? "the tensor" : "its fused group " + gk, m));
       }
       if (a.fake) {
         std::vector<std::uint8_t> yq(src.size());
@@ -556,7 +493,7 @@ int run_quantize(const QuantizeArgs& a) {
         for (std::int64_t i = 0; i < N * K; ++i) err.add(load_f32(xp + i * es, t.dtype), load_f32(yq.data() + i * es, t.dtype));
         w.write(t.name, yq);
         bytes_out += double(yq.size());
-        finish_tensor(t, "qdq " + a.format, err);
+        finish_tensor(t, xp, "qdq " + a.format, err);
         continue;
       }
       const Shape2 ss = scale_shape(o, N, K);
@@ -573,9 +510,12 @@ int run_quantize(const QuantizeArgs& a) {
       // fp32 copies: peak memory stays about the input tensor plus its outputs).
       ErrorSum err;
       {
-        const std::int64_t band = std::max<std::int64_t>(1, (1 << 20) / K), cc = code_cols(format, K);
+        // NOTE: at most N rows: a band of 2^20 elements allocated (and zeroed) for every small tensor
+        // cost more than converting it.
+        const std::int64_t band = std::min(N, std::max<std::int64_t>(1, (1 << 20) / K)), cc = code_cols(format, K);
         std::vector<float> y(band * K);
         for (std::int64_t r0 = 0; r0 < N; r0 += band) {
+          check_interrupted();
           const std::int64_t nr = std::min(band, N - r0);
           eng.dequantize(QuantizedIn{Tensor::of(codes.data() + r0 * cc, DType::u8, nr, cc),
                                      Tensor::of(scales.data() + r0 * ss.cols, DType::u8, nr, ss.cols)},
@@ -592,7 +532,7 @@ int run_quantize(const QuantizeArgs& a) {
         w.write(module + ".weight_global_scale", {reinterpret_cast<const std::uint8_t*>(&S), 4});
         bytes_out += 4;
       }
-      finish_tensor(t, a.format, err);
+      finish_tensor(t, xp, a.format, err);
     }
     w.commit();
   }
@@ -610,6 +550,7 @@ int run_quantize(const QuantizeArgs& a) {
     fmt::print("fake-quantized {} tensors ({}), copied {} unchanged; peak memory {} MiB\n", n_quant, a.format, n_copy,
                peak_rss_mib());
     for (const std::string& u : unfit) fmt::print("left unchanged (empty): {}\n", u);
+    report_not_finite(not_finite);
     return 0;
   }
   // config.json with the quantization_config vLLM reads.
@@ -652,6 +593,7 @@ int run_quantize(const QuantizeArgs& a) {
   fmt::print("quantized {} tensors to {}, copied {} unchanged; {:.1f} MiB -> {:.1f} MiB; peak memory {} MiB\n", n_quant,
              a.format, n_copy, bytes_in / 1048576, bytes_out / 1048576, peak_rss_mib());
   for (const std::string& u : unfit) fmt::print("left unquantized (empty, or a shape vLLM could not load): {}\n", u);
+  report_not_finite(not_finite);
   return 0;
 }
 
@@ -670,6 +612,7 @@ int run_dequantize(const DequantizeArgs& a) {
   json weight_map = json::object();
   std::int64_t n_deq = 0;
   for (const std::string& shard : c.shards) {
+    check_interrupted();
     const std::string path = (c.dir / shard).string();
     const st::File f(path);
     const st::View& v = f.view();
@@ -694,6 +637,7 @@ int run_dequantize(const DequantizeArgs& a) {
     for (const st::TensorInfo& t : v.tensors())
       if (!consumed.count(t.name)) w.write(t.name, v.data(t));
     for (const auto& [m, md] : mods) {
+      check_interrupted();
       std::vector<std::uint8_t> y(md.N * md.K * ob);
       dequantize_module(eng, v, path, m, md, odt, y.data());
       w.write(m + ".weight", y);
@@ -747,15 +691,21 @@ int run_inspect_against(const std::string& file, const std::string& original) {
     for (std::int64_t i = 0; i < numel; ++i) x[i] = load_f32(ov.data(*t).data() + i * es, t->dtype);
     return x;
   };
-  auto report = [](const std::string& name, const std::string& what, const std::vector<float>& x, const std::vector<float>& y) {
-    double e = 0, r = 0, mx = 0;
+  int not_finite = 0;
+  auto report = [&](const std::string& name, const std::string& what, const std::vector<float>& x, const std::vector<float>& y) {
+    ErrorSum err;
+    double mx = 0;
     for (std::size_t i = 0; i < x.size(); ++i) {
-      if (!std::isfinite(x[i])) continue;
-      const double d = double(y[i]) - x[i];
-      e += d * d, r += double(x[i]) * x[i], mx = std::max(mx, std::fabs(d));
+      err.add(x[i], y[i]);
+      if (std::isfinite(x[i]) && std::isfinite(y[i])) mx = std::max(mx, std::fabs(double(y[i]) - x[i]));
     }
-    fmt::print("{:<60} {:<22} {:>9.2f} {:>10.5f} {:>12.4g}\n", name, what, e == 0 ? INFINITY : 10 * std::log10(r / e),
-               r == 0 ? 0.0 : std::sqrt(e / r), mx);
+    if (!err.finite()) {  // never a perfect score from what is left after skipping NaN/Inf
+      fmt::print("{:<60} {:<22} {:>9} {:>10} {:>12}  ({} non-finite in the original, {} more in this file)\n", name, what,
+                 "not finite", "not finite", "not finite", err.bad_in, err.bad_out);
+      ++not_finite;
+      return;
+    }
+    fmt::print("{:<60} {:<22} {:>9.2f} {:>10.5f} {:>12.4g}\n", name, what, err.sqnr_db(), err.r == 0 ? 0.0 : std::sqrt(err.e / err.r), mx);
   };
   fmt::print("{:<60} {:<22} {:>9} {:>10} {:>12}\n", "tensor", "kind", "SQNR dB", "rel RMS", "max |err|");
   std::set<std::string> consumed;
@@ -785,6 +735,7 @@ int run_inspect_against(const std::string& file, const std::string& original) {
     ++compared;
   }
   fmt::print("{} tensors compared against {}\n", compared, original);
+  if (not_finite) fmt::print("NOT FINITE: {} of them hold NaN or Inf values (their error statistics are not finite)\n", not_finite);
   return 0;
 }
 

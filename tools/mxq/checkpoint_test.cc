@@ -1,11 +1,14 @@
 // mxq quantize / dequantize on a two-shard checkpoint this test writes: the files vLLM reads (names,
 // dtypes, shapes, index, config) and the numbers, checked against the library's own quantize and qdq.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +28,7 @@
 #include "commands.hpp"
 #include "convert.hpp"
 #include "safetensors.hpp"
+#include "staging.hpp"
 
 namespace fs = std::filesystem;
 namespace st = mxq::st;
@@ -599,6 +603,9 @@ TEST(CheckpointErrors, IndexAndShardsMustAgree) {
              "z.weight absent from its shard", {"z.weight", "b.safetensors", "absent"});
   with_index({{"x.weight", "a.safetensors"}, {"y.weight", "a.safetensors"}}, "y.weight in another shard",
              {"y.weight", "absent from a.safetensors"});
+  // a file name with a NUL byte would open another file (the name up to the NUL)
+  with_index({{"x.weight", std::string("a.safetensors\0.safetensors", 26)}, {"y.weight", "b.safetensors"}},
+             "a NUL in a shard name", {"x.weight", "NUL byte"});
   fs::remove_all(root);
 }
 
@@ -754,5 +761,338 @@ TEST(CheckpointErrors, RefusesAFifoOrDeviceAsInput) {
     EXPECT_NE(m.find("not a regular file"), std::string::npos) << m;
   }
   EXPECT_FALSE(fs::exists(root / "q"));
+  fs::remove_all(root);
+}
+
+namespace {
+// A child process running the mxq tool: stdout and stderr to files, SIGINT/SIGTERM at their default
+// (a test runner may have them ignored), killed by SIGALRM after 120 s should it hang.
+struct ToolRun {
+  pid_t pid = -1;
+  fs::path out_log, err_log;
+  int status = 0;
+  ToolRun(const std::vector<std::string>& args, const std::string& tag) {
+    out_log = fs::path(testing::TempDir()) / ("mxq_run_" + tag + "_" + std::to_string(::getpid()) + ".out");
+    err_log = fs::path(out_log).replace_extension(".err");
+    std::fflush(stdout);
+    std::fflush(stderr);
+    pid = ::fork();
+    if (pid == 0) {
+      std::FILE* o = std::fopen(out_log.c_str(), "w");
+      std::FILE* e = std::fopen(err_log.c_str(), "w");
+      if (o) ::dup2(::fileno(o), 1);
+      if (e) ::dup2(::fileno(e), 2);
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      ::alarm(120);
+      std::vector<char*> argv{const_cast<char*>(MXQ_TOOL_PATH)};
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(MXQ_TOOL_PATH, argv.data());
+      ::_exit(127);
+    }
+  }
+  // Waits until `p` exists (the run reached that point) and stops the child there: true, or false
+  // when the child ended first.
+  bool stop_when_exists(const fs::path& p) {
+    for (;;) {
+      std::error_code ec;
+      if (fs::exists(p, ec)) return ::kill(pid, SIGSTOP) == 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        return false;
+      }
+      ::usleep(200);
+    }
+  }
+  void wait() {
+    if (pid > 0) ::waitpid(pid, &status, 0);
+    pid = -1;
+  }
+  std::string err() const {
+    std::ifstream f(err_log);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }
+  std::string out() const {
+    std::ifstream f(out_log);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }
+  ~ToolRun() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    }
+    std::error_code ec;
+    fs::remove(out_log, ec);
+    fs::remove(err_log, ec);
+  }
+};
+
+// A checkpoint directory big enough that converting it takes a while (n weights [rows, 4096] BF16,
+// cheap pseudo-random values), with a config.json and a tokenizer.json.
+void write_big_checkpoint(const fs::path& dir, int n, std::int64_t rows) {
+  fs::create_directories(dir);
+  st::Writer w((dir / "model.safetensors").string());
+  for (int i = 0; i < n; ++i) w.declare("model.layers." + std::to_string(i) + ".mlp.down_proj.weight", "BF16", {rows, 4096});
+  std::vector<std::uint16_t> v(rows * 4096);
+  std::uint32_t s = 12345;
+  for (auto& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = std::uint16_t(0x3C00 + ((s >> 16) & 0x07FF)) | std::uint16_t((s >> 15) & 0x8000);  // |x| in [2^-7, 2^-6)
+  }
+  for (int i = 0; i < n; ++i)
+    w.write("model.layers." + std::to_string(i) + ".mlp.down_proj.weight", {reinterpret_cast<const std::uint8_t*>(v.data()), v.size() * 2});
+  w.commit();
+  std::ofstream(dir / "config.json") << R"({"architectures": ["LlamaForCausalLM"]})";
+  std::ofstream(dir / "tokenizer.json") << "{}";
+}
+
+std::vector<std::string> entries(const fs::path& dir) {
+  std::vector<std::string> r;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) r.push_back(e.path().filename().string());
+  std::sort(r.begin(), r.end());
+  return r;
+}
+}  // namespace
+
+// Publishing is all or nothing: when a final rename fails (here config.json appears in OUT as a
+// directory while the conversion runs), the command exits 2 naming it and leaves OUT as it was: no
+// shard, no index, no staging directory (the shards and index used to stay in OUT).
+TEST(CheckpointErrors, PublishingIsAllOrNothing) {
+  const fs::path root = scratch("publish");
+  write_big_checkpoint(root / "in", 8, 512);
+  const fs::path out = root / "out";
+  ToolRun run({"quantize", (root / "in").string(), "-o", out.string(), "--device", "cpu"}, "publish");
+  ASSERT_TRUE(run.stop_when_exists(out / (".mxq-staging-" + std::to_string(run.pid))))
+      << "the conversion ended before the test could stop it: " << run.err();
+  fs::create_directories(out / "config.json" / "x");  // another process writing into OUT meanwhile
+  ::kill(run.pid, SIGCONT);
+  run.wait();
+  ASSERT_TRUE(WIFEXITED(run.status)) << run.status;
+  EXPECT_EQ(WEXITSTATUS(run.status), 2) << run.err();
+  EXPECT_NE(run.err().find("config.json"), std::string::npos) << run.err();
+  EXPECT_EQ(entries(out), std::vector<std::string>{"config.json"}) << "a failed publish left part of the conversion in OUT";
+  EXPECT_EQ(entries(out / "config.json"), std::vector<std::string>{"x"});
+  fs::remove_all(root);
+}
+
+// SIGTERM and SIGINT mid-conversion: the run stops, removes its staging directory (and the OUT it
+// created), and ends by the same signal. A SIGKILLed run cannot clean up: the next run into the same
+// OUT removes its staging directory (its process is gone) and says so, without needing --overwrite.
+TEST(CheckpointInterrupt, SignalsLeaveNothingAndStaleStagingIsRemoved) {
+  const fs::path root = scratch("signal");
+  write_big_checkpoint(root / "in", 8, 512);
+  for (const int sig : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(strsignal(sig));
+    const fs::path out = root / ("out_" + std::to_string(sig));
+    ToolRun run({"qdq", (root / "in").string(), "-o", out.string(), "--device", "cpu"}, "signal");
+    ASSERT_TRUE(run.stop_when_exists(out / (".mxq-staging-" + std::to_string(run.pid))))
+        << "the conversion ended before the test could stop it: " << run.err();
+    ::kill(run.pid, sig);  // pending while stopped: delivered mid-conversion
+    ::kill(run.pid, SIGCONT);
+    run.wait();
+    EXPECT_TRUE(WIFSIGNALED(run.status) && WTERMSIG(run.status) == sig) << run.status << ": " << run.err();
+    EXPECT_NE(run.err().find("interrupted"), std::string::npos) << run.err();
+    EXPECT_FALSE(fs::exists(out)) << "an interrupted run left " << testing::PrintToString(entries(out));
+  }
+  // SIGKILL: the staging directory stays, then the next run removes it
+  const fs::path out = root / "out_kill";
+  std::string stale;
+  {
+    ToolRun run({"qdq", (root / "in").string(), "-o", out.string(), "--device", "cpu"}, "kill");
+    stale = ".mxq-staging-" + std::to_string(run.pid);
+    ASSERT_TRUE(run.stop_when_exists(out / stale)) << run.err();
+    ::kill(run.pid, SIGKILL);
+    run.wait();
+  }
+  ASSERT_TRUE(fs::exists(out / stale));
+  // beside it: a live process's staging directory (this test's parent) and names of another pattern
+  const std::string live = ".mxq-staging-" + std::to_string(::getppid());
+  for (const std::string& d : {live, std::string(".mxq-staging-12x"), std::string(".mxq-staging-007")})
+    fs::create_directories(out / d);
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = out.string();
+  qa.fake = true;
+  testing::internal::CaptureStderr();
+  const std::string m = quantize_failure(qa, "OUT holding a live run's staging directory");
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(m.find("not empty"), std::string::npos) << m;
+  EXPECT_NE(said.find("removed " + (out / stale).string()), std::string::npos) << said;
+  std::vector<std::string> kept{live, ".mxq-staging-007", ".mxq-staging-12x"};
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(entries(out), kept);
+  for (const std::string& d : {live, std::string(".mxq-staging-12x"), std::string(".mxq-staging-007")}) fs::remove(out / d);
+  // a dead pid's directory whose lock another process holds (a run in another PID namespace) is kept
+  fs::create_directories(out / stale);
+  const int fd = ::open((out / stale).c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  EXPECT_EQ(mxq::cli::remove_stale_staging(out), 0);
+  EXPECT_TRUE(fs::exists(out / stale));
+  ::close(fd);
+  // and with nothing else in OUT, the run proceeds without --overwrite
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(mxq::cli::run_quantize(qa), 0);
+  testing::internal::GetCapturedStdout();
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("removed"), std::string::npos);
+  EXPECT_FALSE(fs::exists(out / stale));
+  EXPECT_TRUE(fs::exists(out / "model.safetensors"));
+  fs::remove_all(root);
+}
+
+// The index and config.json are read only as regular files of bounded size: a FIFO is refused at
+// once (reading it used to block forever), a 101 MB config.json before it is read.
+TEST(CheckpointErrors, IndexAndConfigMustBeRegularFilesOfBoundedSize) {
+  const fs::path root = scratch("jsonfifo");
+  write_lone_file(root / "a" / "model.safetensors", {{"proj.weight", {32, 64}}});
+  ASSERT_EQ(::mkfifo((root / "a" / "config.json").c_str(), 0600), 0);
+  write_lone_file(root / "b" / "x.safetensors", {{"proj.weight", {32, 64}}});
+  ASSERT_EQ(::mkfifo((root / "b" / "model.safetensors.index.json").c_str(), 0600), 0);
+  write_lone_file(root / "c" / "model.safetensors", {{"proj.weight", {32, 64}}});
+  { std::ofstream(root / "c" / "config.json") << "{}"; }
+  fs::resize_file(root / "c" / "config.json", (101u << 20));
+  for (const auto& [dir, needle] : {std::pair<std::string, std::string>{"a", "config.json: not a regular file"},
+                                    {"b", "model.safetensors.index.json: not a regular file"},
+                                    {"c", "config.json: 105906176 bytes, more than the limit"}}) {
+    // in a child process: a blocking read must fail the test, not hang it
+    ToolRun run({"quantize", (root / dir).string(), "-o", (root / ("q_" + dir)).string()}, "json");
+    run.wait();
+    EXPECT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 2) << dir << ": status " << run.status;
+    EXPECT_NE(run.err().find(needle), std::string::npos) << run.err();
+    EXPECT_FALSE(fs::exists(root / ("q_" + dir)));
+  }
+  fs::remove_all(root);
+}
+
+// PyTorch pickles and other frameworks' weight files beside the safetensors shards are not copied
+// into OUT (they used to be: the original weights, loadable instead of the converted ones), each
+// named in a warning.
+TEST(CheckpointQuantize, WeightsOfOtherFormatsAreNotCopied) {
+  const fs::path root = scratch("sidebin");
+  write_lone_file(root / "in" / "model.safetensors", {{"proj.weight", {32, 64}}});
+  for (const char* n : {"pytorch_model.bin", "pytorch_model.bin.index.json", "consolidated.pth", "training_args.pt"})
+    std::ofstream(root / "in" / n) << "\x80\x02pickle";
+  std::ofstream(root / "in" / "tokenizer.json") << "{}";
+  std::ofstream(root / "in" / "config.json") << "{}";
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  testing::internal::GetCapturedStdout();
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(entries(root / "q"), (std::vector<std::string>{"config.json", "model.safetensors", "tokenizer.json"}));
+  for (const char* n : {"pytorch_model.bin", "consolidated.pth", "training_args.pt"})
+    EXPECT_NE(said.find(std::string(n) + " not copied"), std::string::npos) << said;
+  fs::remove_all(root);
+}
+
+namespace {
+float bf16_value(std::uint16_t h) {
+  const std::uint32_t u = std::uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+float global_scale_of(const fs::path& file, const std::string& module) {
+  const st::File f(file.string());
+  const st::TensorInfo* t = f.view().find(module + ".weight_global_scale");
+  if (!t) return NAN;
+  float S;
+  std::memcpy(&S, f.view().data(*t).data(), 4);
+  return S;
+}
+}  // namespace
+
+// NaN and Inf weights follow the numerics contract and are reported, never scored as perfect: the
+// NVFP4 global scale is the library's (tensor_amax -> nvfp4_tensor_scale_from_amax: 1 for a NaN amax
+// wherever the NaN sits; it used to depend on the position), an Inf in v_proj gives the fused q/k/v
+// scale 1 and the summary says so for all three, and an all-NaN tensor's error is "not finite"
+// (it was "inf dB"), in quantize's lines and in inspect --against.
+TEST(CheckpointQuantize, NonFiniteWeightsAreReportedNotScored) {
+  const fs::path root = scratch("nan");
+  const std::int64_t N = 16, K = 64;
+  std::map<std::string, std::vector<std::uint16_t>> ws;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  for (const char* m : {"l.self_attn.q_proj", "l.self_attn.k_proj", "l.self_attn.v_proj", "l.mlp.nan_first", "l.mlp.nan_last",
+                        "l.mlp.all_nan"}) {
+    auto& v = ws[std::string(m) + ".weight"];
+    v.resize(N * K);
+    for (auto& x : v) x = to_bf16(nd(rng));
+  }
+  ws["l.self_attn.v_proj.weight"][5 * K + 3] = 0x7F80;  // +Inf
+  ws["l.mlp.nan_first.weight"][0] = 0x7FC0;
+  ws["l.mlp.nan_last.weight"][N * K - 1] = 0x7FC0;
+  for (auto& x : ws["l.mlp.all_nan.weight"]) x = 0x7FC0;
+  fs::create_directories(root / "in");
+  {
+    st::Writer w((root / "in" / "model.safetensors").string());
+    for (const auto& [n, v] : ws) w.declare(n, "BF16", {N, K});
+    for (const auto& [n, v] : ws) w.write(n, {reinterpret_cast<const std::uint8_t*>(v.data()), v.size() * 2});
+    w.commit();
+  }
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  qa.format = "nvfp4";
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  const std::string log = testing::internal::GetCapturedStdout();
+  const std::string said = testing::internal::GetCapturedStderr();
+  const fs::path qf = root / "q" / "model.safetensors";
+  for (const char* m : {"l.mlp.nan_first", "l.mlp.nan_last", "l.mlp.all_nan"}) {
+    const auto& v = ws[std::string(m) + ".weight"];
+    const float amax = mxq::tensor_amax(mxq::Tensor::of(v.data(), mxq::DType::bf16, N, K));
+    EXPECT_EQ(global_scale_of(qf, m), mxq::nvfp4_tensor_scale_from_amax(amax)) << m;
+    EXPECT_EQ(global_scale_of(qf, m), 1.0f) << m;
+  }
+  for (const char* m : {"q_proj", "k_proj", "v_proj"}) {
+    EXPECT_EQ(global_scale_of(qf, std::string("l.self_attn.") + m), 1.0f) << m;
+    EXPECT_NE(log.find(std::string("NOT FINITE: l.self_attn.") + m + ".weight: NVFP4 global scale 1"), std::string::npos) << log;
+  }
+  EXPECT_NE(log.find("NOT FINITE: l.self_attn.v_proj.weight: 1 NaN/Inf values in 1 of 64 blocks"), std::string::npos) << log;
+  EXPECT_NE(log.find("NOT FINITE: l.mlp.all_nan.weight: 1024 NaN/Inf values in 64 of 64 blocks"), std::string::npos) << log;
+  std::string line = log.substr(log.find("l.mlp.all_nan.weight ["));
+  line = line.substr(0, line.find('\n'));
+  EXPECT_NE(line.find("not finite"), std::string::npos) << line;
+  EXPECT_EQ(line.find("inf dB"), std::string::npos) << line;
+  EXPECT_NE(said.find("NaN or Inf"), std::string::npos) << said;
+  // a finite tensor still gets its number
+  line = log.substr(log.find("l.self_attn.q_proj.weight ["));
+  EXPECT_NE(line.substr(0, line.find('\n')).find(" dB"), std::string::npos) << line;
+
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(mxq::cli::run_inspect_against(qf.string(), (root / "in").string()), 0);
+  const std::string report = testing::internal::GetCapturedStdout();
+  line = report.substr(report.find("l.mlp.all_nan.weight"));
+  line = line.substr(0, line.find('\n'));
+  EXPECT_NE(line.find("not finite"), std::string::npos) << report;
+  EXPECT_EQ(line.find("inf"), std::string::npos) << line;
+  EXPECT_NE(report.find("NOT FINITE:"), std::string::npos) << report;
+  fs::remove_all(root);
+}
+
+// inspect caps the name column: one 1000-byte name among many short ones no longer pads every row to
+// 1000 bytes (a 1.6 MB file printed 20 GB); the long name is printed whole on a line of its own.
+TEST(CheckpointInspect, OneLongNameDoesNotWidenEveryRow) {
+  const fs::path root = scratch("inspectwide");
+  const std::string long_name = std::string(1000, 'n') + ".weight";
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> ts{{long_name, {1}}};
+  for (int i = 0; i < 2000; ++i) ts.push_back({"t" + std::to_string(i), {1}});
+  write_lone_file(root / "wide.safetensors", ts);
+  mxq::cli::InspectArgs ia;
+  ia.file = (root / "wide.safetensors").string();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(mxq::cli::run_inspect(ia), 0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_LT(out.size(), 2001u * 200) << "rows padded to the longest name";
+  EXPECT_NE(out.find(long_name + "\n"), std::string::npos);
+  EXPECT_NE(out.find("t1999 "), std::string::npos);
   fs::remove_all(root);
 }

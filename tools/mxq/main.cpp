@@ -1,5 +1,6 @@
 // The mxq command-line tool. One subcommand per task; errors are one line on stderr and a non-zero
 // exit status.
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -8,7 +9,7 @@
 #include <mxq/mxq.hpp>
 
 #include "commands.hpp"
-#include "safetensors.hpp"
+#include "staging.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"mxq: microscaling formats (MXFP4/6/8, MXINT8, NVFP4) - quantize, dequantize, QDQ, inspect"};
@@ -76,6 +77,10 @@ int main(int argc, char** argv) {
   c_verify->add_flag("-v,--verbose", verify.verbose, "print the first differing bytes of a mismatch");
 
   CLI11_PARSE(app, argc, argv);
+  // SIGINT, SIGTERM, SIGHUP: a conversion stops at the next tensor and removes what it staged. Only
+  // the commands that write a checkpoint check for them; the others keep the default action (a
+  // recorded signal that nothing checks would make the first Ctrl-C do nothing).
+  if (*c_quant || *c_deq || *c_qdq) mxq::cli::install_interrupt_handlers();
   try {
     if (*c_demo) return mxq::cli::run_demo(demo);
     if (*c_inspect) return mxq::cli::run_inspect(inspect);
@@ -84,10 +89,13 @@ int main(int argc, char** argv) {
     if (*c_deq) return mxq::cli::run_dequantize(deq);
     if (*c_qdq) return mxq::cli::run_quantize(fq);
     if (*c_bench) return mxq::cli::run_bench(bench);
-  } catch (const mxq::st::Error& e) {
-    std::fprintf(stderr, "mxq: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // mxq::st::Error, mxq::Error, filesystem and other errors alike
+    if (const int sig = mxq::cli::interrupt_signal()) {
+      // The stack has unwound (the staging directory is gone): end as the signal would have.
+      std::fprintf(stderr, "mxq: %s; nothing was written to the output\n", mxq::cli::Interrupted(sig).what());
+      std::signal(sig, SIG_DFL);
+      std::raise(sig);
+    }
     std::fprintf(stderr, "mxq: %s\n", e.what());
     return 2;
   }

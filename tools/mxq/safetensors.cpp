@@ -73,6 +73,29 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
   if (n >= 3 && hb[0] == 0xEF && hb[1] == 0xBB && hb[2] == 0xBF) fail(name_, "header starts with a UTF-8 byte-order mark");
   if (std::find(hb.begin(), hb.end(), std::uint8_t(0)) != hb.end())
     fail(name_, "header holds a NUL byte at offset " + std::to_string(8 + (std::find(hb.begin(), hb.end(), std::uint8_t(0)) - hb.begin())));
+  // The tensor count first, by a SAX pass that builds nothing and stops at the first entry over the
+  // limit: a header of 2 million tiny entries is refused before it is parsed into memory. NOTE: not
+  // a parser callback on the DOM parse: nlohmann's callback parser rescans the enclosing object at
+  // the end of every entry, which made parsing quadratic (20,000 tensors: 6 s).
+  struct Counter : nlohmann::json_sax<nlohmann::json> {
+    std::size_t depth = 0, tensors = 0;
+    bool null() override { return true; }
+    bool boolean(bool) override { return true; }
+    bool number_integer(number_integer_t) override { return true; }
+    bool number_unsigned(number_unsigned_t) override { return true; }
+    bool number_float(number_float_t, const string_t&) override { return true; }
+    bool string(string_t&) override { return true; }
+    bool binary(binary_t&) override { return true; }
+    bool start_object(std::size_t) override { return ++depth, true; }
+    bool end_object() override { return --depth, true; }
+    bool start_array(std::size_t) override { return ++depth, true; }
+    bool end_array() override { return --depth, true; }
+    bool key(string_t& k) override { return depth != 1 || k == "__metadata__" || ++tensors <= kMaxTensors; }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+  } counter;
+  nlohmann::json::sax_parse(bytes.begin() + 8, bytes.begin() + 8 + std::ptrdiff_t(n), &counter);
+  if (counter.tensors > kMaxTensors)
+    fail(name_, "the header declares more than " + std::to_string(kMaxTensors) + " tensors, the limit per file");
   nlohmann::json h;
   try {
     h = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + std::ptrdiff_t(n));
@@ -80,6 +103,7 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
     fail(name_, std::string("header is not valid JSON: ") + e.what() + not_safetensors_hint(bytes));
   }
   if (!h.is_object()) fail(name_, "header is not a JSON object");
+  tensors_.reserve(h.size());
 
   for (auto it = h.begin(); it != h.end(); ++it) {
     const std::string& key = it.key();
@@ -108,6 +132,8 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
     if (!info) fail_tensor(name_, key, "unknown dtype '" + t.dtype + "'");
     const auto sh = v.find("shape");
     if (sh == v.end() || !sh->is_array()) fail_tensor(name_, key, "missing or non-array 'shape'");
+    if (sh->size() > kMaxRank)
+      fail_tensor(name_, key, "shape has " + std::to_string(sh->size()) + " dimensions, more than the limit of " + std::to_string(kMaxRank));
     // Element count, checked against overflow: every dimension and the product stay below 2^62.
     unsigned __int128 numel = 1;
     for (const nlohmann::json& d : *sh) {
@@ -147,12 +173,15 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
   }
   if (pos != data_.size())
     fail(name_, std::to_string(data_.size() - pos) + " bytes after the last tensor are not described by the header");
+  // NOTE: a linear search here made every per-tensor lookup of the converters (X.weight_scale ->
+  // X.weight_packed...) quadratic in the tensor count.
+  by_name_.reserve(tensors_.size());
+  for (std::size_t i = 0; i < tensors_.size(); ++i) by_name_.emplace(tensors_[i].name, i);
 }
 
 const TensorInfo* View::find(const std::string& tensor) const {
-  for (const TensorInfo& t : tensors_)
-    if (t.name == tensor) return &t;
-  return nullptr;
+  const auto it = by_name_.find(tensor);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
 }
 
 Mapping::Mapping(const std::string& path) {
@@ -205,8 +234,7 @@ void Writer::declare(const std::string& name, const std::string& dtype, std::vec
   if (f_) throw Error(path_ + ": tensor '" + name + "' declared after writing started");
   const DTypeInfo* info = find_dtype(dtype);
   if (!info) throw Error(path_ + ": tensor '" + name + "': unknown dtype '" + dtype + "'");
-  for (const TensorInfo& t : tensors_)
-    if (t.name == name) throw Error(path_ + ": tensor '" + name + "' declared twice");
+  if (!declared_.insert(name).second) throw Error(path_ + ": tensor '" + name + "' declared twice");
   TensorInfo t;
   t.name = name;
   t.dtype = dtype;
@@ -217,11 +245,16 @@ void Writer::declare(const std::string& name, const std::string& dtype, std::vec
 }
 
 void Writer::open_and_write_header() {
-  nlohmann::ordered_json h = nlohmann::ordered_json::object();
-  if (!metadata_.empty()) h["__metadata__"] = metadata_;
-  for (const TensorInfo& t : tensors_)
-    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
-  std::string text = h.dump();
+  // The header text entry by entry (names are unique: declare checked them). NOTE: building one
+  // ordered_json object was quadratic: its operator[] searches the keys linearly.
+  std::string text = "{";
+  if (!metadata_.empty()) text += "\"__metadata__\":" + nlohmann::json(metadata_).dump();
+  for (const TensorInfo& t : tensors_) {
+    if (text.size() > 1) text += ',';
+    text += nlohmann::json(t.name).dump() + ':' +
+            nlohmann::ordered_json{{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}}.dump();
+  }
+  text += '}';
   text.resize((text.size() + 7) / 8 * 8, ' ');  // the data starts 8-byte aligned, as the reference writes
   tmp_ = path_ + ".tmp-" + std::to_string(::getpid());
   f_ = std::fopen(tmp_.c_str(), "wb");

@@ -15,6 +15,9 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace mxq::st {
@@ -49,14 +52,24 @@ constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;
 // the file, and std::regex recurses once per character).
 constexpr std::size_t kMaxNameBytes = 1024;
 
+// Most tensors one file may declare (the largest real checkpoints have a few thousand per shard),
+// and most dimensions one tensor may have. The count is checked while the header is parsed, so that a
+// header's cost is bounded: parsing is linear in the header (at most kMaxHeaderBytes), and nothing done per
+// tensor afterwards (lookups by name, writing, listing) grows faster than the tensor count.
+constexpr std::size_t kMaxTensors = 200000;
+constexpr std::size_t kMaxRank = 32;
+
 // A parsed header over some bytes (a mapped file, or memory for tests and the fuzzer).
 class View {
  public:
   // Validates everything; `name` is used in error messages.
   View(std::span<const std::uint8_t> bytes, std::string name);
+  View(const View&) = delete;  // the name index holds views of tensors_' names
+  View& operator=(const View&) = delete;
+  View(View&&) = default;
   const std::string& name() const { return name_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in data order
-  const TensorInfo* find(const std::string& tensor) const;
+  const TensorInfo* find(const std::string& tensor) const;  // by name, in constant time
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   std::span<const std::uint8_t> data(const TensorInfo& t) const { return data_.subspan(t.begin, t.bytes()); }
   std::uint64_t header_bytes() const { return header_bytes_; }
@@ -65,6 +78,7 @@ class View {
   std::string name_;
   std::span<const std::uint8_t> data_;
   std::vector<TensorInfo> tensors_;
+  std::unordered_map<std::string_view, std::size_t> by_name_;  // views of tensors_[i].name
   std::map<std::string, std::string> metadata_;
   std::uint64_t header_bytes_ = 0;
 };
@@ -117,6 +131,7 @@ class Writer {
   std::string path_, tmp_;
   std::map<std::string, std::string> metadata_;
   std::vector<TensorInfo> tensors_;
+  std::unordered_set<std::string> declared_;
   std::size_t next_ = 0;
   std::FILE* f_ = nullptr;
   bool committed_ = false;

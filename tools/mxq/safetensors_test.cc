@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -149,4 +150,45 @@ TEST(Safetensors, RefusesWhatIsNotARegularFile) {
     }
   }
   std::filesystem::remove(fifo);
+}
+
+// What a header may declare is bounded, with one line naming the limit: more than kMaxTensors tensors
+// (checked while parsing, before the rest of the header is parsed) and shapes of more than kMaxRank dimensions. Below the bound, reading,
+// looking up and writing are linear in the tensor count: 100k tensors take well under a second each
+// (they took minutes: the writer's duplicate check and header object, and View::find, were linear
+// searches per tensor). The time bound asserted here is loose on purpose (a loaded CI machine, a
+// sanitizer build); the commit message has the measured figures.
+TEST(Safetensors, TensorCountIsBoundedAndLinear) {
+  const auto header_of = [](std::size_t n) {
+    std::string h = "{";
+    for (std::size_t i = 0; i < n; ++i)
+      h += (i ? "," : "") + std::string("\"model.layers.") + std::to_string(i) + ".mlp.weight\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}";
+    return h + "}";
+  };
+  expect_error(make_file(header_of(st::kMaxTensors + 1), 0), "declares more than " + std::to_string(st::kMaxTensors) + " tensors");
+  std::string rank = "[1";
+  for (std::size_t i = 0; i < st::kMaxRank; ++i) rank += ",1";
+  expect_error(make_file(R"({"a":{"dtype":"U8","shape":)" + rank + R"(],"data_offsets":[0,1]}})", 1), "dimensions, more than the limit");
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::size_t n = 100000;
+  const auto bytes = make_file(header_of(n), 0);
+  const st::View v(bytes, "many.safetensors");
+  ASSERT_EQ(v.tensors().size(), n);
+  for (std::size_t i = 0; i < n; i += 7) ASSERT_NE(v.find("model.layers." + std::to_string(i) + ".mlp.weight"), nullptr);
+  EXPECT_EQ(v.find("model.layers.100000.mlp.weight"), nullptr);
+  const std::string out = testing::TempDir() + "/mxq_st_many_" + std::to_string(::getpid()) + ".safetensors";
+  {
+    st::Writer w(out);
+    for (const st::TensorInfo& t : v.tensors()) w.declare(t.name, t.dtype, t.shape);
+    EXPECT_THROW(w.declare(v.tensors()[5].name, "U8", {0}), st::Error);  // still refuses a duplicate
+    for (const st::TensorInfo& t : v.tensors()) w.write(t.name, {});
+    w.commit();
+  }
+  const st::File back(out);
+  EXPECT_EQ(back.view().tensors().size(), n);
+  EXPECT_NE(back.view().find("model.layers.99999.mlp.weight"), nullptr);
+  std::filesystem::remove(out);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 60.0) << "100k tensors read, looked up and written back: quadratic again?";
 }

@@ -1,0 +1,36 @@
+#pragma once
+// A checkpoint's structure, read and checked before anything is converted: its shards (the index's
+// files, model.safetensors, or one file), the index and config.json. Every file is opened as a
+// regular file of bounded size (a FIFO, device or 10 GB "config.json" is refused, never waited on
+// or read whole). Shared by the converters (checkpoint.cpp) and the checkpoint fuzz target.
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace mxq::cli {
+
+// Largest model.safetensors.index.json or config.json read (real ones are under 10 MB).
+constexpr std::uint64_t kMaxJsonFileBytes = 100ull << 20;
+
+struct Checkpoint {
+  std::filesystem::path dir;             // where config.json and the shards live
+  std::vector<std::string> shards;       // file names relative to dir
+  std::optional<nlohmann::json> index;   // model.safetensors.index.json, when sharded
+};
+
+// IN: a .safetensors file or a directory. Refuses (std::runtime_error naming the file) what is not
+// safetensors, an index whose weight_map is empty, names files outside the checkpoint, or disagrees
+// with the shards (a listed tensor absent from its shard, a tensor in two shards, one not listed).
+Checkpoint open_checkpoint(const std::string& in);
+
+// IN's config.json (directories only): a JSON object, or an error naming the file.
+std::optional<nlohmann::json> read_config(const Checkpoint& c, const std::string& in);
+
+// A JSON file: a regular file of at most kMaxJsonFileBytes holding valid JSON, or an error naming it.
+nlohmann::json read_json_file(const std::filesystem::path& p);
+
+}  // namespace mxq::cli
