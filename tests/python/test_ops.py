@@ -248,6 +248,8 @@ def _samples():
     return [
         (torch.ops.mxq.qdq.default, (x, "mxfp4", "even", 0, False, 0, 0, None)),
         (torch.ops.mxq.qdq.default, (x, "nvfp4", "nvfp4", 0, True, 3, 0, 100.0)),
+        # requires grad: opcheck's autograd checks (registration, AOT dispatch of the backward) run
+        (torch.ops.mxq.qdq.default, (x.float().requires_grad_(), "mxfp8_e4m3", "rceil", 0, False, 0, 0, None)),
         (torch.ops.mxq.qdq_.default, (x.clone(), "mxfp8_e4m3", "floor", 0, False, 0, 0, None)),
         (torch.ops.mxq.quantize.default, (x, "mxfp4", "even", 0, False, 0, 0, "swizzled", None, True)),
         (torch.ops.mxq.quantize.default, (x, "nvfp4", "nvfp4", 0, False, 0, 0, "padded", None, False)),
@@ -256,11 +258,11 @@ def _samples():
     ]
 
 
-@pytest.mark.parametrize("i", range(7))
+@pytest.mark.parametrize("i", range(8))
 def test_opcheck(i):
     op, args = _samples()[i]
-    torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static",
-                                                 "test_aot_dispatch_dynamic"))
+    torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                                 "test_aot_dispatch_static", "test_aot_dispatch_dynamic"))
 
 
 def test_opcheck_dequantize():
@@ -268,7 +270,8 @@ def test_opcheck_dequantize():
     q = mxq.quantize(x, "nvfp4", layout="swizzled")
     torch.library.opcheck(torch.ops.mxq.dequantize.default,
                           (q.codes, q.scales, 64, "nvfp4", 0, "swizzled", float(q.tensor_scale), None, torch.bfloat16),
-                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                      "test_aot_dispatch_static", "test_aot_dispatch_dynamic"))
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
