@@ -350,7 +350,8 @@ at::Tensor unswizzle_scales(const at::Tensor& swizzled, int64_t rows, int64_t co
 // Kernels of the Autograd dispatch key: qdq and qdq_ pass gradients straight through (the
 // straight-through estimator: grad_x = grad_y); quantize and dequantize refuse inputs that require a
 // gradient (their codes are integers: the graph would be cut, the gradients upstream silently None).
-// Without a gradient to record they redispatch below autograd at once: this is the inference path.
+// Without a gradient to record they redispatch below autograd at once (with the key set the dispatcher
+// handed them: no thread-local guard): this is the inference path.
 // NOTE: C++ kernels, not torch.library.register_autograd: that one is a Python function the
 // dispatcher enters on every call, gradient or not (a few microseconds per call).
 template <class Fn>
@@ -387,20 +388,22 @@ struct QdqStraightThrough : public torch::autograd::Function<QdqStraightThrough>
   }
 };
 
-at::Tensor qdq_autograd(const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size,
-                        bool stochastic, int64_t seed, int64_t offset, std::optional<double> tensor_scale) {
+at::Tensor qdq_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
+                        int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
+                        std::optional<double> tensor_scale) {
   if (needs_grad(x))
     return QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale);
   static const auto op = typed_op<QdqFn>("mxq::qdq");
-  at::AutoDispatchBelowADInplaceOrView below;
-  return op.call(x, format, rule, group_size, stochastic, seed, offset, tensor_scale);
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
+                       tensor_scale);
 }
 
 // In place, as torch's in-place ops: refused on a leaf that requires grad (and on a view of one);
 // elsewhere x's history continues through the straight-through estimator (x.copy_(qdq(x)) records
 // exactly that); the version counter moves, so a backward that saved x fails loudly.
-void qdq_inplace_autograd(const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size,
-                          bool stochastic, int64_t seed, int64_t offset, std::optional<double> tensor_scale) {
+void qdq_inplace_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
+                          int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
+                          std::optional<double> tensor_scale) {
   if (needs_grad(x)) {
     TORCH_CHECK(!x.is_leaf(), "mxq.qdq_: a leaf Variable that requires grad is being used in an in-place operation "
                 "(use mxq.qdq, or overwrite it under torch.no_grad())");
@@ -408,25 +411,23 @@ void qdq_inplace_autograd(const at::Tensor& x, c10::string_view format, c10::str
     return;
   }
   static const auto op = typed_op<QdqInplaceFn>("mxq::qdq_");
-  {
-    at::AutoDispatchBelowADInplaceOrView below;
-    op.call(x, format, rule, group_size, stochastic, seed, offset, tensor_scale);
-  }
+  op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
+                tensor_scale);
   if (!x.is_inference()) torch::autograd::impl::bump_version(x);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_autograd(
-    const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size, bool stochastic,
+    c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size, bool stochastic,
     int64_t seed, int64_t offset, c10::string_view layout, std::optional<double> tensor_scale, bool clip_mask) {
   TORCH_CHECK(!needs_grad(x), "mxq.quantize is not differentiable: argument 'x' requires grad, and its integer codes "
               "cannot carry a gradient back to it. Call it under torch.no_grad() or on x.detach(); for "
               "quantization-aware training use mxq.qdq (its gradient is the straight-through estimator)");
   static const auto op = typed_op<QuantizeFn>("mxq::quantize");
-  at::AutoDispatchBelowADInplaceOrView below;
-  return op.call(x, format, rule, group_size, stochastic, seed, offset, layout, tensor_scale, clip_mask);
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
+                       layout, tensor_scale, clip_mask);
 }
 
-at::Tensor dequantize_autograd(const at::Tensor& codes, const at::Tensor& scales, c10::SymInt cols,
+at::Tensor dequantize_autograd(c10::DispatchKeySet ks, const at::Tensor& codes, const at::Tensor& scales, c10::SymInt cols,
                                c10::string_view format, int64_t group_size, c10::string_view layout,
                                std::optional<double> tensor_scale, const std::optional<at::Tensor>& tensor_scale_tensor,
                                at::ScalarType dtype) {
@@ -434,21 +435,20 @@ at::Tensor dequantize_autograd(const at::Tensor& codes, const at::Tensor& scales
               "mxq.dequantize is not differentiable: argument 'tensor_scale' requires grad. Pass it detached "
               "(tensor_scale.detach()) or call under torch.no_grad(); for quantization-aware training use mxq.qdq");
   static const auto op = typed_op<DequantizeFn>("mxq::dequantize");
-  at::AutoDispatchBelowADInplaceOrView below;
-  return op.call(codes, scales, std::move(cols), format, group_size, layout, tensor_scale, tensor_scale_tensor, dtype);
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, codes, scales, std::move(cols), format, group_size,
+                       layout, tensor_scale, tensor_scale_tensor, dtype);
 }
 
 // uint8 in, uint8 out: nothing can require grad; registered so that no call takes torch's boxed fallback.
-at::Tensor swizzle_scales_autograd(const at::Tensor& linear) {
+at::Tensor swizzle_scales_autograd(c10::DispatchKeySet ks, const at::Tensor& linear) {
   static const auto op = typed_op<SwizzleFn>("mxq::swizzle_scales");
-  at::AutoDispatchBelowADInplaceOrView below;
-  return op.call(linear);
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, linear);
 }
 
-at::Tensor unswizzle_scales_autograd(const at::Tensor& swizzled, c10::SymInt rows, c10::SymInt cols) {
+at::Tensor unswizzle_scales_autograd(c10::DispatchKeySet ks, const at::Tensor& swizzled, c10::SymInt rows,
+                                     c10::SymInt cols) {
   static const auto op = typed_op<UnswizzleFn>("mxq::unswizzle_scales");
-  at::AutoDispatchBelowADInplaceOrView below;
-  return op.call(swizzled, std::move(rows), std::move(cols));
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, swizzled, std::move(rows), std::move(cols));
 }
 
 }  // namespace
