@@ -67,7 +67,10 @@ def _size(v, arg: str):
     """A size argument (rows, cols): a Python int (numpy integers too), or a torch.SymInt passed
     through untouched, so that torch.compile(dynamic=True) keeps it symbolic (int() would specialise
     the graph to one value and recompile for the next)."""
-    if isinstance(v, torch.SymInt):
+    # NOTE: under torch.compile a size read from a shape is a SymInt that isinstance() does not see as
+    # one when Dynamo traces this (it specialised the graph: one recompilation per shape); the
+    # schema's SymInt type checks it there.
+    if isinstance(v, torch.SymInt) or torch.compiler.is_compiling():
         return v
     if isinstance(v, bool):
         raise TypeError(f"mxq: argument '{arg}': expected an int, got bool")

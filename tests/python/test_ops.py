@@ -319,3 +319,30 @@ def test_fakes_refuse_what_the_kernels_refuse():
             x = torch.ones(4, 64)
             with pytest.raises(ValueError, match=what):  # the fake
                 torch.ops.mxq.quantize(x, *args.values())
+
+
+@pytest.mark.parametrize("vary", ["rows", "rows_and_k"])
+def test_torch_compile_dynamic_does_not_recompile(vary):
+    """torch.compile(dynamic=True) traces one graph for every shape: the size arguments (dequantize's
+    cols, unswizzle_scales' rows and cols) are SymInts in the schemas and the Python API passes them
+    through (an int schema argument or an int() call would specialise the graph to the first shape
+    and recompile for each new one)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+
+    def f(x):
+        y = mxq.qdq(x, "mxfp4", rule="even")
+        q = mxq.quantize(x, "nvfp4", layout="swizzled", tensor_scale=100.0)
+        lin = mxq.unswizzle_scales(q.scales, x.shape[0], (x.shape[-1] + 15) // 16)
+        d = mxq.dequantize(q.codes, lin, format="nvfp4", cols=x.shape[-1], tensor_scale=100.0)
+        return y, q.dequantize(torch.float32), d, lin
+
+    cf = torch.compile(f, backend=counter, dynamic=True, fullgraph=True)
+    shapes = [(5, 64), (9, 64), (13, 64)] if vary == "rows" else [(5, 64), (9, 96), (13, 160)]
+    for rows, k in shapes:
+        x = _data(torch.bfloat16, rows=rows, k=k, seed=rows)
+        for g, e, what in zip(cf(x), f(x), ["qdq", "q.dequantize", "dequantize(unswizzled)", "unswizzled"]):
+            assert_bytes_equal(g, e, f"compiled dynamic {what} at {rows}x{k}")
+    assert counter.frame_count == 1, f"{counter.frame_count} compilations for {len(shapes)} shapes"
