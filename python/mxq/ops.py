@@ -232,6 +232,7 @@ def dequantize(
                                                 ts_f, ts_t, out_dtype)
     if scales is None or format is None or cols is None:
         raise TypeError("mxq.dequantize: with raw codes, pass scales, format= and cols=")
+    scales = _bytes(scales, "scales")  # uint8, or the float8 view of the scales (QuTLASS's outputs)
     fmt = F.canonical_format(format)
     _check_layout(layout)
     ts_f, ts_t = None, None
