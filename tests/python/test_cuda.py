@@ -152,13 +152,20 @@ def test_cuda_graph_capture_and_replay():
     static_x = _x((512, 2048)).cuda()
     target = static_x.clone()
 
+    # (capture mode "global", torch's default: a launch on the legacy default stream during the
+    # capture, which runs on a side stream, fails it, so every op below is also checked to use the
+    # current stream)
     def work():
         y = mxq.qdq(static_x, "nvfp4")  # computed tensor scale: a 4-byte workspace, no sync
         q = mxq.quantize(static_x, "nvfp4", layout="swizzled")
         z = mxq.qdq(static_x, "mxfp4", rule="even", stochastic=True, seed=5)
         mxq.qdq_(target, "mxfp8")
         c, s = Q.fusedQuantizeMx(static_x, None, method="quest")
-        return y, q.codes, q.scales, q.tensor_scale, z, c, s
+        qm = mxq.quantize(static_x, "mxfp4", rule="even", layout="swizzled")
+        lin = mxq.unswizzle_scales(qm.scales, 512, 2048 // 32)
+        d = mxq.dequantize(qm.codes, mxq.swizzle_scales(lin), format="mxfp4", cols=2048, layout="swizzled",
+                           dtype=torch.bfloat16)
+        return y, q.codes, q.scales, q.tensor_scale, z, c, s, lin, d
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -178,8 +185,10 @@ def test_cuda_graph_capture_and_replay():
         qc = mxq.quantize(new.cpu(), "nvfp4", layout="swizzled")
         cq, sq = Q.fusedQuantizeMx(new.cpu(), None, method="quest")
         expect = (mxq.qdq(new.cpu(), "nvfp4"), qc.codes, qc.scales, qc.tensor_scale,
-                  mxq.qdq(new.cpu(), "mxfp4", rule="even", stochastic=True, seed=5), cq, sq)
-        for a, e, what in zip(outs, expect, ["qdq", "codes", "scales", "S", "stochastic", "qutlass codes", "scales"]):
+                  mxq.qdq(new.cpu(), "mxfp4", rule="even", stochastic=True, seed=5), cq, sq,
+                  mxq.quantize(new.cpu(), "mxfp4", rule="even").scales, mxq.qdq(new.cpu(), "mxfp4", rule="even"))
+        for a, e, what in zip(outs, expect, ["qdq", "codes", "scales", "S", "stochastic", "qutlass codes", "scales",
+                                             "unswizzled", "dequantize"]):
             assert_bytes_equal(a, e, f"graph replay {seed}: {what}")
         assert_bytes_equal(target, target_expect, "graph replay: in place")
 
