@@ -201,8 +201,9 @@ def test_torch_compile_inplace_on_a_non_leaf_with_backward(backend):
     (g,) = torch.autograd.grad(loss, x)
     x2 = x.detach().clone().requires_grad_()
     (e,) = torch.autograd.grad(f(x2), x2)
-    assert_bytes_equal(loss.detach(), f(x.detach()), f"compiled ({backend}) in-place loss")
-    assert_bytes_equal(g, e, f"compiled ({backend}) in-place gradient")
+    # (the loss is a sum, which inductor may reduce in another order: close, not equal)
+    torch.testing.assert_close(loss.detach(), f(x.detach()), rtol=1e-6, atol=0)
+    assert torch.equal(g, e), f"compiled ({backend}) in-place gradient"
     h = x.detach() * 2
     # d/dx sum(qdq(2x)^2) = 4 qdq(2x) with the STE (compared as values: where qdq gives -0.0 the
     # eager gradient sums the copy's zero and the STE's -0.0 into +0.0)
