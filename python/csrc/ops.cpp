@@ -417,8 +417,9 @@ void qdq_inplace_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::stri
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_autograd(
-    c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size, bool stochastic,
-    int64_t seed, int64_t offset, c10::string_view layout, std::optional<double> tensor_scale, bool clip_mask) {
+    c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size,
+    bool stochastic, int64_t seed, int64_t offset, c10::string_view layout, std::optional<double> tensor_scale,
+    bool clip_mask) {
   TORCH_CHECK(!needs_grad(x), "mxq.quantize is not differentiable: argument 'x' requires grad, and its integer codes "
               "cannot carry a gradient back to it. Call it under torch.no_grad() or on x.detach(); for "
               "quantization-aware training use mxq.qdq (its gradient is the straight-through estimator)");
@@ -427,10 +428,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_autograd(
                        layout, tensor_scale, clip_mask);
 }
 
-at::Tensor dequantize_autograd(c10::DispatchKeySet ks, const at::Tensor& codes, const at::Tensor& scales, c10::SymInt cols,
-                               c10::string_view format, int64_t group_size, c10::string_view layout,
-                               std::optional<double> tensor_scale, const std::optional<at::Tensor>& tensor_scale_tensor,
-                               at::ScalarType dtype) {
+at::Tensor dequantize_autograd(c10::DispatchKeySet ks, const at::Tensor& codes, const at::Tensor& scales,
+                               c10::SymInt cols, c10::string_view format, int64_t group_size, c10::string_view layout,
+                               std::optional<double> tensor_scale,
+                               const std::optional<at::Tensor>& tensor_scale_tensor, at::ScalarType dtype) {
   TORCH_CHECK(!(tensor_scale_tensor && needs_grad(*tensor_scale_tensor)),
               "mxq.dequantize is not differentiable: argument 'tensor_scale' requires grad. Pass it detached "
               "(tensor_scale.detach()) or call under torch.no_grad(); for quantization-aware training use mxq.qdq");
