@@ -400,7 +400,8 @@ at::Tensor qdq_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string
 
 // In place, as torch's in-place ops: refused on a leaf that requires grad (and on a view of one);
 // elsewhere x's history continues through the straight-through estimator (x.copy_(qdq(x)) records
-// exactly that); the version counter moves, so a backward that saved x fails loudly.
+// exactly that); the version counter moves (copy_, or the ADInplaceOrView kernel below), so a
+// backward that saved x fails loudly.
 void qdq_inplace_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
                           int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
                           std::optional<double> tensor_scale) {
@@ -411,9 +412,21 @@ void qdq_inplace_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::stri
     return;
   }
   static const auto op = typed_op<QdqInplaceFn>("mxq::qdq_");
-  op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
-                tensor_scale);
-  if (!x.is_inference()) torch::autograd::impl::bump_version(x);
+  op.redispatch(ks & c10::after_autograd_keyset, x, format, rule, group_size, stochastic, seed, offset, tensor_scale);
+}
+
+// The ADInplaceOrView kernel of qdq_, as torch's generated ones for its in-place ops: the version
+// counter moves after the write, also under torch.inference_mode() (which skips the Autograd key).
+void qdq_inplace_version(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
+                         int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
+                         std::optional<double> tensor_scale) {
+  static const auto op = typed_op<QdqInplaceFn>("mxq::qdq_");
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
+                  tensor_scale);
+  }
+  torch::autograd::impl::bump_version(x);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_autograd(
@@ -488,6 +501,8 @@ TORCH_LIBRARY_IMPL(mxq, CUDA, m) {
   m.impl("swizzle_scales", &mxq_torch::swizzle_scales);
   m.impl("unswizzle_scales", &mxq_torch::unswizzle_scales);
 }
+
+TORCH_LIBRARY_IMPL(mxq, ADInplaceOrView, m) { m.impl("qdq_", &mxq_torch::qdq_inplace_version); }
 
 TORCH_LIBRARY_IMPL(mxq, Autograd, m) {
   m.impl("qdq", &mxq_torch::qdq_autograd);

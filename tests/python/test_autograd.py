@@ -100,10 +100,24 @@ def test_qdq_inplace_follows_torch_inplace_rules():
 
 
 def test_qdq_inplace_version_counter_without_grad():
+    """As torch's in-place ops (x.add_(1) alike): the version moves without grad mode, under no_grad,
+    under inference_mode (on a normal tensor) and through torch.ops directly."""
     x = _x()
+    for ctx in (torch.enable_grad, torch.no_grad, torch.inference_mode):
+        v0 = x._version
+        with ctx():
+            mxq.qdq_(x, "mxfp4")
+        assert x._version == v0 + 1, ctx.__name__
+        with ctx():
+            x.add_(0)
+        assert x._version == v0 + 2, f"{ctx.__name__}: torch's own in-place op, for comparison"
     v0 = x._version
-    mxq.qdq_(x, "mxfp4")
-    assert x._version > v0
+    torch.ops.mxq.qdq_(x, "mxfp4", "floor", 0, False, 0, 0, None)
+    assert x._version == v0 + 1
+    with torch.inference_mode():
+        t = torch.ones(4, 64)  # an inference tensor: no version counter, nothing to bump
+        mxq.qdq_(t, "mxfp4")
+    assert torch.equal(t, mxq.qdq(torch.ones(4, 64), "mxfp4"))
 
 
 def test_quantize_and_dequantize_refuse_grad():
