@@ -107,6 +107,9 @@ def _names(format: str, rule: Optional[str]) -> tuple:
 
 
 _I63 = 1 << 63
+# The ops' overloads, looked up once (torch.ops.mxq.qdq.default is three attribute lookups per call).
+_QDQ = torch.ops.mxq.qdq.default
+_QDQ_INPLACE = torch.ops.mxq.qdq_.default
 
 
 def _check_layout(layout: str) -> str:
@@ -273,8 +276,11 @@ def qdq(
     gradient of the result, unchanged (grad_x = grad_y), as quantization-aware training expects."""
     # NOTE: the common arguments take inline fast paths (a dict lookup for the names, type checks for
     # the ints): this wrapper's own cost is part of every call's host overhead (bench/torch_ops_bench.py).
-    fmt, r = _names(format, rule)
-    return torch.ops.mxq.qdq.default(
+    try:
+        fmt, r = _NAMES[format, rule]
+    except (KeyError, TypeError):
+        fmt, r = _names(format, rule)
+    return _QDQ(
         x, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
         seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
         offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"),
@@ -297,8 +303,11 @@ def qdq_(
 
     As torch's in-place ops: refused (RuntimeError) on a leaf tensor that requires grad unless under
     torch.no_grad(); on other tensors that require grad the gradient passes straight through."""
-    fmt, r = _names(format, rule)
-    torch.ops.mxq.qdq_.default(
+    try:
+        fmt, r = _NAMES[format, rule]
+    except (KeyError, TypeError):
+        fmt, r = _names(format, rule)
+    _QDQ_INPLACE(
         x, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
         seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
         offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"),
