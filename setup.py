@@ -118,10 +118,63 @@ class BuildExt(tce.BuildExtension):
 
     @staticmethod
     def _openmp_flags(bdir: Path):
-        """libmxq links OpenMP privately; a static archive leaves that to the extension."""
+        """libmxq links OpenMP privately; a static archive leaves that to the extension. The extension
+        links the OpenMP runtime that torch itself loaded when it provides every OpenMP entry point
+        libmxq calls, so that a process holds one runtime (one thread pool, which torch.set_num_threads
+        configures); otherwise the compiler's flags (its own runtime)."""
         cache = bdir / "CMakeCache.txt"
         m = re.search(r"^OpenMP_CXX_FLAGS:STRING=(.*)$", cache.read_text(), re.M) if cache.exists() else None
-        return m.group(1).split() if m and m.group(1) else []
+        flags = m.group(1).split() if m and m.group(1) else []
+        if not flags:
+            return []
+        runtime, why = _torch_openmp_runtime(bdir / "libmxq.a")
+        if runtime is None:
+            print(f"mxq: OpenMP: the compiler's runtime ({' '.join(flags)}): {why}", flush=True)
+            return flags
+        print(f"mxq: OpenMP: linking torch's runtime {runtime}", flush=True)
+        rpath = [str(runtime.parent)]
+        torch_lib = Path(torch.__file__).resolve().parent / "lib"
+        if runtime.parent == torch_lib:  # installed side by side in site-packages: found relative to mxq/
+            rpath.insert(0, "$ORIGIN/../torch/lib")
+        return [str(runtime), "-pthread", "-Wl,-rpath," + ":".join(rpath)]
+
+
+_OMP_RUNTIME = re.compile(r"^lib(gomp|iomp5|omp)([-.][^/]*)?\.so(\.[0-9]+)*$")
+
+
+def _torch_openmp_runtime(archive: Path):
+    """(path, None) of the OpenMP runtime torch loaded (read from /proc/self/maps: setup.py has imported
+    torch) if it defines every GOMP_*/omp_* symbol the archive needs, else (None, the reason).
+
+    NOTE: torch's wheels bundle their own libgomp. Where its soname is libgomp.so.1 (as the system's)
+    the dynamic loader reuses whichever was loaded first and a process holds one runtime anyway, but
+    wheels whose bundled copy has another soname (libgomp-<hash>.so.1) next to an extension linked with
+    -fopenmp (the system's libgomp.so.1) load two: two thread pools, and torch.set_num_threads does not
+    reach mxq's. Linking the file torch loaded (its soname, found through the rpath) avoids that."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None, "no /proc/self/maps (not Linux)"
+    loaded = {line.split(None, 5)[5] for line in maps.splitlines() if len(line.split(None, 5)) == 6}
+    runtimes = sorted({p for p in loaded if _OMP_RUNTIME.match(Path(p).name)})
+    if len(runtimes) != 1:
+        return None, f"torch loaded {len(runtimes)} OpenMP runtimes ({', '.join(runtimes) or 'none'})"
+    runtime = Path(runtimes[0])
+    nm = shutil.which("nm")
+    if not nm or not archive.exists():
+        return None, "no nm to compare symbols" if not nm else f"no {archive}"
+    try:
+        need = subprocess.run([nm, "-u", str(archive)], check=True, capture_output=True, text=True).stdout
+        have = subprocess.run([nm, "-D", "--defined-only", str(runtime)], check=True, capture_output=True,
+                              text=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        return None, f"nm failed: {e}"
+    need = {ln.split()[-1] for ln in need.splitlines() if re.search(r"\b(GOMP|omp)_\w+$", ln)}
+    have = {ln.split()[-1].split("@")[0] for ln in have.splitlines() if ln.strip()}
+    missing = sorted(need - have)
+    if missing:
+        return None, f"{runtime} lacks {', '.join(missing)}"
+    return runtime, None
 
 
 def _extension():

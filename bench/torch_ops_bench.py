@@ -76,16 +76,21 @@ def graphed(fn):
     return g.replay
 
 
-def per_call_overhead(device, calls):
-    """Host microseconds per call of a tiny op: the Python wrapper, the raw torch.ops call, and a
-    trivial torch op for scale. On CUDA the calls are enqueued back to back, then synchronised."""
+def per_call_overhead(device, calls, trials=20):
+    """Host microseconds per call of a tiny op: the Python wrapper, the raw torch.ops call, and trivial
+    torch ops for scale (torch.add through its generated binding, and aten.add through the same
+    torch.ops path as mxq's ops). On CUDA the calls are enqueued back to back, then synchronised.
+    The best of `trials` batches of calls/trials (other processes only ever add time)."""
     x = torch.randn(1, 32, device=device, dtype=torch.bfloat16)
+    add = torch.ops.aten.add.Tensor
     fns = {
         "mxq.qdq (Python API)": lambda: mxq.qdq(x, "mxfp4", rule="even"),
         "torch.ops.mxq.qdq (op)": lambda: torch.ops.mxq.qdq(x, "mxfp4", "even", 0, False, 0, 0, None),
         "mxq.quantize (Python API)": lambda: mxq.quantize(x, "mxfp4", rule="even"),
         "torch.add (baseline)": lambda: torch.add(x, 1),
+        "torch.ops.aten.add.Tensor (baseline, the torch.ops path)": lambda: add(x, x),
     }
+    n = max(1, calls // trials)
     out = {}
     for name, fn in fns.items():
         for _ in range(200):
@@ -93,13 +98,13 @@ def per_call_overhead(device, calls):
         if device == "cuda":
             torch.cuda.synchronize()
         best = float("inf")
-        for _ in range(3):
+        for _ in range(trials):
             t0 = time.perf_counter()
-            for _ in range(calls):
+            for _ in range(n):
                 fn()
             if device == "cuda":
                 torch.cuda.synchronize()
-            best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+            best = min(best, (time.perf_counter() - t0) / n * 1e6)
         out[name] = best
     return out
 

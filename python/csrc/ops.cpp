@@ -18,6 +18,9 @@
 #include <string_view>
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
 #if defined(MXQ_TORCH_CUDA)
@@ -343,6 +346,125 @@ at::Tensor unswizzle_scales(const at::Tensor& swizzled, int64_t rows, int64_t co
   return out;
 }
 
+// ---- autograd -------------------------------------------------------------------------------------
+// Kernels of the Autograd dispatch key: qdq and qdq_ pass gradients straight through (the
+// straight-through estimator: grad_x = grad_y); quantize and dequantize refuse inputs that require a
+// gradient (their codes are integers: the graph would be cut, the gradients upstream silently None).
+// Without a gradient to record they redispatch below autograd at once (with the key set the dispatcher
+// handed them: no thread-local guard): this is the inference path.
+// NOTE: C++ kernels, not torch.library.register_autograd: that one is a Python function the
+// dispatcher enters on every call, gradient or not (a few microseconds per call).
+template <class Fn>
+c10::TypedOperatorHandle<Fn> typed_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
+}
+
+using QdqFn = at::Tensor(const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t,
+                         std::optional<double>);
+using QdqInplaceFn = void(const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t,
+                          std::optional<double>);
+using QuantizeFn = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t, c10::string_view,
+    std::optional<double>, bool);
+using DequantizeFn = at::Tensor(const at::Tensor&, const at::Tensor&, c10::SymInt, c10::string_view, int64_t,
+                                c10::string_view, std::optional<double>, const std::optional<at::Tensor>&,
+                                at::ScalarType);
+using SwizzleFn = at::Tensor(const at::Tensor&);
+using UnswizzleFn = at::Tensor(const at::Tensor&, c10::SymInt, c10::SymInt);
+
+bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad() && at::GradMode::is_enabled(); }
+
+struct QdqStraightThrough : public torch::autograd::Function<QdqStraightThrough> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x, c10::string_view format,
+                            c10::string_view rule, int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
+                            std::optional<double> tensor_scale) {
+    static const auto op = typed_op<QdqFn>("mxq::qdq");
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.call(x, format, rule, group_size, stochastic, seed, offset, tensor_scale);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grad) {
+    return {grad[0], {}, {}, {}, {}, {}, {}, {}};  // one per forward argument; only x has a gradient
+  }
+};
+
+at::Tensor qdq_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
+                        int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
+                        std::optional<double> tensor_scale) {
+  if (needs_grad(x))
+    return QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale);
+  static const auto op = typed_op<QdqFn>("mxq::qdq");
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
+                       tensor_scale);
+}
+
+// In place, as torch's in-place ops: refused on a leaf that requires grad (and on a view of one);
+// elsewhere x's history continues through the straight-through estimator (x.copy_(qdq(x)) records
+// exactly that); the version counter moves (copy_, or the ADInplaceOrView kernel below), so a
+// backward that saved x fails loudly.
+void qdq_inplace_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
+                          int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
+                          std::optional<double> tensor_scale) {
+  if (needs_grad(x)) {
+    TORCH_CHECK(!x.is_leaf(), "mxq.qdq_: a leaf Variable that requires grad is being used in an in-place operation "
+                "(use mxq.qdq, or overwrite it under torch.no_grad())");
+    x.copy_(QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale));
+    return;
+  }
+  static const auto op = typed_op<QdqInplaceFn>("mxq::qdq_");
+  op.redispatch(ks & c10::after_autograd_keyset, x, format, rule, group_size, stochastic, seed, offset, tensor_scale);
+}
+
+// The ADInplaceOrView kernel of qdq_, as torch's generated ones for its in-place ops: the version
+// counter moves after the write, also under torch.inference_mode() (which skips the Autograd key).
+void qdq_inplace_version(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
+                         int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
+                         std::optional<double> tensor_scale) {
+  static const auto op = typed_op<QdqInplaceFn>("mxq::qdq_");
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
+                  tensor_scale);
+  }
+  torch::autograd::impl::bump_version(x);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_autograd(
+    c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size,
+    bool stochastic, int64_t seed, int64_t offset, c10::string_view layout, std::optional<double> tensor_scale,
+    bool clip_mask) {
+  TORCH_CHECK(!needs_grad(x), "mxq.quantize is not differentiable: argument 'x' requires grad, and its integer codes "
+              "cannot carry a gradient back to it. Call it under torch.no_grad() or on x.detach(); for "
+              "quantization-aware training use mxq.qdq (its gradient is the straight-through estimator)");
+  static const auto op = typed_op<QuantizeFn>("mxq::quantize");
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
+                       layout, tensor_scale, clip_mask);
+}
+
+at::Tensor dequantize_autograd(c10::DispatchKeySet ks, const at::Tensor& codes, const at::Tensor& scales,
+                               c10::SymInt cols, c10::string_view format, int64_t group_size, c10::string_view layout,
+                               std::optional<double> tensor_scale,
+                               const std::optional<at::Tensor>& tensor_scale_tensor, at::ScalarType dtype) {
+  TORCH_CHECK(!(tensor_scale_tensor && needs_grad(*tensor_scale_tensor)),
+              "mxq.dequantize is not differentiable: argument 'tensor_scale' requires grad. Pass it detached "
+              "(tensor_scale.detach()) or call under torch.no_grad(); for quantization-aware training use mxq.qdq");
+  static const auto op = typed_op<DequantizeFn>("mxq::dequantize");
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, codes, scales, std::move(cols), format, group_size,
+                       layout, tensor_scale, tensor_scale_tensor, dtype);
+}
+
+// uint8 in, uint8 out: nothing can require grad; registered so that no call takes torch's boxed fallback.
+at::Tensor swizzle_scales_autograd(c10::DispatchKeySet ks, const at::Tensor& linear) {
+  static const auto op = typed_op<SwizzleFn>("mxq::swizzle_scales");
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, linear);
+}
+
+at::Tensor unswizzle_scales_autograd(c10::DispatchKeySet ks, const at::Tensor& swizzled, c10::SymInt rows,
+                                     c10::SymInt cols) {
+  static const auto op = typed_op<UnswizzleFn>("mxq::unswizzle_scales");
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, swizzled, std::move(rows), std::move(cols));
+}
+
 }  // namespace
 }  // namespace mxq_torch
 
@@ -354,10 +476,10 @@ TORCH_LIBRARY(mxq, m) {
   m.def("quantize(Tensor x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
         "str layout, float? tensor_scale, bool clip_mask) -> (Tensor codes, Tensor scales, Tensor tensor_scale, "
         "Tensor clip_mask)");
-  m.def("dequantize(Tensor codes, Tensor scales, int cols, str format, int group_size, str layout, "
+  m.def("dequantize(Tensor codes, Tensor scales, SymInt cols, str format, int group_size, str layout, "
         "float? tensor_scale, Tensor? tensor_scale_tensor, ScalarType dtype) -> Tensor");
   m.def("swizzle_scales(Tensor linear) -> Tensor");
-  m.def("unswizzle_scales(Tensor swizzled, int rows, int cols) -> Tensor");
+  m.def("unswizzle_scales(Tensor swizzled, SymInt rows, SymInt cols) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mxq, CPU, m) {
@@ -378,6 +500,17 @@ TORCH_LIBRARY_IMPL(mxq, CUDA, m) {
   m.impl("dequantize", &mxq_torch::dequantize);
   m.impl("swizzle_scales", &mxq_torch::swizzle_scales);
   m.impl("unswizzle_scales", &mxq_torch::unswizzle_scales);
+}
+
+TORCH_LIBRARY_IMPL(mxq, ADInplaceOrView, m) { m.impl("qdq_", &mxq_torch::qdq_inplace_version); }
+
+TORCH_LIBRARY_IMPL(mxq, Autograd, m) {
+  m.impl("qdq", &mxq_torch::qdq_autograd);
+  m.impl("qdq_", &mxq_torch::qdq_inplace_autograd);
+  m.impl("quantize", &mxq_torch::quantize_autograd);
+  m.impl("dequantize", &mxq_torch::dequantize_autograd);
+  m.impl("swizzle_scales", &mxq_torch::swizzle_scales_autograd);
+  m.impl("unswizzle_scales", &mxq_torch::unswizzle_scales_autograd);
 }
 
 // The extension is imported as the Python module mxq._C: importing it registers the ops above; its two

@@ -11,6 +11,7 @@ arithmetic is docs/numerics.md.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -60,6 +61,55 @@ def _scale_value(tensor_scale: ScaleLike) -> Optional[float]:
         raise TypeError(f"mxq: argument 'tensor_scale': expected a float, a 1-element tensor or None, "
                         f"got {type(tensor_scale).__name__}")
     return float(tensor_scale)
+
+
+def _size(v, arg: str):
+    """A size argument (rows, cols): a Python int (numpy integers too), or a torch.SymInt passed
+    through untouched, so that torch.compile(dynamic=True) keeps it symbolic (int() would specialise
+    the graph to one value and recompile for the next)."""
+    # NOTE: under torch.compile a size read from a shape is a SymInt that isinstance() does not see as
+    # one when Dynamo traces this (it specialised the graph: one recompilation per shape); the
+    # schema's SymInt type checks it there.
+    if isinstance(v, torch.SymInt) or torch.compiler.is_compiling():
+        return v
+    if isinstance(v, bool):
+        raise TypeError(f"mxq: argument '{arg}': expected an int, got bool")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"mxq: argument '{arg}': expected an int, got {type(v).__name__}") from None
+
+
+# (format, rule) as a caller spells them -> the library's names, for every exact name and alias (the
+# per-call fast path: one dict lookup). Built once here and never changed afterwards: torch.compile
+# guards on what it reads, and a table that grew would invalidate compiled graphs. Other spellings
+# (other case, '-' for '_') and every error go through F.canonical_format / F.canonical_rule.
+def _names_table() -> dict:
+    table = {}
+    fmts = list(F.FORMATS) + list(F._FORMAT_ALIASES)
+    rules = [None, *F.RULES, *F._RULE_ALIASES]
+    for f in fmts:
+        cf = F.canonical_format(f)
+        for r in rules:
+            table[(f, r)] = (cf, F.canonical_rule(r, cf))
+    return table
+
+
+_NAMES = _names_table()
+
+
+def _names(format: str, rule: Optional[str]) -> tuple:
+    try:
+        return _NAMES[format, rule]
+    except (KeyError, TypeError):  # another spelling, or not a str: the full checks and their messages
+        fmt = F.canonical_format(format)
+        return fmt, F.canonical_rule(rule, fmt)
+
+
+_I63 = 1 << 63
+# The ops' overloads, looked up once (torch.ops.mxq.qdq.default is three attribute lookups per call).
+_QDQ = torch.ops.mxq.qdq.default
+_QDQ_INPLACE = torch.ops.mxq.qdq_.default
 
 
 def _check_layout(layout: str) -> str:
@@ -139,18 +189,28 @@ def quantize(
     tensor_scale: NVFP4 only: the encode scale S (448*6/amax of a calibration); None computes it
                   from x (one extra pass, no synchronisation).
     clip_mask:    also return the 1-bit clip mask.
+
+    Not differentiable (the codes are integers): raises RuntimeError if x requires grad while grad
+    mode is on; call it under torch.no_grad() or on x.detach(), or train with :func:`qdq`.
     """
-    fmt = F.canonical_format(format)
-    r = F.canonical_rule(rule, fmt)
+    fmt, r = _names(format, rule)
     _check_layout(layout)
-    ts = _scale_value(tensor_scale)
-    codes, scales, tsc, mask = torch.ops.mxq.quantize(
-        x, fmt, r, _group(group_size), bool(stochastic), _u64(seed, "seed"), _u64(offset, "offset"), layout, ts,
-        bool(clip_mask))
-    return QuantizedTensor(
-        codes=codes, scales=scales, tensor_scale=tsc if fmt == "nvfp4" else None, format=fmt, rule=r,
-        layout=layout, group_size=F.group_of(fmt, group_size), shape=x.shape, dtype=x.dtype,
-        clip_mask=mask if clip_mask else None, tensor_scale_value=ts)
+    ts = None if tensor_scale is None else _scale_value(tensor_scale)
+    codes, scales, tsc, mask = torch.ops.mxq.quantize.default(
+        x, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
+        seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
+        offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"), layout, ts, bool(clip_mask))
+    fields = dict(codes=codes, scales=scales, tensor_scale=tsc if fmt == "nvfp4" else None, format=fmt, rule=r,
+                  layout=layout, group_size=F.group_of(fmt, group_size), shape=x.shape, dtype=x.dtype,
+                  clip_mask=mask if clip_mask else None, tensor_scale_value=ts)
+    if torch.compiler.is_compiling():
+        return QuantizedTensor(**fields)
+    # NOTE: a frozen dataclass's __init__ sets each of its 11 fields through object.__setattr__: 1-2 us
+    # per call on the 2-core CI machine (measured 2026-12-03: mxq.quantize 9.0 -> 7.8 us per call
+    # without it); filling __dict__ gives the same object. Under Dynamo the constructor is traced.
+    q = object.__new__(QuantizedTensor)
+    q.__dict__.update(fields)
+    return q
 
 
 def dequantize(
@@ -178,10 +238,11 @@ def dequantize(
         out_dtype = q.dtype if dtype is None else dtype
         ts_f = q.tensor_scale_value
         ts_t = q.tensor_scale if (q.format == "nvfp4" and ts_f is None) else None
-        return torch.ops.mxq.dequantize(q.codes, q.scales, q.shape[-1], q.format, q.group_size, q.layout, ts_f,
-                                        ts_t, out_dtype)
+        return torch.ops.mxq.dequantize.default(q.codes, q.scales, q.shape[-1], q.format, q.group_size, q.layout,
+                                                ts_f, ts_t, out_dtype)
     if scales is None or format is None or cols is None:
         raise TypeError("mxq.dequantize: with raw codes, pass scales, format= and cols=")
+    scales = _bytes(scales, "scales")  # uint8, or the float8 view of the scales (QuTLASS's outputs)
     fmt = F.canonical_format(format)
     _check_layout(layout)
     ts_f, ts_t = None, None
@@ -192,8 +253,8 @@ def dequantize(
         ts_t = tensor_scale.reshape(1).to(torch.float32)
     else:
         ts_f = _scale_value(tensor_scale)
-    return torch.ops.mxq.dequantize(q, scales, int(cols), fmt, _group(group_size), layout, ts_f, ts_t,
-                                    torch.float32 if dtype is None else dtype)
+    return torch.ops.mxq.dequantize.default(q, scales, _size(cols, "cols"), fmt, _group(group_size), layout, ts_f,
+                                            ts_t, torch.float32 if dtype is None else dtype)
 
 
 def qdq(
@@ -209,10 +270,21 @@ def qdq(
 ) -> torch.Tensor:
     """Fake-quantize: quantize and dequantize in one pass; the result has x's shape and dtype
     (contiguous). Arguments as in :func:`quantize`. NVFP4 without `tensor_scale` computes the
-    tensor scale from x (an extra pass; on a GPU, in a 4-byte buffer: no synchronisation)."""
-    fmt = F.canonical_format(format)
-    return torch.ops.mxq.qdq(x, fmt, F.canonical_rule(rule, fmt), _group(group_size), bool(stochastic),
-                             _u64(seed, "seed"), _u64(offset, "offset"), _scale_value(tensor_scale))
+    tensor scale from x (an extra pass; on a GPU, in a 4-byte buffer: no synchronisation).
+
+    Differentiable with the straight-through estimator: the gradient with respect to x is the
+    gradient of the result, unchanged (grad_x = grad_y), as quantization-aware training expects."""
+    # NOTE: the common arguments take inline fast paths (a dict lookup for the names, type checks for
+    # the ints): this wrapper's own cost is part of every call's host overhead (bench/torch_ops_bench.py).
+    try:
+        fmt, r = _NAMES[format, rule]
+    except (KeyError, TypeError):
+        fmt, r = _names(format, rule)
+    return _QDQ(
+        x, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
+        seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
+        offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"),
+        None if tensor_scale is None else _scale_value(tensor_scale))
 
 
 def qdq_(
@@ -227,10 +299,19 @@ def qdq_(
     tensor_scale: ScaleLike = None,
 ) -> torch.Tensor:
     """In-place :func:`qdq`: overwrites x and returns it. A non-contiguous x whose rows cannot be
-    addressed with one row stride is computed in a temporary and copied back."""
-    fmt = F.canonical_format(format)
-    torch.ops.mxq.qdq_(x, fmt, F.canonical_rule(rule, fmt), _group(group_size), bool(stochastic),
-                       _u64(seed, "seed"), _u64(offset, "offset"), _scale_value(tensor_scale))
+    addressed with one row stride is computed in a temporary and copied back.
+
+    As torch's in-place ops: refused (RuntimeError) on a leaf tensor that requires grad unless under
+    torch.no_grad(); on other tensors that require grad the gradient passes straight through."""
+    try:
+        fmt, r = _NAMES[format, rule]
+    except (KeyError, TypeError):
+        fmt, r = _names(format, rule)
+    _QDQ_INPLACE(
+        x, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
+        seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
+        offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"),
+        None if tensor_scale is None else _scale_value(tensor_scale))
     return x
 
 
@@ -246,11 +327,12 @@ def _bytes(t: torch.Tensor, arg: str) -> torch.Tensor:
 def swizzle_scales(linear: torch.Tensor) -> torch.Tensor:
     """Linear [rows, C] block scales -> the 128x4 swizzled layout [ceil(rows/128)*128, ceil(C/4)*4]
     (padding zero), in the input's dtype (any 1-byte dtype)."""
-    out = torch.ops.mxq.swizzle_scales(_bytes(linear, "linear"))
+    out = torch.ops.mxq.swizzle_scales.default(_bytes(linear, "linear"))
     return out if linear.dtype == torch.uint8 else out.view(linear.dtype)
 
 
 def unswizzle_scales(swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """The inverse of :func:`swizzle_scales`: the [rows, cols] linear scales, in the input's dtype."""
-    out = torch.ops.mxq.unswizzle_scales(_bytes(swizzled, "swizzled"), int(rows), int(cols))
+    out = torch.ops.mxq.unswizzle_scales.default(_bytes(swizzled, "swizzled"), _size(rows, "rows"),
+                                                 _size(cols, "cols"))
     return out if swizzled.dtype == torch.uint8 else out.view(swizzled.dtype)

@@ -133,3 +133,66 @@ def pack_bits(mask: torch.Tensor) -> torch.Tensor:
     """A bool [..., K] mask as bytes [..., K/8], element 8j+i in bit i."""
     b = mask.to(torch.uint8).unflatten(-1, (-1, 8))
     return sum((b[..., i] << i) for i in range(8)).to(torch.uint8)
+
+
+# ---- QuTLASS's fusedQuantizeNv at any global scale ------------------------------------------------
+# Its test reference (tests/nvfp4_test.py) only covers global scale 6, where the global scale cancels
+# out; its kernels take any gs, with this arithmetic (numerics.md section 6.1), transcribed here in
+# IEEE fp32 (the kernels use approximate reciprocals, which nothing can match bit for bit):
+#   SF = RN32(gs * RN32(amax * RN32(1/6)));  s = E4M3_RN_satfinite(SF);  m = RN32(1 / RN32(s / gs));
+#   codes = E2M1_RNE_sat of RN32(y * m), the sign bit kept (the kernel's cvt: +0.0 -> 0x0, -0.0 -> 0x8;
+#   only the test reference's grid search gives +0.0 the code 0x8);
+# and it dequantizes as code * s / gs (the reference's _dq_fp4 with alpha = gs).
+# Awkward global scales: the test data (amax from 0 to ~1e30) puts blocks below E4M3's smallest
+# subnormal (scale byte 0) and above 448 (saturated) at most of these.
+NV_GLOBAL_SCALES = [6.0, 1.0, 3.7, 1.0 / 3.0, 2.0**-20, 1e-30, 2.0**40, 1e30]
+
+
+def qutlass_nv_ref_gs(x: torch.Tensor, gs: float):
+    """(codes uint8 [..., K/2], scale bytes uint8 [rows, K/16]) of QuTLASS's kernel arithmetic above."""
+    y = x.float().unflatten(-1, (-1, 16))
+    g = torch.tensor(gs, dtype=torch.float32)
+    sixth = torch.tensor(1.0 / 6.0, dtype=torch.float32)
+    amax = y.abs().amax(dim=-1)
+    sf = g * (amax * sixth)
+    s = sf.clamp(max=448.0).to(torch.float8_e4m3fn)  # satfinite (see qutlass_nv_ref's NOTE)
+    m = 1.0 / (s.float() / g)
+    v = y * m[..., None]
+    codes = e2m1_codes_rne(v.double()).flatten(-2)
+    return _pack(codes), s.view(torch.uint8).reshape(-1, x.shape[-1] // 16)
+
+
+def e2m1_codes_rne(v: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes of v: round to nearest, ties to the even code, saturating at 6, the sign bit kept
+    (+0.0 -> 0x0, -0.0 -> 0x8); NaN (0 times an infinite multiplier) -> magnitude 7."""
+    a = v.double().abs()
+    hi = torch.searchsorted(E2M1_GRID, a.clamp(max=6.0)).clamp(max=7)
+    lo = (hi - 1).clamp(min=0)
+    dlo, dhi = a - E2M1_GRID[lo], E2M1_GRID[hi] - a
+    idx = torch.where((dhi < dlo) | ((dhi == dlo) & (hi % 2 == 0)), hi, lo)
+    idx = torch.where(torch.isnan(a), torch.full_like(idx, 7), idx)
+    return idx | (torch.signbit(v).to(idx.dtype) << 3)
+
+
+_DQ_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+                        dtype=torch.float64)
+
+
+def qutlass_nv_dequant(codes: torch.Tensor, scale_bytes: torch.Tensor, alpha: float) -> torch.Tensor:
+    """QuTLASS's test dequantization (_dq_fp4): code * E4M3(scale) / alpha, in float64."""
+    c = codes.to(torch.int64)
+    v = _DQ_GRID[torch.stack([c & 0xF, c >> 4], -1).flatten(-2)]
+    s = scale_bytes.view(torch.float8_e4m3fn).double()
+    return (v.unflatten(-1, (-1, 16)) * s[..., None]).flatten(-2) / alpha
+
+
+def near_e4m3_midpoint(t: torch.Tensor, rel: float) -> torch.Tensor:
+    """Where the float64 values t (>= 0) lie within rel (relative) of a rounding boundary of E4M3
+    (a midpoint between two neighbouring values, 0 and the smallest subnormal included; above 448
+    everything saturates)."""
+    t = t.double()
+    e = torch.floor(torch.log2(t.clamp(min=2.0**-6)))  # subnormals share the 2^-6 binade's spacing
+    ulp = torch.exp2(e - 3)
+    mid = (torch.floor(t / ulp) + 0.5) * ulp
+    near = torch.minimum((t - mid).abs(), (t - (mid - ulp)).abs()) <= t * rel
+    return near & (t < 464.0)

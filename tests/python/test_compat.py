@@ -205,3 +205,89 @@ def test_qutlass_to_blocked_and_rotation():
         Q.fusedQuantizeMx(x[:, :48], None)
     with pytest.raises(NotImplementedError, match="quest"):
         Q.fusedQuantizeNv(x, None, torch.tensor([6.0]), method="quest")
+
+
+_E2M1_MIDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)
+
+
+def _nv_documented(x: torch.Tensor, s_bytes: torch.Tensor, gs: float):
+    """Element masks [rows, K] of the documented differences between mxq and QuTLASS's kernel arithmetic
+    at global scale gs, given the scale bytes s both use: (zero_block) E4M3 scale 0: QuTLASS divides
+    by it (codes of magnitude 6), mxq writes zeros; (near) |x| * gs / s within 2^-21 (relative) of an
+    E2M1 midpoint: mxq's m = RN32(S / s) and QuTLASS's RN32(1 / RN32(s / gs)) may round either way."""
+    sv = s_bytes.view(torch.float8_e4m3fn).double().repeat_interleave(16, 1)
+    v = (x.double() * gs / sv).abs()
+    near = ((v[..., None] - _E2M1_MIDS).abs() <= _E2M1_MIDS * 2.0**-21).any(-1) & (sv > 0)
+    return sv == 0, near
+
+
+def _nibbles(codes: torch.Tensor) -> torch.Tensor:
+    return torch.stack([codes & 0xF, codes >> 4], -1).flatten(-2)
+
+
+@pytest.mark.parametrize("gs", anchors.NV_GLOBAL_SCALES, ids=lambda g: f"gs={g:g}")
+def test_qutlass_fusedQuantizeNv_global_scales(gs):
+    """QuTLASS's convention for global_scale (the NVFP4 encode scale: block scale E4M3(gs * amax / 6),
+    dequantized as code * s / gs) at awkward values, against a transcription of its kernel arithmetic
+    (anchors.qutlass_nv_ref_gs): equal bytes except the documented differences."""
+    x = _qutlass_data()
+    rows, K = x.shape
+    codes, scales = Q.fusedQuantizeNv(x, None, gs)
+    codes_t, scales_t = Q.fusedQuantizeNv(x, None, torch.tensor([gs]))
+    assert_bytes_equal(codes_t, codes, "global_scale as a tensor: codes")
+    assert_bytes_equal(scales_t, scales, "global_scale as a tensor: scales")
+    # The convention: global_scale is mxq's NVFP4 tensor (encode) scale.
+    q = mxq.quantize(x, "nvfp4", tensor_scale=gs, layout="padded")
+    assert_bytes_equal(codes, q.codes, "codes = mxq nvfp4 with tensor_scale=gs")
+    assert_bytes_equal(scales.view(torch.uint8), q.scales, "scales = mxq nvfp4 with tensor_scale=gs")
+    s = scales.view(torch.uint8)[:rows, : K // 16]
+    assert int(scales.view(torch.uint8)[rows:].count_nonzero()) == 0, "padding rows are zero"
+
+    ref_codes, ref_s = anchors.qutlass_nv_ref_gs(x, gs)
+    gs32 = float(torch.tensor(gs, dtype=torch.float32))  # the global scale both sides compute with
+    # Scale bytes: equal except where gs * amax / 6 lies within 2^-21 of an E4M3 rounding boundary
+    # (mxq computes RN32(RN32(amax * gs) / 6), QuTLASS RN32(gs * RN32(amax * RN32(1/6))): fp32
+    # roundings in another order).
+    amax = x.double().reshape(rows, -1, 16).abs().amax(-1)
+    near_s = anchors.near_e4m3_midpoint(amax * gs32 / 6.0, 2.0**-21)
+    assert_bytes_equal(s, ref_s, f"scale bytes at gs={gs:g}", mask=~near_s)
+    assert int((s != ref_s).sum()) <= int(near_s.sum())
+    # Codes, computed by the transcription from mxq's scale bytes (so a scale that rounded the other
+    # way does not hide or fake code differences): equal except the documented elements.
+    sv = s.view(torch.float8_e4m3fn).float()
+    m = 1.0 / (sv / torch.tensor(gs, dtype=torch.float32))
+    v = x.float().reshape(rows, -1, 16) * m[..., None]
+    ref_from_s = anchors.e2m1_codes_rne(v.double()).reshape(rows, K).to(torch.uint8)
+    nib = _nibbles(codes)
+    zero_block, near = _nv_documented(x, s, gs32)
+    assert_bytes_equal(nib, ref_from_s, f"codes at gs={gs:g}", mask=~(zero_block | near))
+    assert bool(((nib[zero_block] & 7) == 0).all()), "zero-scale blocks: zero codes (sign kept)"
+    assert bool(((ref_from_s[zero_block] & 7) == 7).all()), "zero-scale blocks: QuTLASS's codes of magnitude 6"
+    assert int(zero_block.sum()) > 0
+    # And with QuTLASS's own scale bytes, where they are the same: the codes of its whole arithmetic.
+    same_s = (s == ref_s).repeat_interleave(16, 1)
+    assert_bytes_equal(nib, _nibbles(ref_codes), f"codes (QuTLASS's scales) at gs={gs:g}",
+                       mask=same_s & ~(zero_block | near))
+    # Dequantization: mxq's (fp32, one rounding) equals QuTLASS's code * s / gs (float64) rounded to fp32.
+    deq = mxq.dequantize(codes, scales, format="nvfp4", cols=K, layout="padded", tensor_scale=gs,
+                         dtype=torch.float32)
+    assert_bytes_equal(deq, anchors.qutlass_nv_dequant(codes, s, gs32).float(), f"dequantize at gs={gs:g}")
+    assert_bytes_equal(mxq.qdq(x.float(), "nvfp4", tensor_scale=gs), deq, "qdq = dequantize(quantize)")
+    # What makes the value awkward, seen in the data: saturated block scales (448, byte 0x7E) and
+    # non-zero blocks whose scale underflows to 0.
+    nonzero = amax > 0
+    sat, under = int((s == 0x7E).sum()), int(((s == 0) & nonzero).sum())
+    _GS_SEEN[gs] = (sat, under, int(near_s.sum()), int(near.sum()))
+
+
+_GS_SEEN: dict = {}
+
+
+def test_qutlass_global_scales_cover_saturation_and_underflow():
+    """The global scales above put the test data's block scales at both ends of E4M3 (run after them)."""
+    for gs in anchors.NV_GLOBAL_SCALES:
+        if gs not in _GS_SEEN:
+            test_qutlass_fusedQuantizeNv_global_scales(gs)
+    assert sum(sat > 0 for sat, _, _, _ in _GS_SEEN.values()) >= 6, _GS_SEEN
+    assert sum(under > 0 for _, under, _, _ in _GS_SEEN.values()) >= 6, _GS_SEEN
+    assert _GS_SEEN[2.0**40][0] > 0 and _GS_SEEN[1e-30][1] > 0, _GS_SEEN

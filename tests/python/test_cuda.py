@@ -8,6 +8,7 @@ import torch
 import mxq
 from mxq.compat import qutlass as Q
 from mxq.compat import vllm_qdq as V
+import anchors
 from conftest import CUDA, assert_bytes_equal, llm_like
 
 pytestmark = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and mxq built with CUDA")
@@ -53,15 +54,80 @@ def test_cuda_strided_inplace_and_nd():
                            "strided qdq")
 
 
-def test_cuda_current_stream_and_errors():
-    x = _x((256, 4096)).cuda()
+# ~0.25-0.5 s of torch.cuda._sleep at the H200's 1.4-2 GHz SM clocks: orders of magnitude longer than
+# enqueueing the ops below takes the host.
+SLEEP_CYCLES = 500_000_000
+
+
+def _write_late(dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream) -> torch.cuda.Event:
+    """On `stream`: a long busy-wait kernel, then dst.copy_(src); returns an event recorded after the
+    copy. Until that event completes, dst still holds its old contents."""
+    stream.wait_stream(torch.cuda.current_stream())  # dst and src are ready before the busy-wait
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        dst.copy_(src)
+        written = torch.cuda.Event()
+        written.record()
+    return written
+
+
+def test_cuda_ops_run_on_the_current_stream():
+    """Each op must enqueue its work on the current stream, after what is already queued there.
+    The input is written on a side stream s behind a long busy-wait; the ops are called on s at once,
+    while the write is still pending (asserted). On s they wait for it and see the data; an op that
+    ran on any other stream (the default stream, a stream of its own) would run at once and see the
+    stale zeros. The control at the end shows that this race is real: the same call issued on the
+    default stream does see the zeros."""
+    src = _x((256, 4096))
+    expect = {
+        "qdq nvfp4 (computed S: workspace + two kernels)": mxq.qdq(src, "nvfp4"),
+        "qdq mxfp4": mxq.qdq(src, "mxfp4", rule="even"),
+        "qdq_ mxfp8": mxq.qdq(src, "mxfp8"),
+    }
+    qc = mxq.quantize(src, "nvfp4", layout="swizzled")
+    src_gpu = src.cuda()
     s = torch.cuda.Stream()
+    x = torch.zeros_like(src_gpu)
+    inplace = torch.zeros_like(src_gpu)
+    torch.cuda.synchronize()
+    written = _write_late(x, src_gpu, s)
+    written_inplace = _write_late(inplace, src_gpu, s)
     with torch.cuda.stream(s):
-        y = mxq.qdq(x, "nvfp4")
-        q = mxq.quantize(x, "mxfp8", layout="swizzled")
-    s.synchronize()
-    assert_bytes_equal(y, mxq.qdq(x.cpu(), "nvfp4"), "side stream qdq")
-    assert_bytes_equal(q.scales, mxq.quantize(x.cpu(), "mxfp8", layout="swizzled").scales, "side stream quantize")
+        got = {
+            "qdq nvfp4 (computed S: workspace + two kernels)": mxq.qdq(x, "nvfp4"),
+            "qdq mxfp4": mxq.qdq(x, "mxfp4", rule="even"),
+        }
+        mxq.qdq_(inplace, "mxfp8")
+        got["qdq_ mxfp8"] = inplace
+        q = mxq.quantize(x, "nvfp4", layout="swizzled")
+        deq = mxq.dequantize(q.codes, q.scales, format="nvfp4", cols=4096, layout="swizzled",
+                             tensor_scale=float(qc.tensor_scale), dtype=torch.bfloat16)
+        lin = mxq.unswizzle_scales(q.scales, 256, 4096 // 16)
+        sw = mxq.swizzle_scales(lin)
+    assert not written.query() and not written_inplace.query(), \
+        "the busy-wait ended before the ops were enqueued: the test would prove nothing (raise SLEEP_CYCLES)"
+    torch.cuda.synchronize()
+    for what, e in expect.items():
+        assert_bytes_equal(got[what], e, f"on the side stream: {what}")
+    assert_bytes_equal(q.codes, qc.codes, "on the side stream: quantize codes")
+    assert_bytes_equal(q.scales, qc.scales, "on the side stream: quantize scales")
+    assert_bytes_equal(q.tensor_scale, qc.tensor_scale, "on the side stream: quantize tensor scale")
+    assert_bytes_equal(deq, qc.dequantize(torch.bfloat16), "on the side stream: dequantize")
+    assert_bytes_equal(sw, qc.scales, "on the side stream: unswizzle + swizzle")
+
+    # Control: issued on the default stream, not ordered after s, the same op reads the stale zeros.
+    stale = torch.zeros_like(src_gpu)
+    torch.cuda.synchronize()
+    written = _write_late(stale, src_gpu, s)
+    wrong = mxq.qdq(stale, "mxfp4", rule="even")  # the current stream here is the default stream
+    assert not written.query()
+    torch.cuda.synchronize()
+    assert_bytes_equal(wrong, torch.zeros_like(wrong), "control: the default stream saw the stale input")
+    assert_bytes_equal(stale, src_gpu, "control: the write did land, later")
+
+
+def test_cuda_device_mismatch_is_refused():
+    x = _x((256, 4096)).cuda()
     q = mxq.quantize(x, "mxfp4")
     with pytest.raises(ValueError, match="device|cuda|cpu"):
         mxq.dequantize(q.codes, q.scales.cpu(), format="mxfp4", cols=4096)
@@ -86,13 +152,20 @@ def test_cuda_graph_capture_and_replay():
     static_x = _x((512, 2048)).cuda()
     target = static_x.clone()
 
+    # (capture mode "global", torch's default: a launch on the legacy default stream during the
+    # capture, which runs on a side stream, fails it, so every op below is also checked to use the
+    # current stream)
     def work():
         y = mxq.qdq(static_x, "nvfp4")  # computed tensor scale: a 4-byte workspace, no sync
         q = mxq.quantize(static_x, "nvfp4", layout="swizzled")
         z = mxq.qdq(static_x, "mxfp4", rule="even", stochastic=True, seed=5)
         mxq.qdq_(target, "mxfp8")
         c, s = Q.fusedQuantizeMx(static_x, None, method="quest")
-        return y, q.codes, q.scales, q.tensor_scale, z, c, s
+        qm = mxq.quantize(static_x, "mxfp4", rule="even", layout="swizzled")
+        lin = mxq.unswizzle_scales(qm.scales, 512, 2048 // 32)
+        d = mxq.dequantize(qm.codes, mxq.swizzle_scales(lin), format="mxfp4", cols=2048, layout="swizzled",
+                           dtype=torch.bfloat16)
+        return y, q.codes, q.scales, q.tensor_scale, z, c, s, lin, d
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -112,8 +185,10 @@ def test_cuda_graph_capture_and_replay():
         qc = mxq.quantize(new.cpu(), "nvfp4", layout="swizzled")
         cq, sq = Q.fusedQuantizeMx(new.cpu(), None, method="quest")
         expect = (mxq.qdq(new.cpu(), "nvfp4"), qc.codes, qc.scales, qc.tensor_scale,
-                  mxq.qdq(new.cpu(), "mxfp4", rule="even", stochastic=True, seed=5), cq, sq)
-        for a, e, what in zip(outs, expect, ["qdq", "codes", "scales", "S", "stochastic", "qutlass codes", "scales"]):
+                  mxq.qdq(new.cpu(), "mxfp4", rule="even", stochastic=True, seed=5), cq, sq,
+                  mxq.quantize(new.cpu(), "mxfp4", rule="even").scales, mxq.qdq(new.cpu(), "mxfp4", rule="even"))
+        for a, e, what in zip(outs, expect, ["qdq", "codes", "scales", "S", "stochastic", "qutlass codes", "scales",
+                                             "unswizzled", "dequantize"]):
             assert_bytes_equal(a, e, f"graph replay {seed}: {what}")
         assert_bytes_equal(target, target_expect, "graph replay: in place")
 
@@ -126,9 +201,10 @@ def test_cuda_compat_equals_cpu():
     for method in ("quest", "abs_max"):
         for a, b in zip(Q.fusedQuantizeMx(x.cuda(), None, method=method), Q.fusedQuantizeMx(x, None, method=method)):
             assert_bytes_equal(a, b, f"fusedQuantizeMx {method}")
-    gs = torch.tensor([6.0])
-    for a, b in zip(Q.fusedQuantizeNv(x.cuda(), None, gs.cuda()), Q.fusedQuantizeNv(x, None, gs)):
-        assert_bytes_equal(a, b, "fusedQuantizeNv")
+    for g in anchors.NV_GLOBAL_SCALES:
+        gs = torch.tensor([g])
+        for a, b in zip(Q.fusedQuantizeNv(x.cuda(), None, gs.cuda()), Q.fusedQuantizeNv(x, None, gs)):
+            assert_bytes_equal(a, b, f"fusedQuantizeNv at global scale {g:g}")
     sc = Q.fusedQuantizeMx(x, None)[1]
     assert_bytes_equal(Q.to_blocked(sc.cuda()), Q.to_blocked(sc), "to_blocked")
     eye = torch.eye(32, dtype=torch.bfloat16, device="cuda")
@@ -157,3 +233,56 @@ def test_cuda_emulate_llama():
         assert model.model.layers[0].mlp.up_proj.weight.is_cuda
         gpu = model(ids.cuda()).logits
     assert gpu.shape == cpu.shape and bool(torch.isfinite(gpu).all())
+
+
+@pytest.mark.parametrize("gs", anchors.NV_GLOBAL_SCALES, ids=lambda g: f"gs={g:g}")
+def test_cuda_qutlass_global_scales_equal_cpu(gs):
+    """fusedQuantizeNv and NVFP4 with a given tensor scale at awkward global scales (saturating and
+    underflowing E4M3 block scales): the GPU's bytes are the CPU's (which test_compat.py checks
+    against QuTLASS's arithmetic)."""
+    from test_compat import _qutlass_data
+
+    x = _qutlass_data()
+    for a, b in zip(Q.fusedQuantizeNv(x.cuda(), None, gs), Q.fusedQuantizeNv(x, None, gs)):
+        assert_bytes_equal(a, b, f"fusedQuantizeNv gs={gs:g}")
+    assert_bytes_equal(mxq.qdq(x.cuda(), "nvfp4", tensor_scale=gs), mxq.qdq(x, "nvfp4", tensor_scale=gs), "qdq")
+    qg = mxq.quantize(x.cuda(), "nvfp4", tensor_scale=gs, layout="swizzled")
+    qc = mxq.quantize(x, "nvfp4", tensor_scale=gs, layout="swizzled")
+    assert_bytes_equal(qg.scales, qc.scales, "swizzled scales")
+    assert_bytes_equal(qg.dequantize(torch.float32), qc.dequantize(torch.float32), "dequantize")
+
+
+def test_cuda_autograd_straight_through_and_compile():
+    """The STE on the GPU, eagerly and compiled with inductor (fullgraph, backward)."""
+    torch._dynamo.reset()
+    x = _x((64, 1024), torch.float32).cuda().requires_grad_()
+    g = torch.randn(64, 1024, device="cuda")
+    y = mxq.qdq(x, "nvfp4")
+    (gx,) = torch.autograd.grad(y, x, g)
+    assert_bytes_equal(gx, g, "eager STE on CUDA")
+
+    def f(x):
+        return (mxq.qdq(x, "mxfp4", rule="even") * g).sum()
+
+    (gc,) = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="inductor")(x), x)
+    assert_bytes_equal(gc, g, "compiled STE on CUDA")
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        mxq.quantize(x, "mxfp4")
+
+
+def test_cuda_torch_compile_dynamic_does_not_recompile():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+
+    def f(x):
+        q = mxq.quantize(x, "nvfp4", layout="swizzled", tensor_scale=100.0)
+        return mxq.qdq(x, "mxfp4", rule="even"), q.dequantize(torch.float32)
+
+    cf = torch.compile(f, backend=counter, dynamic=True, fullgraph=True)
+    for rows in (5, 9, 13):
+        x = _x((rows, 256), seed=rows).cuda()
+        for a, e in zip(cf(x), f(x)):
+            assert_bytes_equal(a, e, f"compiled dynamic at {rows} rows")
+    assert counter.frame_count == 1

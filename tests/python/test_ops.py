@@ -248,6 +248,8 @@ def _samples():
     return [
         (torch.ops.mxq.qdq.default, (x, "mxfp4", "even", 0, False, 0, 0, None)),
         (torch.ops.mxq.qdq.default, (x, "nvfp4", "nvfp4", 0, True, 3, 0, 100.0)),
+        # requires grad: opcheck's autograd checks (registration, AOT dispatch of the backward) run
+        (torch.ops.mxq.qdq.default, (x.float().requires_grad_(), "mxfp8_e4m3", "rceil", 0, False, 0, 0, None)),
         (torch.ops.mxq.qdq_.default, (x.clone(), "mxfp8_e4m3", "floor", 0, False, 0, 0, None)),
         (torch.ops.mxq.quantize.default, (x, "mxfp4", "even", 0, False, 0, 0, "swizzled", None, True)),
         (torch.ops.mxq.quantize.default, (x, "nvfp4", "nvfp4", 0, False, 0, 0, "padded", None, False)),
@@ -256,11 +258,11 @@ def _samples():
     ]
 
 
-@pytest.mark.parametrize("i", range(7))
+@pytest.mark.parametrize("i", range(8))
 def test_opcheck(i):
     op, args = _samples()[i]
-    torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static",
-                                                 "test_aot_dispatch_dynamic"))
+    torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                                 "test_aot_dispatch_static", "test_aot_dispatch_dynamic"))
 
 
 def test_opcheck_dequantize():
@@ -268,7 +270,8 @@ def test_opcheck_dequantize():
     q = mxq.quantize(x, "nvfp4", layout="swizzled")
     torch.library.opcheck(torch.ops.mxq.dequantize.default,
                           (q.codes, q.scales, 64, "nvfp4", 0, "swizzled", float(q.tensor_scale), None, torch.bfloat16),
-                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                      "test_aot_dispatch_static", "test_aot_dispatch_dynamic"))
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
@@ -316,3 +319,99 @@ def test_fakes_refuse_what_the_kernels_refuse():
             x = torch.ones(4, 64)
             with pytest.raises(ValueError, match=what):  # the fake
                 torch.ops.mxq.quantize(x, *args.values())
+
+
+@pytest.mark.parametrize("vary", ["rows", "rows_and_k"])
+def test_torch_compile_dynamic_does_not_recompile(vary):
+    """torch.compile(dynamic=True) traces one graph for every shape: the size arguments (dequantize's
+    cols, unswizzle_scales' rows and cols) are SymInts in the schemas and the Python API passes them
+    through (an int schema argument or an int() call would specialise the graph to the first shape
+    and recompile for each new one)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+
+    def f(x):
+        y = mxq.qdq(x, "mxfp4", rule="even")
+        q = mxq.quantize(x, "nvfp4", layout="swizzled", tensor_scale=100.0)
+        lin = mxq.unswizzle_scales(q.scales, x.shape[0], (x.shape[-1] + 15) // 16)
+        d = mxq.dequantize(q.codes, lin, format="nvfp4", cols=x.shape[-1], tensor_scale=100.0)
+        return y, q.dequantize(torch.float32), d, lin
+
+    cf = torch.compile(f, backend=counter, dynamic=True, fullgraph=True)
+    shapes = [(5, 64), (9, 64), (13, 64)] if vary == "rows" else [(5, 64), (9, 96), (13, 160)]
+    for rows, k in shapes:
+        x = _data(torch.bfloat16, rows=rows, k=k, seed=rows)
+        for g, e, what in zip(cf(x), f(x), ["qdq", "q.dequantize", "dequantize(unswizzled)", "unswizzled"]):
+            assert_bytes_equal(g, e, f"compiled dynamic {what} at {rows}x{k}")
+    assert counter.frame_count == 1, f"{counter.frame_count} compilations for {len(shapes)} shapes"
+
+
+@pytest.mark.parametrize("layout", ["linear", "swizzled", "padded"])
+@pytest.mark.parametrize("make", ["permuted_4d", "sliced_3d", "expanded_3d", "channels_last_4d"])
+def test_nd_non_contiguous_all_ops(make, layout):
+    """Batched (N-D) inputs that are not contiguous, through every op: the same bytes as their
+    contiguous copies; in place, the view is written and nothing else."""
+    base = _data(torch.bfloat16, rows=2 * 6 * 8, k=96).reshape(2, 6, 8, 96)
+    view = {
+        "permuted_4d": lambda b: b.permute(1, 0, 2, 3),                 # leading dims out of order
+        "sliced_3d": lambda b: b.reshape(12, 8, 96)[::2, 1:7, 16:80],   # steps and offsets
+        "expanded_3d": lambda b: b[0, 0, :1].expand(3, 5, 96),          # stride 0
+        "channels_last_4d": lambda b: b.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+        .permute(0, 2, 3, 1),                                            # last dim contiguous, odd strides
+    }[make]
+    x = view(base)
+    xc = x.contiguous()
+    for fmt, rule in [("mxfp4", "even"), ("nvfp4", None), ("mxfp6_e3m2", "rceil")]:
+        y = mxq.qdq(x, fmt, rule=rule)
+        assert y.shape == x.shape and y.is_contiguous()
+        assert_bytes_equal(y, mxq.qdq(xc, fmt, rule=rule), f"{make} qdq {fmt}")
+        q, qc = mxq.quantize(x, fmt, rule=rule, layout=layout), mxq.quantize(xc, fmt, rule=rule, layout=layout)
+        assert_bytes_equal(q.codes, qc.codes, f"{make} codes {fmt} {layout}")
+        assert_bytes_equal(q.scales, qc.scales, f"{make} scales {fmt} {layout}")
+        assert q.codes.shape[:-1] == x.shape[:-1]
+        assert_bytes_equal(q.dequantize(), y, f"{make} dequantize(quantize) == qdq, {fmt} {layout}")
+        # raw dequantize of N-D codes given as a non-contiguous view
+        codes_view = q.codes.transpose(0, 1).contiguous().transpose(0, 1)
+        ts = None if fmt != "nvfp4" else q.tensor_scale
+        raw = mxq.dequantize(codes_view, q.scales, format=fmt, cols=x.shape[-1], layout=layout, tensor_scale=ts,
+                             dtype=torch.bfloat16)
+        assert_bytes_equal(raw, y, f"{make} raw dequantize of a strided view, {fmt} {layout}")
+    if make != "expanded_3d":  # (an expanded tensor cannot be written in place, in torch either)
+        b2 = base.clone()
+        mxq.qdq_(view(b2), "mxfp4", rule="even")
+        assert_bytes_equal(view(b2), mxq.qdq(xc, "mxfp4", rule="even"), f"{make} in place")
+        outside = torch.ones_like(base, dtype=torch.bool)
+        view(outside).fill_(False)
+        assert_bytes_equal(b2, base, f"{make} in place: the rest untouched", mask=outside)
+
+
+def test_errors_are_python_exceptions_with_mxqs_message():
+    """Refusals from the library (not only from the Python wrapper) arrive as ValueError /
+    NotImplementedError carrying mxq's message (function, argument, got, expected), with no C++
+    backtrace, for N-D and strided inputs too."""
+    x = torch.randn(2, 3, 64)
+    cases = [
+        (lambda: mxq.qdq(x, "nvfp4", tensor_scale=-1.0), ValueError, r"^mxq::qdq: option 'tensor_scale': -1"),
+        (lambda: mxq.qdq(x[:, :, ::2], "mxfp8", rule="qutlass_absmax"), ValueError,
+         r"^mxq::qdq: option 'rule': rule 'qutlass_absmax' is defined for mxfp4 only"),
+        (lambda: torch.ops.mxq.qdq(x, "mxfp4", "even", 3, False, 0, 0, None), ValueError,
+         r"^mxq::qdq: option 'group_size': 3, expected"),
+        (lambda: mxq.dequantize(torch.zeros(2, 3, 32, dtype=torch.uint8), torch.zeros(2, 3, 2, dtype=torch.uint8),
+                                format="mxfp4", cols=65), ValueError,
+         r"^mxq::dequantize: argument 'codes': shape \[6, 32\], expected \[6, 33\]"),
+        (lambda: mxq.unswizzle_scales(torch.zeros(128, 4, dtype=torch.uint8), 129, 4), ValueError,
+         r"^mxq::unswizzle_scales: argument 'swizzled': shape \[128, 4\], expected \[256, 4\]"),
+        (lambda: mxq.qdq(x.double().transpose(0, 1), "mxfp4"), ValueError, r"^mxq\.qdq: argument 'x': dtype"),
+    ]
+    for fn, exc, pattern in cases:
+        with pytest.raises(exc, match=pattern) as info:
+            fn()
+        msg = str(info.value)
+        assert "Exception raised from" not in msg and ".cpp:" not in msg, f"C++ backtrace in the message: {msg}"
+    # nothing is written when an argument is refused
+    y = x.clone()
+    with pytest.raises(ValueError):
+        mxq.qdq_(y, "mxfp4", group_size=3)
+    assert torch.equal(y, x)

@@ -60,7 +60,7 @@ def mxfp4_qdq(x: torch.Tensor, group_size: int = 32, *, trace_op_name: str = "mx
         Tensor of x's shape and dtype, with MXFP4 quantization noise applied.
     """
     _check(x, "mxfp4_qdq")
-    return torch.ops.mxq.qdq(x, "mxfp4", "even", _ops._group(group_size), False, 0, 0, None)
+    return torch.ops.mxq.qdq.default(x, "mxfp4", "even", _ops._group(group_size), False, 0, 0, None)
 
 
 def mxfp8_qdq(x: torch.Tensor, group_size: int = 32, *, trace_op_name: str = "mxfp8_qdq") -> torch.Tensor:
@@ -75,4 +75,4 @@ def mxfp8_qdq(x: torch.Tensor, group_size: int = 32, *, trace_op_name: str = "mx
         Tensor of x's shape and dtype, with MXFP8 E4M3 quantization noise applied.
     """
     _check(x, "mxfp8_qdq")
-    return torch.ops.mxq.qdq(x, "mxfp8_e4m3", "floor", _ops._group(group_size), False, 0, 0, None)
+    return torch.ops.mxq.qdq.default(x, "mxfp8_e4m3", "floor", _ops._group(group_size), False, 0, 0, None)
