@@ -87,12 +87,8 @@ def test_cuda_ops_run_on_the_current_stream():
     qc = mxq.quantize(src, "nvfp4", layout="swizzled")
     src_gpu = src.cuda()
     s = torch.cuda.Stream()
-    x = torch.zeros_like(src_gpu)
-    inplace = torch.zeros_like(src_gpu)
-    torch.cuda.synchronize()
-    written = _write_late(x, src_gpu, s)
-    written_inplace = _write_late(inplace, src_gpu, s)
-    with torch.cuda.stream(s):
+
+    def run_ops(x: torch.Tensor, inplace: torch.Tensor):
         got = {
             "qdq nvfp4 (computed S: workspace + two kernels)": mxq.qdq(x, "nvfp4"),
             "qdq mxfp4": mxq.qdq(x, "mxfp4", rule="even"),
@@ -103,7 +99,21 @@ def test_cuda_ops_run_on_the_current_stream():
         deq = mxq.dequantize(q.codes, q.scales, format="nvfp4", cols=4096, layout="swizzled",
                              tensor_scale=float(qc.tensor_scale), dtype=torch.bfloat16)
         lin = mxq.unswizzle_scales(q.scales, 256, 4096 // 16)
-        sw = mxq.swizzle_scales(lin)
+        return got, q, deq, mxq.swizzle_scales(lin)
+
+    # Warm-up on s, before the race: the first launch of a kernel loads its module (CUDA's lazy
+    # loading), which may synchronise the context, and s's allocator pool starts empty. Neither
+    # happens again on later calls, which are what this test is about.
+    with torch.cuda.stream(s):
+        run_ops(src_gpu, src_gpu.clone())
+    torch.cuda.synchronize()
+    x = torch.zeros_like(src_gpu)
+    inplace = torch.zeros_like(src_gpu)
+    torch.cuda.synchronize()
+    written = _write_late(x, src_gpu, s)
+    written_inplace = _write_late(inplace, src_gpu, s)
+    with torch.cuda.stream(s):
+        got, q, deq, sw = run_ops(x, inplace)
     assert not written.query() and not written_inplace.query(), \
         "the busy-wait ended before the ops were enqueued: the test would prove nothing (raise SLEEP_CYCLES)"
     torch.cuda.synchronize()
