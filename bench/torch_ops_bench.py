@@ -5,7 +5,9 @@ CUDA-graph replays, and the per-call host overhead of the Python wrappers; print
 
 Method: CUDA events around each call, median of --reps runs; for the prefill shapes the L2 is
 flushed (a write of 2x its size) before every timed run (cold L2); decode shapes run warm, as in a
-decode loop. Byte model (GB/s column): QDQ reads and writes x (2 bytes/element each for bf16);
+decode loop. The graph columns at decode shapes replay a graph of 20 back-to-back calls and divide
+by 20: the time one node adds inside a model's graph (one replay per event pair would mostly time
+the graph launch, about 8 us); at prefill shapes the graph holds one call. Byte model (GB/s column): QDQ reads and writes x (2 bytes/element each for bf16);
 quantize reads x and writes the codes (FP4: 1/2 byte/element) and scales (1/32 byte/element).
 "x peer" is the fastest torch time (eager, compiled, compiled in a graph) over mxq's time.
 
@@ -46,7 +48,8 @@ def cases(S_of):
     ]
 
 
-def timed(fn, reps, flush_buf):
+def timed(fn, reps, flush_buf, per=1):
+    """Median GPU microseconds of fn() over reps runs, divided by per (the calls one fn() makes)."""
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(3):
         fn()
@@ -58,12 +61,13 @@ def timed(fn, reps, flush_buf):
         fn()
         b.record()
         b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
+        ts.append(a.elapsed_time(b) * 1e3 / per)
     return statistics.median(ts)
 
 
-def graphed(fn):
-    """fn captured in a CUDA graph (after a warm-up on a side stream); returns the replay callable."""
+def graphed(fn, calls=1):
+    """`calls` back-to-back calls of fn captured in one CUDA graph (after a warm-up on a side
+    stream); returns the replay callable."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -72,7 +76,8 @@ def graphed(fn):
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
+        for _ in range(calls):
+            fn()
     return g.replay
 
 
@@ -130,7 +135,8 @@ def main():
     props = torch.cuda.get_device_properties(0)
     flush_buf = torch.empty(2 * props.L2_cache_size, dtype=torch.uint8, device="cuda")
     torch._dynamo.config.cache_size_limit = 256
-    tab = ["", f"## mxq ops vs torch on {props.name} (median of {reps}; us; cold L2 for 8192 rows)", "",
+    tab = ["", f"## mxq ops vs torch on {props.name} (median of {reps}; us; cold L2 for 8192 rows; "
+           f"graph columns at 16 rows: per call in a graph of 20)", "",
            "| op | shape | mxq eager | mxq graph | GB/s (graph) | torch eager | torch.compile | compile graph | x peer |",
            "|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(tab), flush=True)
@@ -138,9 +144,10 @@ def main():
         x = P.llm_like(R, K)
         S = 448.0 * 6.0 / x.float().abs().amax().item()
         cold = flush_buf if R >= 1024 else None
+        per = 1 if R >= 1024 else 20  # calls per graph (module docstring)
         for name, fm, fp, out_bytes in cases(lambda _x: S):
             m_e = timed(lambda: fm(x), reps, cold)
-            m_g = timed(graphed(lambda: fm(x)), reps, cold)
+            m_g = timed(graphed(lambda: fm(x), per), reps, cold, per)
             p_e = timed(lambda: fp(x), reps, cold)
             p_c = p_cg = None
             if not args.no_compile:
@@ -148,7 +155,7 @@ def main():
                 cf = torch.compile(fp, dynamic=False)
                 p_c = timed(lambda: cf(x), reps, cold)
                 try:
-                    p_cg = timed(graphed(lambda: cf(x)), reps, cold)
+                    p_cg = timed(graphed(lambda: cf(x), per), reps, cold, per)
                 except Exception as e:  # noqa: BLE001  (a peer that cannot be captured is reported, not fatal)
                     print(f"  ({name}: compiled peer not capturable: {type(e).__name__})", file=sys.stderr)
             gbs = R * K * (2.0 + out_bytes) / (m_g * 1e-6) / 1e9

@@ -7,7 +7,8 @@
 #   MXQ_CHECK_E2E     bench/generate_bench.py models to run after the package is installed (end-to-end
 #                     tokens/s, e.g. "llama-1.3b qwen3-moe"); tables into $OUT/e2e-<model>.md
 #   MXQ_CHECK_E2E_PROFILE  models whose prefill is profiled per variant (torch.profiler) into $OUT
-#   MXQ_CHECK_NCU     ';'-separated cuda_bench rows to profile with Nsight Compute (summary lines printed)
+#   MXQ_CHECK_NCU     ';'-separated cuda_bench rows to profile with Nsight Compute (summary lines printed);
+#                     'ROW@REGEX' profiles the kernel matching REGEX (default block_kernel / dequant_kernel)
 #   MXQ_CHECK_NCU_SOURCE  one cuda_bench row: per-instruction SASS counts into $OUT/ncu-source.csv
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -95,6 +96,7 @@ if [ -n "${MXQ_CHECK_NCU:-}" ]; then  # optional: Nsight Compute on chosen bench
   IFS=';' read -ra CASES <<< "$MXQ_CHECK_NCU"
   for c in "${CASES[@]}"; do
     kern='block_kernel'; [[ "$c" == dequantize* ]] && kern='dequant_kernel'
+    if [[ "$c" == *@* ]]; then kern=${c#*@}; c=${c%@*}; fi  # "row@kernel regex": another kernel of the row
     ncu --clock-control none -k regex:"$kern" -s 2 -c 1 --section SpeedOfLight --section Occupancy \
       --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
       --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_read.sum \

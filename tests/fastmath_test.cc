@@ -24,8 +24,8 @@ using namespace mxq;
 using th::HostTensor;
 using th::Quantized;
 
-// sr_round_unscaled (the kernels' stochastic-rounding form, in the unscaled domain) against the
-// scalar codec: every finite bf16 pattern, at every scale of the fast range that puts it near the
+// sr_round_unscaled and sr_round_dither (the kernels' stochastic-rounding forms for 32 and for 16 or 8
+// random bits, in the unscaled domain) against the scalar codec: every finite bf16 pattern, at every scale of the fast range that puts it near the
 // grid (or up to 12 binades above it: saturation), with random words and the words on either side
 // of each rounding threshold.
 TEST(FastStochastic, UnscaledRoundingMatchesTheCodecForEveryBf16) {
@@ -55,15 +55,21 @@ TEST(FastStochastic, UnscaledRoundingMatchesTheCodecForEveryBf16) {
           const std::uint64_t rem = s <= 0 ? 0 : s >= 64 ? sig : sig & ((std::uint64_t(1) << s) - 1);
           thr = s <= 0 ? 0 : s <= 32 ? rem << (32 - s) : (s - 32 >= 64 ? 0 : rem >> (s - 32));
         }
-        for (int k = 0; k < 5; ++k) {
-          const std::uint32_t rnd = k == 0 ? 0u : k == 1 ? 0xFFFFFFFFu : k == 2 ? std::uint32_t(rng())
-                                   : k == 3 ? std::uint32_t(thr ? thr - 1 : 0) : std::uint32_t(thr);
-          const float want = mul_rn(decode_f32(encode_scaled_sr<ET>(xb, e, rnd) & ((1u << (f.bits - 1)) - 1u), f), pow2f(e));
-          const float got = sr_round_unscaled<ET>(xb, e, rnd);
-          ++n;
-          if (std::bit_cast<std::uint32_t>(got) != std::bit_cast<std::uint32_t>(want) && bad++ < 5)
-            ADD_FAILURE() << to_string(ET) << " x=" << std::hex << xb << " e=" << std::dec << e << " rnd=" << rnd
-                          << ": got " << got << " want " << want;
+        // 32 random bits: sr_round_unscaled; 16 and 8 (sr_word's comparison words): sr_round_dither.
+        for (const int B : {32, 16, 8}) {
+          const int s = 32 - B;
+          const std::uint64_t tb = thr >> s;  // the threshold of the B-bit field
+          for (int k = 0; k < 5; ++k) {
+            const std::uint32_t r = k == 0 ? 0u : k == 1 ? 0xFFFFFFFFu : k == 2 ? std::uint32_t(rng())
+                                  : k == 3 ? std::uint32_t(tb ? tb - 1 : 0) : std::uint32_t(tb);
+            const std::uint32_t rnd = sr_word(B == 32 ? r : r & ((1u << B) - 1u), B);
+            const float want = mul_rn(decode_f32(encode_scaled_sr<ET>(xb, e, rnd) & ((1u << (f.bits - 1)) - 1u), f), pow2f(e));
+            const float got = B == 32 ? sr_round_unscaled<ET>(xb, e, rnd) : sr_round_dither<ET>(xb, e, rnd);
+            ++n;
+            if (std::bit_cast<std::uint32_t>(got) != std::bit_cast<std::uint32_t>(want) && bad++ < 5)
+              ADD_FAILURE() << to_string(ET) << " B=" << B << " x=" << std::hex << xb << " e=" << std::dec << e
+                            << " rnd=" << std::hex << rnd << std::dec << ": got " << got << " want " << want;
+          }
         }
       }
     }
@@ -74,6 +80,51 @@ TEST(FastStochastic, UnscaledRoundingMatchesTheCodecForEveryBf16) {
   check(std::integral_constant<ElemType, ElemType::e3m2>{});
   check(std::integral_constant<ElemType, ElemType::e4m3>{});
   check(std::integral_constant<ElemType, ElemType::e5m2>{});
+}
+
+// The NVFP4 stochastic rounding of the kernels: x * m rounded once in fp32, then sr_round_unscaled /
+// sr_round_dither onto E2M1 at e = 0 and e2m1_code_of_grid, against nvfp4_encode_sr. Any fp32 product
+// can reach the rounding here (not only bf16 patterns): 2^18 random magnitudes spread over every
+// binade from the subnormals to Inf, each with random words and those on either side of the threshold.
+TEST(FastStochastic, Nvfp4RoundingOfAnyProductMatchesTheCodec) {
+  using namespace mxq::core;
+  std::mt19937 rng(11);
+  long bad = 0, n = 0;
+  for (int i = 0; i < (1 << 18); ++i) {
+    const std::uint32_t fld = i < 64 ? std::uint32_t(i % 2 ? 255 : 0) : rng() % 140 == 0 ? rng() % 256 : 100 + rng() % 32;
+    std::uint32_t vb = (fld << 23) | (rng() & 0x7FFFFFu) | (rng() & 0x80000000u);
+    if (fld == 255) vb &= 0xFF800000u;  // Inf, not NaN (a NaN block never reaches the rounding)
+    const std::uint32_t a = vb & 0x7FFFFFFFu;
+    for (const int B : {32, 16, 8}) {
+      // The threshold by the scalar codec itself (rounding up is monotone in the word): the smallest
+      // field that rounds down, found by bisection.
+      const std::uint64_t top = std::uint64_t(1) << B;
+      const std::uint32_t down = nvfp4_encode_sr(vb, 1.0f, 0xFFFFFFFFu);
+      std::uint64_t lo = 0, hi = top;  // the answer is in [lo, hi]
+      while (lo < hi) {
+        const std::uint64_t mid = (lo + hi) / 2;
+        if (nvfp4_encode_sr(vb, 1.0f, sr_word(std::uint32_t(mid), B)) == down) hi = mid;
+        else lo = mid + 1;
+      }
+      for (int k = 0; k < 6; ++k) {
+        std::uint32_t r = rng();
+        if (B != 32) r &= std::uint32_t(top - 1);
+        if (k == 0) r = 0;
+        if (k == 1) r = std::uint32_t(top - 1);
+        if (k == 3 && lo > 0) r = std::uint32_t(lo - 1);
+        if (k == 4 && lo < top) r = std::uint32_t(lo);
+        const std::uint32_t rnd = sr_word(r, B);
+        const std::uint32_t want = nvfp4_encode_sr(vb, 1.0f, rnd);
+        const float g = B == 32 ? sr_round_unscaled<ElemType::e2m1>(vb, 0, rnd) : sr_round_dither<ElemType::e2m1>(vb, 0, rnd);
+        const std::uint32_t got = e2m1_code_of_grid(g) | ((vb >> 31) << 3);
+        ++n;
+        if (got != want && bad++ < 5)
+          ADD_FAILURE() << "B=" << B << " v=" << std::hex << vb << " rnd=" << rnd << std::dec << ": got code " << got
+                        << " want " << want << " (|v| " << u2f(a) << ")";
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << bad << " of " << n;
 }
 
 // nvfp4_encode_rne_readoff (the kernels' NVFP4 quantize) against nvfp4_encode_rne: every finite bf16

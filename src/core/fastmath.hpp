@@ -323,6 +323,36 @@ MXQ_HD_HOT float sr_round_unscaled(std::uint32_t xbits, int e, std::uint32_t rnd
   return fminf_nn(r, mul_rn(u2f(max_value_bits(f)), pow2f(e)));
 }
 
+// sr_round_unscaled for a comparison word of B <= 16 random bits (sr_word: the field r in the word's B
+// high bits, the 32 - B low bits set), by a dithered add. The rule rounds up iff r < floor(frac 2^B),
+// frac = (|x| - t) / Q: for integers that is r + 1 <= frac 2^B, i.e. frac + (2^B - 1 - r) 2^-B >= 1. So
+// the result is |x| + (2^B - 1 - r) 2^-B Q truncated onto the grid. The dither is D - Q with D = Q (1 +
+// (2^B - 1 - r) 2^-B), whose bits are Q's with the inverted field as the top mantissa bits (~word >> 9,
+// exact for B <= 23); D - Q is exact (Sterbenz). The sum is rounded toward zero, which cannot carry it
+// past a grid point (grid points are fp32 values), and then truncated onto the grid by the constant of
+// |x|'s binade as in sr_round_unscaled (one binade up, the grid point 2^(E+1) is still exact there).
+// Q must be a normal fp32: e in MxFastRange<ET>. fastmath_test checks it against the scalar codec.
+template <ElemType ET>
+MXQ_HD_HOT float sr_round_dither(std::uint32_t xbits, int e, std::uint32_t word) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
+  const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 23;
+  const std::uint32_t xa = umin(xbits & 0x7FFFFFFFu, std::uint32_t(f.emax + 1 + e + 127) << 23);
+  const std::uint32_t be = umax(xa & 0x7F800000u, lo);    // the binade's exponent bits
+  const std::uint32_t qb = be - (std::uint32_t(f.mbits) << 23);  // the quantum Q's bits
+  const float d = sub_rn(u2f(qb | (~word >> 9)), u2f(qb));  // (2^B - 1 - r) 2^-B Q, exact
+  const float Cc = u2f(be + kC);
+  const float t = sub_rn(add_rz(add_rz(u2f(xa), d), Cc), Cc);
+  return fminf_nn(t, mul_rn(u2f(max_value_bits(f)), pow2f(e)));
+}
+
+// The E2M1 magnitude code (0..7) of a grid value v >= 0 of E2M1 (0, 0.5, 1, 1.5, 2, 3, 4, 6): from 1 up
+// the exponent and the one mantissa bit, (bits >> 22) - 252; below, 0.5 is the only nonzero value.
+MXQ_HD_HOT std::uint32_t e2m1_code_of_grid(float v) {
+  const std::uint32_t b = f2u(v);
+  return b >= 0x3F800000u ? (b >> 22) - 252u : std::uint32_t(b != 0u);
+}
+
 // nvfp4_encode with stochastic rounding (x * m rounded once in fp32, then onto E2M1).
 MXQ_HD_HOT std::uint32_t nvfp4_encode_sr(std::uint32_t xbits, float m, std::uint32_t rnd) {
   if ((xbits & 0x7FFFFFFFu) == 0) return (xbits >> 31) << 3;

@@ -45,16 +45,26 @@ __device__ __forceinline__ u32 bf16_words_amax(const u32 (&xw)[C / 2]) {
   return core::umax(m2 & 0xFFFFu, m2 >> 16) << 16;
 }
 
-// The max of m over the block's threads, atomicMax'ed into *acc by thread 0 (every thread calls it).
-__device__ __forceinline__ void block_max_into(u32 m, u32* acc) {
+// The max of m over the warp's lanes, in every lane (every lane calls it).
+__device__ __forceinline__ u32 warp_max(u32 m) {
   for (int st = 16; st > 0; st >>= 1) m = core::umax(m, __shfl_xor_sync(kFull, m, st));
-  __shared__ u32 warp_max[kThreads / 32];
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  return m;
+}
+// The max of m over the block's threads, in thread 0 (every thread calls it; one barrier).
+__device__ __forceinline__ u32 block_max(u32 m) {
+  m = warp_max(m);
+  __shared__ u32 warp_maxima[kThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_maxima[threadIdx.x >> 5] = m;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) m = core::umax(m, warp_max[w]);
-    atomicMax(acc, m);
+    for (int w = 1; w < kThreads / 32; ++w) m = core::umax(m, warp_maxima[w]);
   }
+  return m;
+}
+// The max of m over the block's threads, atomicMax'ed into *acc by thread 0 (every thread calls it).
+__device__ __forceinline__ void block_max_into(u32 m, u32* acc) {
+  m = block_max(m);
+  if (threadIdx.x == 0) atomicMax(acc, m);
 }
 
 // The chunk's max |x| as fp32 bits, from the input words: bf16 two lanes per instruction; other

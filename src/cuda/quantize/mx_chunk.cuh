@@ -131,19 +131,24 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
     // codes in pw
   } else if (sr) {
     if (kFastOk && !f.twos_complement && fast) {
-      // The unscaled stochastic rounding (fastmath_test proves it equal to encode_scaled_sr there).
+      // The unscaled stochastic rounding (fastmath_test proves it equal to encode_scaled_sr there):
+      // the dithered add for 16 or 8 random bits, the fixed-point fraction for 32.
+      auto round_sr = [&](auto dither) {
 #pragma unroll
-      for (int i = 0; i < C; ++i) {
-        const float r = sr_round_unscaled<ET>(xb[i], e, rnd[i]);
-        if constexpr (QDQ) {
-          out[i] = f2u(r) | (xb[i] & 0x80000000u);  // bf16: the high half, exact
-        } else {
-          // r is a grid value: r + Cc is exact, and its bits count r's quanta (as below).
-          const u32 be = umax(f2u(r) & 0x7F800000u, lo), cb = be + kC;
-          const u32 mag = umin(readoff_mag<f.mbits>(f2u(add_rn(r, u2f(cb))), be, cb, lo), f.maxcode);
-          codes[i] = mag | ((xb[i] >> 31) << (f.bits - 1));
+        for (int i = 0; i < C; ++i) {
+          const float r = decltype(dither)::value ? sr_round_dither<ET>(xb[i], e, rnd[i]) : sr_round_unscaled<ET>(xb[i], e, rnd[i]);
+          if constexpr (QDQ) {
+            out[i] = f2u(r) | (xb[i] & 0x80000000u);  // bf16: the high half, exact
+          } else {
+            // r is a grid value: r + Cc is exact, and its bits count r's quanta (as below).
+            const u32 be = umax(f2u(r) & 0x7F800000u, lo), cb = be + kC;
+            const u32 mag = umin(readoff_mag<f.mbits>(f2u(add_rn(r, u2f(cb))), be, cb, lo), f.maxcode);
+            codes[i] = mag | ((xb[i] >> 31) << (f.bits - 1));
+          }
         }
-      }
+      };
+      if (p.sr_bits <= 16) round_sr(std::true_type{});
+      else round_sr(std::false_type{});
     } else {
 #pragma unroll
       for (int i = 0; i < C; ++i) {

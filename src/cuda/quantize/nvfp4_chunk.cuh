@@ -68,7 +68,29 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
     }
   }
   u32 codes[C], out[C], keep = 0;
-  if (QDQ && !sr) {
+  if (sr) {
+    // x * m rounded once, then stochastic rounding onto E2M1 in the unscaled form (e = 0): the
+    // dithered add for 16 or 8 random bits, the fixed-point fraction for 32 (fastmath_test checks both
+    // against nvfp4_encode_sr for any fp32 product). QDQ takes the rounded magnitude as it is.
+    auto round_sr = [&](auto dither) {
+#pragma unroll
+      for (int i = 0; i < C; ++i) {
+        const u32 v = f2u(mul_rn(u2f(xb[i]), m));
+        const float rm = decltype(dither)::value ? sr_round_dither<ElemType::e2m1>(v, 0, rnd[i])
+                                                 : sr_round_unscaled<ElemType::e2m1>(v, 0, rnd[i]);
+        if constexpr (QDQ) {
+          const float a = mul_rn(rm, sval);
+          const u32 o = nv.fast ? nv_out<true, DT>(a, xb[i] >> 31, nv) : nv_out<false, DT>(a, xb[i] >> 31, nv);
+          out[i] = hi16<DT>(o);
+        } else {
+          codes[i] = e2m1_code_of_grid(rm) | ((xb[i] >> 31) << 3);  // NaN/Inf blocks: zeroed by store_quantized
+          if (p.mask) keep |= u32(!nonfinite && fabs_bits(u2f(v)) < 6.0f) << i;
+        }
+      }
+    };
+    if (p.sr_bits <= 16) round_sr(std::true_type{});
+    else round_sr(std::false_type{});
+  } else if constexpr (QDQ) {
     // The rounded magnitude is the E2M1 value itself: no code round trip. (E2M1 value * s) / S with
     // the product exact and the quotient correctly rounded (recip_div in the usual S range).
     auto qdq_rne = [&](auto fast) {
@@ -85,14 +107,8 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
 #pragma unroll
     for (int i = 0; i < C; ++i) {
       // NaN/Inf blocks: codes zeroed by store_quantized
-      const u32 code = sr ? nvfp4_encode_sr(xb[i], m, rnd[i]) : nvfp4_encode_rne_readoff(xb[i], m);
-      codes[i] = code;
-      if (!QDQ && p.mask) keep |= u32(!nonfinite && fabs_bits(mul_rn(u2f(xb[i]), m)) < 6.0f) << i;
-      if (QDQ) {
-        const float a = mul_rn(e2m1_value(code & 7u), sval);
-        const u32 o = nv.fast ? nv_out<true, DT>(a, code >> 3, nv) : nv_out<false, DT>(a, code >> 3, nv);
-        out[i] = hi16<DT>(o);
-      }
+      codes[i] = nvfp4_encode_rne_readoff(xb[i], m);
+      if (p.mask) keep |= u32(!nonfinite && fabs_bits(mul_rn(u2f(xb[i]), m)) < 6.0f) << i;
     }
   }
   if constexpr (QDQ) {

@@ -28,8 +28,7 @@ __global__ void __launch_bounds__(kThreads, 1) nvfp4_cluster_kernel(const Params
   constexpr int W = vec_words<DT, C>();
   constexpr int kIt = ClusterConfig::kIters;
   __shared__ NvTables nvt;
-  __shared__ u32 block_amax;
-  __shared__ u32 warp_max[kThreads / 32];
+  __shared__ u32 block_amax, cluster_amax;
   const i64 stride = i64(gridDim.x) * kThreads;
   const i64 block_first = i64(blockIdx.x) * kThreads;
   const i64 iters = (p.total - block_first + stride - 1) / stride;  // uniform over the block, <= kIt
@@ -52,24 +51,18 @@ __global__ void __launch_bounds__(kThreads, 1) nvfp4_cluster_kernel(const Params
   }
 
   // The block's max, then the cluster's: warp 0 reads each block's through distributed shared memory.
-  for (int st = 16; st > 0; st >>= 1) m = umax(m, __shfl_xor_sync(kFull, m, st));
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int w = 1; w < kThreads / 32; ++w) m = umax(m, warp_max[w]);
-    block_amax = m;
-  }
+  m = block_max(m);
+  if (threadIdx.x == 0) block_amax = m;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();  // every block's maximum is written
   if (threadIdx.x < 32) {
     u32 a = 0;
     if (threadIdx.x < cluster.num_blocks()) a = *cluster.map_shared_rank(&block_amax, threadIdx.x);
-    for (int st = 16; st > 0; st >>= 1) a = umax(a, __shfl_xor_sync(kFull, a, st));
-    if (threadIdx.x == 0) warp_max[0] = a;
+    a = warp_max(a);
+    if (threadIdx.x == 0) cluster_amax = a;
   }
   cluster.sync();  // no block leaves (or reuses its shared memory) while another still reads it
-  const u32 amax = warp_max[0];
+  const u32 amax = cluster_amax;
   if (p.amax && blockIdx.x == 0 && threadIdx.x == 0) *p.amax = amax;
 
   const NvScale nv = nv_scale_of(amax);
