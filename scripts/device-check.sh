@@ -10,6 +10,8 @@
 #   MXQ_CHECK_NCU     ';'-separated cuda_bench rows to profile with Nsight Compute (summary lines printed);
 #                     'ROW@REGEX' profiles the kernel matching REGEX (default block_kernel / dequant_kernel)
 #   MXQ_CHECK_NCU_SOURCE  one cuda_bench row: per-instruction SASS counts into $OUT/ncu-source.csv
+#   MXQ_CHECK_CKPT_GB  checkpoint conversion benchmark (bench/checkpoint_bench.py) on a synthetic
+#                     checkpoint of this many GB, mxfp4 and nvfp4 on cpu and cuda
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/device-out}
@@ -117,6 +119,14 @@ if ! skipped peers && [ -s "$OUT/cuda_bench.jsonl" ]; then
   status "torch peers (eager, compile)" "rc=$? ($((SECONDS - t0)) s)"
 fi
 
+if [ -n "${MXQ_CHECK_CKPT_GB:-}" ]; then  # optional: checkpoint conversion throughput and peak memory
+  t0=$SECONDS
+  python3 "$ROOT/bench/checkpoint_bench.py" --mxq "$BUILD/tools/mxq/mxq" --gb "$MXQ_CHECK_CKPT_GB" \
+    --dir "${TMPDIR:-/tmp}/mxq-ckpt-bench" --device cpu --device cuda --markdown "$OUT/checkpoint_bench.md" \
+    > "$LOG/checkpoint_bench.txt" 2>&1
+  status "checkpoint conversion bench" "rc=$? ($((SECONDS - t0)) s, checkpoint_bench.md)"
+fi
+
 if ! skipped python; then  # the PyTorch package against this machine's torch (no network needed)
   t0=$SECONDS
   PYV=$BUILD/pyvenv
@@ -160,5 +170,6 @@ tar czf "$OUT/logs.tgz" -C "$OUT" logs; cp "$LOG/cuda_bench.txt" "$OUT/" 2>/dev/
 echo; cat "$LOG/machine.txt"; echo; cat "$OUT/summary.txt"; echo
 if [ -s "$OUT/perf_table.md" ]; then cat "$OUT/perf_table.md"; elif [ -s "$OUT/cuda_bench.txt" ]; then cat "$OUT/cuda_bench.txt"; fi
 [ -s "$OUT/torch_ops_bench.md" ] && { echo; cat "$OUT/torch_ops_bench.md"; }
+[ -s "$OUT/checkpoint_bench.md" ] && { echo; cat "$OUT/checkpoint_bench.md"; }
 for f in "$OUT"/e2e-*.md; do [ -s "$f" ] && { echo; cat "$f"; }; done
 rm -rf "$LOG"
