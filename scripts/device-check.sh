@@ -119,14 +119,6 @@ if ! skipped peers && [ -s "$OUT/cuda_bench.jsonl" ]; then
   status "torch peers (eager, compile)" "rc=$? ($((SECONDS - t0)) s)"
 fi
 
-if [ -n "${MXQ_CHECK_CKPT_GB:-}" ]; then  # optional: checkpoint conversion throughput and peak memory
-  t0=$SECONDS
-  python3 "$ROOT/bench/checkpoint_bench.py" --mxq "$BUILD/tools/mxq/mxq" --gb "$MXQ_CHECK_CKPT_GB" \
-    --dir "${TMPDIR:-/tmp}/mxq-ckpt-bench" --device cpu --device cuda --markdown "$OUT/checkpoint_bench.md" \
-    > "$LOG/checkpoint_bench.txt" 2>&1
-  status "checkpoint conversion bench" "rc=$? ($((SECONDS - t0)) s, checkpoint_bench.md)"
-fi
-
 if ! skipped python; then  # the PyTorch package against this machine's torch (no network needed)
   t0=$SECONDS
   PYV=$BUILD/pyvenv
@@ -164,6 +156,14 @@ if ! skipped python; then  # the PyTorch package against this machine's torch (n
   else
     status "python: pip install" FAILED; tail -30 "$LOG/pip-install.log"
   fi
+fi
+
+if [ -n "${MXQ_CHECK_CKPT_GB:-}" ]; then  # optional: checkpoint conversion throughput and peak memory
+  t0=$SECONDS
+  python3 "$ROOT/bench/checkpoint_bench.py" --mxq "$BUILD/tools/mxq/mxq" --gb "$MXQ_CHECK_CKPT_GB" \
+    --dir "${TMPDIR:-/tmp}/mxq-ckpt-bench" --device cpu --device cuda --markdown "$OUT/checkpoint_bench.md" \
+    > "$LOG/checkpoint_bench.txt" 2>&1
+  status "checkpoint conversion bench" "rc=$? ($((SECONDS - t0)) s, checkpoint_bench.md)"
 fi
 
 tar czf "$OUT/logs.tgz" -C "$OUT" logs; cp "$LOG/cuda_bench.txt" "$OUT/" 2>/dev/null
