@@ -26,8 +26,8 @@ int main(int argc, char** argv) {
   c_demo->add_option("--device", demo.device, "cpu, cuda or auto")->capture_default_str();
 
   mxq::cli::InspectArgs inspect;
-  CLI::App* c_inspect = app.add_subcommand("inspect", "tensors, dtypes, shapes and bytes of a safetensors file");
-  c_inspect->add_option("file", inspect.file, "a .safetensors file")->required();
+  CLI::App* c_inspect = app.add_subcommand("inspect", "tensors, dtypes, shapes and bytes of a safetensors file or checkpoint directory");
+  c_inspect->add_option("file", inspect.file, "a .safetensors file or a checkpoint directory (every shard)")->required();
   c_inspect->add_option("--against", inspect.against,
                         "original .safetensors file or checkpoint directory: per-tensor error (quantized modules dequantized)");
 
