@@ -611,6 +611,20 @@ int run_quantize(const QuantizeArgs& a) {
   if (config) {
     json& cfg = *config;
     cfg["quantization_config"] = qc;
+    // transformers' default loading decompresses compressed-tensors weights to bf16 and, for a model
+    // whose config names no dtype, builds the rest in fp32: its first forward pass then fails mixing
+    // the two. A config without a dtype gets the one the decompressed weights have; an explicit other
+    // dtype is the user's and stays, with a note (docs/cli.md says what to pass instead).
+    const auto dtype_of = [&](const char* k) { return cfg.contains(k) && cfg[k].is_string() ? cfg[k].get<std::string>() : ""; };
+    const std::string dt = !dtype_of("torch_dtype").empty() ? dtype_of("torch_dtype") : dtype_of("dtype");
+    if (dt.empty()) {
+      cfg["torch_dtype"] = "bfloat16";
+      fmt::print("config.json: torch_dtype bfloat16 added (it named no dtype; the decompressed weights are bf16)\n");
+    } else if (dt != "bfloat16") {
+      fmt::print(stderr, "mxq: note: config.json says dtype {}; transformers decompresses these weights to bf16 and "
+                 "cannot run them in {} unless loaded with CompressedTensorsConfig(dequantize=True) or "
+                 "torch_dtype=torch.bfloat16 (docs/cli.md)\n", dt, dt);
+    }
     copy_side_files(c, out, {"config.json"});
     write_text(out / "config.json", cfg.dump(2) + "\n");
   } else {
