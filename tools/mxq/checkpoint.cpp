@@ -359,6 +359,10 @@ int run_quantize(const QuantizeArgs& a) {
       } else if (default_ignored(module)) {
         p.why = "left unquantized for vLLM (head, embedding, router, vision)";
         ignored_modules.push_back(module);
+      } else if (stored_transposed(fusion, module)) {
+        p.why = "a Conv1D weight stored transposed ([K, N]) in this model family, not a Linear weight";
+        ignored_modules.push_back(module);
+        unfit.push_back(t.name + " (" + p.why + ")");
       } else if (!inc.empty() && std::none_of(inc.begin(), inc.end(), [&](const std::regex& r) { return std::regex_search(t.name, r); })) {
         p.why = "not matched by --include";
         ignored_modules.push_back(module);
@@ -577,7 +581,7 @@ int run_quantize(const QuantizeArgs& a) {
     stage.publish();
     fmt::print("fake-quantized {} tensors ({}), copied {} unchanged; peak memory {} MiB\n", n_quant, a.format, n_copy,
                peak_rss_mib());
-    for (const std::string& u : unfit) fmt::print("left unchanged (empty): {}\n", u);
+    for (const std::string& u : unfit) fmt::print("left unchanged (empty, or stored transposed): {}\n", u);
     report_not_finite(not_finite);
     return 0;
   }
@@ -635,7 +639,8 @@ int run_quantize(const QuantizeArgs& a) {
   fmt::print("quantized {} tensors to {}, copied {} unchanged; {:.1f} MiB -> {:.1f} MiB; peak memory {} MiB\n", n_quant,
              a.format, n_copy, bytes_in / 1048576, bytes_out / 1048576, peak_rss_mib());
   for (const std::string& u : unfit)
-    fmt::print("left unquantized (empty, a shape vLLM could not load, or fused with a module left unquantized): {}\n", u);
+    fmt::print("left unquantized (empty, a shape vLLM could not load, stored transposed, or fused with a module left "
+               "unquantized): {}\n", u);
   report_not_finite(not_finite);
   return 0;
 }

@@ -17,6 +17,7 @@ struct Family {
   const char* name;
   std::vector<std::string> architectures, model_types;
   std::vector<FusionRule> rules;
+  std::vector<std::string> transposed = {};
 };
 
 // NOTE: a rule only groups modules that exist, so a family whose checkpoints already hold a fused
@@ -62,10 +63,12 @@ const std::vector<Family>& families() {
       {"qwen-v1", {"QWenLMHeadModel"}, {"qwen"}, {{"gate_up_proj", {"w1", "w2"}}}},
       // q/k/v (and the MLP input) stored fused already: nothing shares a scale
       {"fused-in-checkpoint",
-       {"GPT2LMHeadModel", "GPT2Model", "GPTBigCodeForCausalLM", "FalconForCausalLM", "GPTNeoXForCausalLM",
-        "BloomForCausalLM", "MPTForCausalLM", "DbrxForCausalLM", "ChatGLMModel", "ChatGLMForConditionalGeneration"},
-       {"gpt2", "gpt_bigcode", "falcon", "gpt_neox", "bloom", "mpt", "dbrx", "chatglm"},
+       {"GPTBigCodeForCausalLM", "FalconForCausalLM", "GPTNeoXForCausalLM", "BloomForCausalLM", "MPTForCausalLM",
+        "DbrxForCausalLM", "ChatGLMModel", "ChatGLMForConditionalGeneration"},
+       {"gpt_bigcode", "falcon", "gpt_neox", "bloom", "mpt", "dbrx", "chatglm"},
        {}},
+      // GPT-2: c_attn is one tensor, and its Conv1D weights are [K, N] (loaders transpose them)
+      {"gpt2", {"GPT2LMHeadModel", "GPT2Model"}, {"gpt2"}, {}, {"c_attn", "c_proj", "c_fc"}},
   };
   return kFamilies;
 }
@@ -88,9 +91,10 @@ LoaderFusion loader_fusion(const std::optional<json>& config) {
   }
   for (const std::string& a : archs)
     for (const Family& f : families())
-      if (in(f.architectures, a)) return {f.name, "architectures: " + a, true, f.rules};
+      if (in(f.architectures, a)) return {f.name, "architectures: " + a, true, f.rules, f.transposed};
   for (const Family& f : families())
-    if (!model_type.empty() && in(f.model_types, model_type)) return {f.name, "model_type: " + model_type, true, f.rules};
+    if (!model_type.empty() && in(f.model_types, model_type))
+      return {f.name, "model_type: " + model_type, true, f.rules, f.transposed};
   r.family = "common names";
   r.rules = {kQkv, kGateUp, {"w13", {"w1", "w3"}}};
   if (!config) r.source = "no config.json";
@@ -102,9 +106,18 @@ LoaderFusion loader_fusion(const std::optional<json>& config) {
   return r;
 }
 
+namespace {
+std::string leaf_of(const std::string& module) {
+  const std::size_t dot = module.rfind('.');
+  return dot == std::string::npos ? module : module.substr(dot + 1);
+}
+}  // namespace
+
+bool stored_transposed(const LoaderFusion& f, const std::string& module) { return in(f.transposed, leaf_of(module)); }
+
 std::string fused_group(const LoaderFusion& f, const std::string& module) {
   const std::size_t dot = module.rfind('.');
-  const std::string leaf = dot == std::string::npos ? module : module.substr(dot + 1);
+  const std::string leaf = leaf_of(module);
   const std::string parent = dot == std::string::npos ? "" : module.substr(0, dot + 1);
   for (const FusionRule& r : f.rules)
     if (std::find(r.members.begin(), r.members.end(), leaf) != r.members.end()) return parent + r.fused;

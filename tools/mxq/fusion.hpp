@@ -23,12 +23,18 @@ struct LoaderFusion {
   std::string source;  // what chose it: "architectures: BertModel", "model_type: bert", or why none did
   bool known = false;  // false: config.json absent or its model not in the table (the common names are used)
   std::vector<FusionRule> rules;
+  // Modules whose weights the family stores transposed ([K, N], GPT-2's Conv1D): not Linear weights,
+  // left unquantized.
+  std::vector<std::string> transposed;
 };
 
 // The fusion rules of the model config.json describes: its `architectures` first, then `model_type`.
 // Without a config, or for a model the table does not hold, the common names (q/k/v_proj,
 // gate/up_proj, w1/w3) with known = false.
 LoaderFusion loader_fusion(const std::optional<nlohmann::json>& config);
+
+// Whether a module's weight is stored transposed (a leaf name of f.transposed).
+bool stored_transposed(const LoaderFusion& f, const std::string& module);
 
 // The fused parameter a module belongs to (`<parent>.<fused>`), or "" when it fuses with nothing.
 std::string fused_group(const LoaderFusion& f, const std::string& module);

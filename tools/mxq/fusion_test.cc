@@ -104,12 +104,20 @@ TEST(Fusion, FamiliesWithOtherNames) {
   EXPECT_TRUE(phi3.known);
   expect_groups(phi3, {}, "", {"model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.gate_up_proj", "model.layers.0.mlp.down_proj"});
   // GPT-2 and the other fused-in-checkpoint families: c_attn / query_key_value are one tensor
-  for (const char* cfg : {R"({"architectures": ["GPT2LMHeadModel"]})", R"({"model_type": "falcon"})", R"({"model_type": "gpt_neox"})"}) {
+  for (const char* cfg : {R"({"architectures": ["GPT2LMHeadModel"]})", R"({"model_type": "falcon"})", R"({"model_type": "gpt_neox"})",
+                          R"({"model_type": "gpt_bigcode"})"}) {
     const auto f = of(cfg);
     EXPECT_TRUE(f.known) << cfg;
     EXPECT_TRUE(f.rules.empty()) << cfg;
     expect_groups(f, {}, "", {"transformer.h.0.attn.c_attn", "transformer.h.0.self_attention.query_key_value", "x.q_proj", "x.w1"});
   }
+  // GPT-2: Conv1D weights stored [K, N], left unquantized; nothing else of any family is
+  const auto gpt2 = of(R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})");
+  EXPECT_EQ(gpt2.family, "gpt2");
+  for (const char* m : {"transformer.h.0.attn.c_attn", "transformer.h.0.attn.c_proj", "transformer.h.0.mlp.c_fc"})
+    EXPECT_TRUE(mxq::cli::stored_transposed(gpt2, m)) << m;
+  EXPECT_FALSE(mxq::cli::stored_transposed(of(R"({"architectures": ["LlamaForCausalLM"]})"), "transformer.h.0.attn.c_attn"));
+  EXPECT_FALSE(mxq::cli::stored_transposed(of(R"({"model_type": "gpt_bigcode"})"), "transformer.h.0.attn.c_attn"));
   // Qwen (v1): mlp.w1 and mlp.w2 are gate/up (w2 is not a down projection here, as it is in Mixtral)
   const auto qwen1 = of(R"({"architectures": ["QWenLMHeadModel"], "model_type": "qwen"})");
   expect_groups(qwen1, {"transformer.h.0.mlp.w1", "transformer.h.0.mlp.w2"}, "transformer.h.0.mlp.gate_up_proj",
@@ -293,5 +301,29 @@ TEST(FusionQuantize, UnknownModelWarns) {
   EXPECT_NE(said.find("FooForCausalLM"), std::string::npos) << said;
   EXPECT_NE(said.find("not known to mxq"), std::string::npos) << said;
   EXPECT_EQ(global_scale_of(root / "q" / "model.safetensors", "l.q_proj"), global_scale_of(root / "q" / "model.safetensors", "l.k_proj"));
+  fs::remove_all(root);
+}
+
+// GPT-2's Conv1D weights ([K, N]) are not quantized along the wrong axis: copied, listed and ignored.
+TEST(FusionQuantize, Gpt2Conv1DWeightsAreLeftUnquantized) {
+  const fs::path root = scratch("gpt2");
+  write_model(root / "in", {{"transformer.h.0.attn.c_attn.weight", 1.0f}, {"transformer.h.0.mlp.c_fc.weight", 1.0f}},
+              R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})", 64, 96);
+  for (const bool fake : {false, true}) {
+    mxq::cli::QuantizeArgs qa;
+    qa.in = (root / "in").string();
+    qa.out = (root / (fake ? "fq" : "q")).string();
+    qa.format = "mxfp4";
+    qa.fake = fake;
+    testing::internal::CaptureStdout();
+    ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+    const std::string log = testing::internal::GetCapturedStdout();
+    EXPECT_NE(log.find("transformer.h.0.attn.c_attn.weight (a Conv1D weight stored transposed"), std::string::npos) << log;
+    const st::File f((root / qa.out / "model.safetensors").string());
+    for (const char* n : {"transformer.h.0.attn.c_attn", "transformer.h.0.mlp.c_fc"}) {
+      ASSERT_NE(f.view().find(std::string(n) + ".weight"), nullptr) << n;
+      EXPECT_EQ(f.view().find(std::string(n) + ".weight_scale"), nullptr) << n;
+    }
+  }
   fs::remove_all(root);
 }
