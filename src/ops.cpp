@@ -100,9 +100,17 @@ void log_choice(const char* fn, const QuantOptions* opt, const Tensor& t, const 
   std::string what(to_string(t.dtype));
   what += ' ';
   what += core::shape_str(t.rows, t.cols);
-  if (opt)
-    what += " " + std::string(to_string(opt->format)) + "/" + std::string(to_string(opt->rule)) +
-            (opt->rounding == Rounding::stochastic ? "/stochastic" + std::to_string(opt->random_bits) : "");
+  // NOTE: appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "literal" + string&&.
+  if (opt) {
+    what += ' ';
+    what += to_string(opt->format);
+    what += '/';
+    what += to_string(opt->rule);
+    if (opt->rounding == Rounding::stochastic) {
+      what += "/stochastic";
+      what += std::to_string(opt->random_bits);
+    }
+  }
   std::fprintf(stderr, "mxq: %s %s -> %s (%s)\n", fn, what.c_str(), std::string(to_string(bc.backend)).c_str(),
                bc.reason.c_str());
 }

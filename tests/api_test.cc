@@ -186,6 +186,7 @@ TEST(Api, ShapeHelpersAndNames) {
   EXPECT_EQ(clip_mask_shape(2, 9), (Shape2{2, 2}));
   EXPECT_EQ(parse_format("mxfp8_e4m3"), Format::mxfp8_e4m3);
   EXPECT_EQ(parse_rule("rceil"), ScaleRule::rceil);
+  EXPECT_EQ(parse_rule("even_fp4"), ScaleRule::even_fp4);
   expect_error([] { parse_format("fp4"); }, Error::Code::invalid_argument, {"unknown format 'fp4'", "mxfp4", "nvfp4"});
   EXPECT_EQ(format_info(Format::mxfp8_e5m2).max_elem, 57344.0f);
   EXPECT_EQ(format_info(Format::mxint8).max_elem, 127.0f / 64.0f);
@@ -204,6 +205,10 @@ TEST(Api, PresetsMatchTheirDocumentedRules) {
   EXPECT_EQ(*presets::qutlass_nv(3.0f).tensor_scale, 3.0f);
   EXPECT_EQ(presets::torchao_mx(Format::mxfp8_e5m2, ScaleRule::ceil).rule, ScaleRule::ceil);
   expect_error([] { presets::torchao_mx(Format::mxfp4, ScaleRule::quest); }, Error::Code::invalid_argument, {"'rule'", "quest"});
+  EXPECT_EQ(presets::compressed_tensors_mx(Format::mxfp8_e4m3).rule, ScaleRule::even_fp4);
+  EXPECT_EQ(presets::compressed_tensors_mx(Format::mxfp4).format, Format::mxfp4);
+  expect_error([] { presets::compressed_tensors_mx(Format::mxfp6_e2m3); }, Error::Code::invalid_argument,
+               {"'format'", "mxfp6_e2m3"});
   // The vLLM MXFP4 preset's scale bump: a block with amax 7 gets e = 1 (floor would give 0).
   HostTensor x(DType::bf16, 1, 32);
   for (int k = 0; k < 32; ++k) x.set(0, k, k == 0 ? 7.0f : 0.5f);

@@ -225,6 +225,12 @@ TEST(Codec, ScaleRulesAgainstExactFormulas) {
             want = oracle::floor_log2(std::ldexp(r, ex - f.mbits - 1)) - emax;
             break;
           }
+          case ScaleRule::even_fp4: {
+            // compressed-tensors' formula: amax plus a quarter of its binade, then its power of two
+            const int fl = oracle::floor_log2(a);
+            want = oracle::floor_log2(a + std::ldexp(1.0, fl - 2)) - emax;
+            break;
+          }
           case ScaleRule::rceil: {
             int e = oracle::floor_log2(a) - oracle::floor_log2(f.maxval) - 2;
             while (a > std::ldexp(f.maxval, e)) ++e;  // smallest e with amax <= max * 2^e
@@ -248,6 +254,14 @@ TEST(Codec, ScaleRulesAgainstExactFormulas) {
   EXPECT_EQ(mx_scale_exp(ScaleRule::floor, 7.0f, 0, kE2M1), 0);
   EXPECT_EQ(mx_scale_exp(ScaleRule::even, 7.0f, 0, kE2M1), 1);
   EXPECT_EQ(mx_scale_exp(ScaleRule::even, 6.99f, 0, kE2M1), 0);
+  // even_fp4 rounds at E2M1's width for every element: for E4M3, amax 448 = 1.75 * 2^8 bumps (even,
+  // at E4M3's 3 mantissa bits, keeps 448); 1.9375 * 2^8 bumps under both; just below 1.75 under neither.
+  EXPECT_EQ(mx_scale_exp(ScaleRule::even_fp4, 448.0f, 0, kE4M3), 1);
+  EXPECT_EQ(mx_scale_exp(ScaleRule::even, 448.0f, 0, kE4M3), 0);
+  EXPECT_EQ(mx_scale_exp(ScaleRule::even_fp4, 496.0f, 0, kE4M3), 1);
+  EXPECT_EQ(mx_scale_exp(ScaleRule::even, 496.0f, 0, kE4M3), 1);
+  EXPECT_EQ(mx_scale_exp(ScaleRule::even_fp4, std::nextafter(448.0f, 0.f), 0, kE4M3), 0);
+  EXPECT_EQ(mx_scale_exp(ScaleRule::even_fp4, 7.0f, 0, kE2M1), mx_scale_exp(ScaleRule::even, 7.0f, 0, kE2M1));
   // rceil: amax 6 -> 0; amax just above 6 -> 1.
   EXPECT_EQ(mx_scale_exp(ScaleRule::rceil, 6.0f, 0, kE2M1), 0);
   EXPECT_EQ(mx_scale_exp(ScaleRule::rceil, std::nextafter(6.0f, 7.f), 0, kE2M1), 1);

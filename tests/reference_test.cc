@@ -26,6 +26,7 @@ int oracle_scale_exp(ScaleRule rule, double amax, const oracle::Fmt& f) {
     case ScaleRule::floor: e = ex - 1 - emax; break;
     case ScaleRule::ceil: e = (m == 0.5 ? ex - 1 : ex) - emax; break;
     case ScaleRule::even: e = oracle::floor_log2(std::ldexp(std::nearbyint(std::ldexp(m, f.mbits + 1)), ex - f.mbits - 1)) - emax; break;
+    case ScaleRule::even_fp4: e = ex - 1 + (m >= 0.875 ? 1 : 0) - emax; break;  // significand 2m >= 1.75
     case ScaleRule::rceil:
       e = ex - 1 - oracle::floor_log2(f.maxval) - 2;
       while (amax > std::ldexp(f.maxval, e)) ++e;

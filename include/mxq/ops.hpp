@@ -9,10 +9,10 @@ namespace mxq {
 
 // ---- the catalogue: every format and the scale rules each accepts --------------------------------
 std::span<const Format> all_formats();  // in declaration order
-// The rules format f accepts: floor, ceil, even, rceil and quest for every MX format, qutlass_absmax
+// The rules format f accepts: floor, ceil, even, rceil, even_fp4 and quest for every MX format, qutlass_absmax
 // for MXFP4 as well; nvfp4 for NVFP4.
 std::span<const ScaleRule> rules_for(Format f);
-// The rules that depend on the block amax alone: floor, ceil, even, rceil.
+// The rules that depend on the block amax alone: floor, ceil, even, rceil, even_fp4.
 std::span<const ScaleRule> amax_rules();
 
 // ---- format facts ------------------------------------------------------------------------------------

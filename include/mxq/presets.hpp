@@ -14,6 +14,9 @@ QuantOptions ocp_mx(Format format);
 QuantOptions torchao_mx(Format format, ScaleRule rule);
 // MXFP8 training recipe of cuBLAS / TransformerEngine / FlashInfer: E4M3, rceil.
 QuantOptions mxfp8_rceil();
+// compressed-tensors' MX scales (what llm-compressor writes and vLLM loads): MXFP4 or MXFP8 (E4M3)
+// with the even_fp4 rule (its MXFP8 rule rounds the block amax at E2M1's mantissa width too).
+QuantOptions compressed_tensors_mx(Format format);
 // QuTLASS fusedQuantizeMx(method="quest") / (method="abs_max"): MXFP4, swizzled scales.
 QuantOptions qutlass_mx_quest();
 QuantOptions qutlass_mx_absmax();

@@ -27,6 +27,8 @@ enum class ScaleRule : std::uint8_t {
   ceil,            // ceil(log2 amax) - emax_elem
   even,            // floor(log2 RNE_mbits(amax)) - emax_elem
   rceil,           // ceil(log2(amax / max_elem))    (cuBLAS / TransformerEngine MXFP8)
+  even_fp4,        // floor(log2 RNE_1(amax)) - emax_elem: even at E2M1's mantissa width, whatever the
+                   // element (compressed-tensors' MX scales: its MXFP8 rule; for MXFP4 it equals even)
   quest,           // floor(log2(sigma * 2.92247856 / 6 + 1e-8))   (QuTLASS quest)
   qutlass_absmax,  // floor(log2(amax + 1e-8)); elements E(3 * x * 2^-e)   (QuTLASS abs_max)
   nvfp4,           // the NVFP4 recipe (E4M3 block scale, fp32 tensor scale); only with Format::nvfp4

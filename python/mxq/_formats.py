@@ -31,7 +31,7 @@ _INFO = {
     "nvfp4": FormatInfo("nvfp4", "e2m1", 4, 16, 6.0, False),
 }
 FORMATS: tuple[str, ...] = tuple(_INFO)
-RULES: tuple[str, ...] = ("floor", "ceil", "even", "rceil", "quest", "qutlass_absmax", "nvfp4")
+RULES: tuple[str, ...] = ("floor", "ceil", "even", "rceil", "even_fp4", "quest", "qutlass_absmax", "nvfp4")
 _RULE_SET = frozenset(RULES)
 
 _FORMAT_ALIASES = {"mxfp8": "mxfp8_e4m3", "mxfp6e2m3": "mxfp6_e2m3", "mxfp6e3m2": "mxfp6_e3m2",
@@ -65,7 +65,7 @@ def default_rule(fmt: str) -> str:
 
 
 def canonical_rule(name: Optional[str], fmt: str) -> str:
-    """The library's name of a scale rule (floor, ceil, even, rceil, quest, qutlass_absmax, nvfp4;
+    """The library's name of a scale rule (floor, ceil, even, rceil, even_fp4, quest, qutlass_absmax, nvfp4;
     abs_max is accepted for qutlass_absmax); None gives the format's default rule."""
     if name is None:
         return default_rule(fmt)

@@ -437,6 +437,11 @@ MXQ_HD_HOT int mx_scale_exp(ScaleRule rule, float amax, float quest, const Float
       e = fl + int((sig + inc) >> 24) - f.emax;
       break;
     }
+    case ScaleRule::even_fp4:
+      // RNE of amax's significand to E2M1's one mantissa bit carries out of the binade exactly when
+      // the significand is >= 1.75 (1.75 itself is a tie that goes to the even 2.0).
+      e = fl + (norm_sig24(a) >= 0xE00000u ? 1 : 0) - f.emax;
+      break;
     case ScaleRule::rceil: {
       // ceil(log2(amax / max)) exactly: compare the normalized significands
       const std::uint32_t mx = max_value_bits(f);

@@ -61,13 +61,14 @@ decltype(auto) dispatch_format(Format f, Fn&& fn) {
 }
 
 // ---- the amax scale rules as constants ---------------------------------------------------------------------
-// floor, ceil, even and rceil all have the form
+// floor, ceil, even, rceil and even_fp4 all have the form
 //   e = floor_log2(amax) + ((sig + base + (lsb & (sig >> drop))) >> 24) - off,   sig = norm_sig24(amax)
 // (a bump of 0 or 1 from the 24-bit significand, then the rule's offset):
 //   floor: base 0,                 lsb 0, off emax            (no bump: sig < 2^24)
 //   ceil:  base 2^23 - 1,          lsb 0, off emax            (bump unless sig == 2^23: amax a power of two)
 //   even:  base 2^(drop-1) - 1,    lsb 1, off emax            (RNE of sig to mbits carries out of the binade)
 //   rceil: base 2^24 - 1 - sig(M), lsb 0, off floor_log2(M)   (bump when sig > sig(M), M the largest element)
+//   even_fp4: base 2^21,           lsb 0, off emax            (bump when sig >= 1.75 * 2^23: even at mbits 1)
 // with drop = 23 - mbits. So a launcher resolves the rule into three numbers and the per-block work is
 // the same few instructions for every rule. fastmath_test checks amax_rule_exp against mx_scale_exp for
 // every rule, every MX element format and every significand at every binade.
@@ -79,6 +80,7 @@ inline AmaxRule amax_rule(ScaleRule rule, const FloatSpec& f) {
   switch (rule) {
     case ScaleRule::ceil: return {0x7FFFFFu, 0u, f.emax};
     case ScaleRule::even: return {(1u << (22 - f.mbits)) - 1u, 1u, f.emax};
+    case ScaleRule::even_fp4: return {1u << 21, 0u, f.emax};
     case ScaleRule::rceil: {
       const std::uint32_t mx = max_value_bits(f);
       return {0xFFFFFFu - norm_sig24(mx), 0u, floor_log2_bits(mx)};

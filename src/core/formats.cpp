@@ -23,20 +23,22 @@ E parse_enum(std::string_view s, const std::array<E, N>& all, const char* what) 
 
 constexpr std::array kFormats{Format::mxfp4,      Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3,
                               Format::mxfp8_e5m2, Format::mxint8,     Format::nvfp4};
-constexpr std::array kRules{ScaleRule::floor, ScaleRule::ceil,           ScaleRule::even, ScaleRule::rceil,
-                            ScaleRule::quest, ScaleRule::qutlass_absmax, ScaleRule::nvfp4};
+constexpr std::array kRules{ScaleRule::floor, ScaleRule::ceil,  ScaleRule::even,           ScaleRule::rceil,
+                            ScaleRule::even_fp4, ScaleRule::quest, ScaleRule::qutlass_absmax, ScaleRule::nvfp4};
 constexpr std::array kDTypes{DType::f32, DType::f16, DType::bf16, DType::u8};
 constexpr std::array kBackends{Backend::automatic, Backend::reference, Backend::cpu, Backend::cuda};
 
-constexpr std::array kMxRules{ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::quest};
-constexpr std::array kMxfp4Rules{ScaleRule::floor, ScaleRule::ceil,  ScaleRule::even,
-                                 ScaleRule::rceil, ScaleRule::quest, ScaleRule::qutlass_absmax};
+// NOTE: the amax rules first (amax_rules() is their prefix).
+constexpr std::array kMxRules{ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::even_fp4,
+                              ScaleRule::quest};
+constexpr std::array kMxfp4Rules{ScaleRule::floor,    ScaleRule::ceil,  ScaleRule::even,          ScaleRule::rceil,
+                                 ScaleRule::even_fp4, ScaleRule::quest, ScaleRule::qutlass_absmax};
 constexpr std::array kNvfp4Rules{ScaleRule::nvfp4};
 
 }  // namespace
 
 std::span<const Format> all_formats() { return kFormats; }
-std::span<const ScaleRule> amax_rules() { return std::span<const ScaleRule>(kMxRules).first(4); }
+std::span<const ScaleRule> amax_rules() { return std::span<const ScaleRule>(kMxRules).first(5); }
 std::span<const ScaleRule> rules_for(Format f) {
   if (f == Format::nvfp4) return kNvfp4Rules;
   if (f == Format::mxfp4) return kMxfp4Rules;
@@ -61,6 +63,7 @@ std::string_view to_string(ScaleRule r) {
     case ScaleRule::ceil: return "ceil";
     case ScaleRule::even: return "even";
     case ScaleRule::rceil: return "rceil";
+    case ScaleRule::even_fp4: return "even_fp4";
     case ScaleRule::quest: return "quest";
     case ScaleRule::qutlass_absmax: return "qutlass_absmax";
     case ScaleRule::nvfp4: return "nvfp4";

@@ -14,6 +14,14 @@ QuantOptions torchao_mx(Format format, ScaleRule rule) {
   return QuantOptions::mx(format, rule);
 }
 
+QuantOptions compressed_tensors_mx(Format format) {
+  if (format != Format::mxfp4 && format != Format::mxfp8_e4m3)
+    throw Error(Error::Code::invalid_argument,
+                "mxq::presets::compressed_tensors_mx: argument 'format': compressed-tensors writes mxfp4 and mxfp8_e4m3, got '" +
+                    std::string(to_string(format)) + "'");
+  return QuantOptions::mx(format, ScaleRule::even_fp4);
+}
+
 QuantOptions mxfp8_rceil() { return QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::rceil); }
 
 QuantOptions qutlass_mx_quest() {

@@ -10,7 +10,13 @@ void fail(Error::Code code, const std::string& fn, const std::string& msg) {
 }
 
 std::string shape_str(std::int64_t r, std::int64_t c) {
-  return "[" + std::to_string(r) + ", " + std::to_string(c) + "]";
+  // NOTE: appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "[" + string&&.
+  std::string s = "[";
+  s += std::to_string(r);
+  s += ", ";
+  s += std::to_string(c);
+  s += ']';
+  return s;
 }
 
 void Checker::geometry(const char* arg, const Tensor& t) const {

@@ -64,6 +64,10 @@ def mx_exponent(amax: torch.Tensor, rule: str, elem: str) -> torch.Tensor:
         q = 2.0 ** (fl - mbits)  # the quantum of amax's binade at mbits mantissa bits
         r = torch.round(safe / q) * q  # torch.round: half to even (exact in float64 here)
         e = _floor_log2(r) - emax
+    elif rule == "even_fp4":
+        # compressed-tensors' MX scale, as it is written there: add a quarter of the binade to amax and
+        # keep the power of two (bump when the significand is >= 1.75), whatever the element format
+        e = _floor_log2(safe + 2.0 ** (fl - 2)) - emax
     elif rule == "rceil":
         c = torch.ceil(torch.log2(safe / maxv))
         c = torch.where(maxv * torch.exp2(c - 1) >= safe, c - 1, c)  # make it exact

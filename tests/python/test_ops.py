@@ -22,7 +22,7 @@ def _data(dtype, rows=37, k=96 + 13, seed=0):
 
 # ---- values -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil"])
+@pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil", "even_fp4"])
 @pytest.mark.parametrize("fmt", MX_FLOAT)
 def test_qdq_mx_matches_oracle(fmt, rule, dtype):
     x = _data(dtype)

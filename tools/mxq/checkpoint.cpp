@@ -31,6 +31,7 @@
 #include "commands.hpp"
 #include "convert.hpp"
 #include "engine.hpp"
+#include "fusion.hpp"
 #include "safetensors.hpp"
 #include "staging.hpp"
 
@@ -44,18 +45,6 @@ namespace {
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
 
 DType mxq_dtype(const std::string& dt) { return dt == "F32" ? DType::f32 : dt == "F16" ? DType::f16 : DType::bf16; }
-
-// The projections that share one NVFP4 global scale: q/k/v of an attention block, gate/up of an MLP,
-// w1/w3 of an expert. Returns the group key ("" when the tensor fuses with nothing). Plain string
-// comparisons: names come from the file.
-std::string fused_group(const std::string& module) {
-  static const std::pair<const char*, const char*> kSuffixes[] = {
-      {".q_proj", ".qkv"}, {".k_proj", ".qkv"}, {".v_proj", ".qkv"}, {".gate_proj", ".gate_up"},
-      {".up_proj", ".gate_up"}, {".w1", ".w13"}, {".w3", ".w13"}};
-  for (const auto& [suffix, group] : kSuffixes)
-    if (module.ends_with(suffix)) return module.substr(0, module.size() - std::strlen(suffix)) + group;
-  return "";
-}
 
 // A quantized module of a compressed-tensors file: X.weight_scale beside X.weight_packed (FP4; NVFP4
 // when X.weight_global_scale is there too) or beside an F8_E4M3 X.weight (MXFP8).
@@ -308,18 +297,24 @@ int run_quantize(const QuantizeArgs& a) {
   Format format;
   ScaleRule rule;
   std::string ct_format;
+  // The default MX rule is compressed-tensors' (docs/numerics.md, presets::compressed_tensors_mx):
+  // even_fp4, which equals even for MXFP4; qdq of the same format uses it too, so that a fake-quantized
+  // copy decodes to what the checkpoint decodes to.
   if (a.fake) {  // QDQ: every format and rule of the library
     format = parse_format(a.format == "mxfp8" ? "mxfp8_e4m3" : a.format);
-    rule = format == Format::nvfp4 ? ScaleRule::nvfp4 : ScaleRule::even;
+    rule = format == Format::nvfp4        ? ScaleRule::nvfp4
+           : format == Format::mxfp8_e4m3 ? ScaleRule::even_fp4
+                                          : ScaleRule::even;
   } else if (a.format == "mxfp4") format = Format::mxfp4, rule = ScaleRule::even, ct_format = "mxfp4-pack-quantized";
-  else if (a.format == "mxfp8" || a.format == "mxfp8_e4m3") format = Format::mxfp8_e4m3, rule = ScaleRule::even, ct_format = "mxfp8-quantized";
+  else if (a.format == "mxfp8" || a.format == "mxfp8_e4m3")
+    format = Format::mxfp8_e4m3, rule = presets::compressed_tensors_mx(Format::mxfp8_e4m3).rule, ct_format = "mxfp8-quantized";
   else if (a.format == "nvfp4") format = Format::nvfp4, rule = ScaleRule::nvfp4, ct_format = "nvfp4-pack-quantized";
   else fail("--format '" + a.format + "': the checkpoint layouts vLLM loads are mxfp4, mxfp8 and nvfp4");
   if (!a.rule.empty()) {
     if (format == Format::nvfp4) fail("--rule: nvfp4 has one scale rule (E4M3 block scales under the tensor scale)");
     rule = parse_rule(a.rule);
     if (rule == ScaleRule::nvfp4 || (!a.fake && (rule == ScaleRule::quest || rule == ScaleRule::qutlass_absmax)))
-      fail("--rule '" + a.rule + "': a checkpoint takes floor, ceil, even or rceil");
+      fail("--rule '" + a.rule + "': a checkpoint takes floor, ceil, even, rceil or even_fp4");
   }
   const int g = format == Format::nvfp4 ? 16 : 32;
   std::vector<std::regex> inc, exc;
@@ -333,6 +328,16 @@ int run_quantize(const QuantizeArgs& a) {
   Staging stage{fs::path(a.out), a.overwrite};
   const fs::path& out = stage.dir();
   fmt::print("device: {} ({})\n", eng.name(), eng.why());
+  const LoaderFusion fusion = loader_fusion(config);
+  if (!a.fake) {
+    fmt::print("fused projections: {} ({})\n", fusion.family, fusion.source);
+    // NOTE: NVFP4 only: there a wrong guess costs accuracy silently; for MX formats it only decides
+    // which members an --exclude drags along, and a loader refuses what it cannot load.
+    if (!fusion.known && format == Format::nvfp4)
+      fmt::print(stderr, "mxq: warning: {}: the loader's fused projections are not known to mxq (docs/cli.md, \"Fused "
+                 "projections\"); assuming the common names q/k/v_proj, gate/up_proj and w1/w3. A loader that fuses other "
+                 "modules decodes them with another member's NVFP4 global scale\n", fusion.source);
+  }
 
   // Plan: which tensors are quantized, and (NVFP4) the tensor amax of each, for the shared scales.
   struct Plan {
@@ -354,6 +359,10 @@ int run_quantize(const QuantizeArgs& a) {
       } else if (default_ignored(module)) {
         p.why = "left unquantized for vLLM (head, embedding, router, vision)";
         ignored_modules.push_back(module);
+      } else if (stored_transposed(fusion, module)) {
+        p.why = "a Conv1D weight stored transposed ([K, N]) in this model family, not a Linear weight";
+        ignored_modules.push_back(module);
+        unfit.push_back(t.name + " (" + p.why + ")");
       } else if (!inc.empty() && std::none_of(inc.begin(), inc.end(), [&](const std::regex& r) { return std::regex_search(t.name, r); })) {
         p.why = "not matched by --include";
         ignored_modules.push_back(module);
@@ -386,12 +395,35 @@ int run_quantize(const QuantizeArgs& a) {
       plan[shard + "/" + t.name] = p;
     }
   }
+  // A fused parameter holds one precision (vLLM refuses a layer with some shards quantized and
+  // others not): a member left unquantized (--exclude, --include, a name too long) leaves the whole
+  // group unquantized, each member saying why.
+  std::map<std::string, std::string> group_unquantized;  // group -> the member that is not quantized
+  for (const auto& [key, p] : plan) {
+    if (a.fake) break;  // a fake-quantized copy loads as the original model: no fused precision to keep
+    const std::string name = key.substr(key.find('/') + 1);
+    if (p.quantize || !name.ends_with(".weight")) continue;
+    const std::string gk = fused_group(fusion, name.substr(0, name.size() - 7));
+    if (!gk.empty() && !group_unquantized.count(gk)) group_unquantized[gk] = name;
+  }
+  for (auto& [key, p] : plan) {
+    const std::string name = key.substr(key.find('/') + 1);
+    if (!p.quantize) continue;
+    const std::string module = name.substr(0, name.size() - 7);
+    const auto it = group_unquantized.find(fused_group(fusion, module));
+    if (it == group_unquantized.end()) continue;
+    p.quantize = false;
+    p.why = "fused into " + it->first + " with " + it->second + ", which is left unquantized";
+    ignored_modules.push_back(module);
+    unfit.push_back(name + " (fused into " + it->first + " with " + it->second + ", which is left unquantized)");
+    amax.erase(module);
+  }
   // Shared global scales of fused projections: the amax of the group (NaN or Inf when a member's is:
   // then S = 1 for every member, docs/numerics.md, and the summary says so).
   std::map<std::string, float> group_amax;
   for (const auto& [m, v] : amax) {
-    const std::string gk = fused_group(m);
-    if (!gk.empty()) group_amax[gk] = group_amax_of(group_amax[gk], v);
+    const std::string gk = fused_group(fusion, m);
+    if (!gk.empty()) group_amax[gk] = group_amax.count(gk) ? group_amax_of(group_amax[gk], v) : v;
   }
   std::vector<std::string> not_finite;  // the summary's warnings: tensors with NaN/Inf, global scales they forced
 
@@ -474,7 +506,7 @@ int run_quantize(const QuantizeArgs& a) {
       const Tensor xt = Tensor::of(const_cast<std::uint8_t*>(xp), mxq_dtype(t.dtype), N, K);  // read only
       QuantOptions o = format == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(format, rule);
       if (format == Format::nvfp4) {
-        const std::string gk = fused_group(module);
+        const std::string gk = fused_group(fusion, module);
         const float m = gk.empty() ? amax[module] : group_amax[gk];
         o.tensor_scale = nvfp4_tensor_scale_from_amax(m);
         if (!std::isfinite(m))
@@ -549,7 +581,7 @@ int run_quantize(const QuantizeArgs& a) {
     stage.publish();
     fmt::print("fake-quantized {} tensors ({}), copied {} unchanged; peak memory {} MiB\n", n_quant, a.format, n_copy,
                peak_rss_mib());
-    for (const std::string& u : unfit) fmt::print("left unchanged (empty): {}\n", u);
+    for (const std::string& u : unfit) fmt::print("left unchanged (empty, or stored transposed): {}\n", u);
     report_not_finite(not_finite);
     return 0;
   }
@@ -583,6 +615,20 @@ int run_quantize(const QuantizeArgs& a) {
   if (config) {
     json& cfg = *config;
     cfg["quantization_config"] = qc;
+    // transformers' default loading decompresses compressed-tensors weights to bf16 and, for a model
+    // whose config names no dtype, builds the rest in fp32: its first forward pass then fails mixing
+    // the two. A config without a dtype gets the one the decompressed weights have; an explicit other
+    // dtype is the user's and stays, with a note (docs/cli.md says what to pass instead).
+    const auto dtype_of = [&](const char* k) { return cfg.contains(k) && cfg[k].is_string() ? cfg[k].get<std::string>() : ""; };
+    const std::string dt = !dtype_of("torch_dtype").empty() ? dtype_of("torch_dtype") : dtype_of("dtype");
+    if (dt.empty()) {
+      cfg["torch_dtype"] = "bfloat16";
+      fmt::print("config.json: torch_dtype bfloat16 added (it named no dtype; the decompressed weights are bf16)\n");
+    } else if (dt != "bfloat16") {
+      fmt::print(stderr, "mxq: note: config.json says dtype {}; transformers decompresses these weights to bf16 and "
+                 "cannot run them in {} unless loaded with CompressedTensorsConfig(dequantize=True) or "
+                 "torch_dtype=torch.bfloat16 (docs/cli.md)\n", dt, dt);
+    }
     copy_side_files(c, out, {"config.json"});
     write_text(out / "config.json", cfg.dump(2) + "\n");
   } else {
@@ -592,7 +638,9 @@ int run_quantize(const QuantizeArgs& a) {
   stage.publish();
   fmt::print("quantized {} tensors to {}, copied {} unchanged; {:.1f} MiB -> {:.1f} MiB; peak memory {} MiB\n", n_quant,
              a.format, n_copy, bytes_in / 1048576, bytes_out / 1048576, peak_rss_mib());
-  for (const std::string& u : unfit) fmt::print("left unquantized (empty, or a shape vLLM could not load): {}\n", u);
+  for (const std::string& u : unfit)
+    fmt::print("left unquantized (empty, a shape vLLM could not load, stored transposed, or fused with a module left "
+               "unquantized): {}\n", u);
   report_not_finite(not_finite);
   return 0;
 }

@@ -147,7 +147,10 @@ TEST_P(Checkpoint, QuantizeDequantizeMatchTheLibrary) {
     const std::string mod = std::string("model.layers.0.self_attn.") + m;
     const auto& x = data.at(mod + ".weight");
     const std::int64_t N = std::int64_t(x.size()) / (m == std::string("o_proj") ? 64 : 128), K = std::int64_t(x.size()) / N;
-    mxq::QuantOptions o = nv ? mxq::QuantOptions::nvfp4() : mxq::QuantOptions::mx(f, mxq::ScaleRule::even);
+    // the tool's default MX rules: compressed-tensors' (even for MXFP4, even_fp4 for MXFP8)
+    mxq::QuantOptions o = nv                                ? mxq::QuantOptions::nvfp4()
+                          : f == mxq::Format::mxfp8_e4m3 ? mxq::presets::compressed_tensors_mx(f)
+                                                         : mxq::QuantOptions::mx(f, mxq::ScaleRule::even);
     if (nv) {
       float amax = qkv_amax;
       if (m == std::string("o_proj")) {
@@ -183,6 +186,18 @@ TEST_P(Checkpoint, QuantizeDequantizeMatchTheLibrary) {
     const auto got = load(root / "dq", mod + ".weight", "BF16", {N, K});
     EXPECT_EQ(got.size(), y.size() * 2);
     if (got.size() == y.size() * 2) EXPECT_EQ(std::memcmp(got.data(), y.data(), got.size()), 0) << mod;
+  }
+  // `mxq qdq` of the same format uses the same default rule: its weights are the dequantized ones
+  // (for mxfp8 it used `even` while quantize wrote compressed-tensors' rule)
+  qa.out = (root / "fq").string();
+  qa.fake = true;
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  testing::internal::GetCapturedStdout();
+  for (const char* m : {"q_proj", "o_proj"}) {
+    const std::string n = std::string("model.layers.0.self_attn.") + m + ".weight";
+    const std::vector<std::int64_t> shape = m == std::string("o_proj") ? std::vector<std::int64_t>{128, 64} : std::vector<std::int64_t>{64, 128};
+    EXPECT_EQ(load(root / "fq", n, "BF16", shape), load(root / "dq", n, "BF16", shape)) << n;
   }
   // unquantized tensors are copied byte for byte
   for (const char* n : {"model.embed_tokens.weight", "lm_head.weight", "model.layers.0.mlp.odd_proj.weight",
@@ -1094,5 +1109,44 @@ TEST(CheckpointInspect, OneLongNameDoesNotWidenEveryRow) {
   EXPECT_LT(out.size(), 2001u * 200) << "rows padded to the longest name";
   EXPECT_NE(out.find(long_name + "\n"), std::string::npos);
   EXPECT_NE(out.find("t1999 "), std::string::npos);
+  fs::remove_all(root);
+}
+
+// inspect takes a checkpoint directory as quantize does: every shard's table (it refused a
+// directory), and with --against every shard's errors.
+TEST(CheckpointInspect, AcceptsACheckpointDirectory) {
+  const fs::path root = scratch("inspectdir");
+  make_checkpoint(root / "in");
+  mxq::cli::InspectArgs ia;
+  ia.file = (root / "in").string();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(mxq::cli::run_inspect(ia), 0);
+  std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("checkpoint of 2 shard(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("model-00001-of-00002.safetensors: "), std::string::npos) << out;
+  EXPECT_NE(out.find("model-00002-of-00002.safetensors: "), std::string::npos) << out;
+  EXPECT_NE(out.find("model.layers.0.self_attn.v_proj.weight"), std::string::npos) << out;
+  EXPECT_NE(out.find("checkpoint total"), std::string::npos) << out;
+
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  qa.format = "mxfp4";
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  testing::internal::GetCapturedStdout();
+  ia.file = (root / "q").string();
+  ia.against = (root / "in").string();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(mxq::cli::run_inspect(ia), 0);
+  out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("model.layers.0.self_attn.q_proj.weight"), std::string::npos) << out;  // shard 1
+  EXPECT_NE(out.find("model.layers.0.self_attn.v_proj.weight"), std::string::npos) << out;  // shard 2
+  EXPECT_NE(out.find("mxfp4 (dequantized)"), std::string::npos) << out;
+  // an empty directory is refused, naming it
+  fs::create_directories(root / "empty");
+  ia.file = (root / "empty").string();
+  ia.against.clear();
+  EXPECT_THROW(mxq::cli::run_inspect(ia), std::runtime_error);
   fs::remove_all(root);
 }

@@ -16,6 +16,7 @@
 
 #include "commands.hpp"
 #include "engine.hpp"
+#include "stats.hpp"  // bench/: the median
 
 namespace {
 
@@ -86,8 +87,12 @@ int run_demo(const DemoArgs& args) {
     const mxq::Tensor yt = mxq::Tensor::of(y.data(), mxq::DType::bf16, w.rows, w.K);
     for (const Config& c : configs) {
       const mxq::QuantOptions o = c.f == mxq::Format::nvfp4 ? mxq::QuantOptions::nvfp4() : mxq::QuantOptions::mx(c.f, c.r);
-      eng.qdq(xt, yt, o);                               // warm-up
-      const double sec = eng.qdq(xt, yt, o, eng.gpu() ? 20 : 1);  // a GPU op is short: the mean of 20
+      eng.qdq(xt, yt, o);  // warm-up
+      // NOTE: the median of 5 timings (a GPU op is short: each the mean of 20): one timing swung by
+      // 2-3x on a loaded 2-core machine.
+      std::vector<double> secs;
+      for (int t = 0; t < 5; ++t) secs.push_back(eng.qdq(xt, yt, o, eng.gpu() ? 20 : 1));
+      const double sec = mxq::bench::median(secs);
       double err = 0, ref = 0;
       for (std::size_t i = 0; i < w.x.size(); ++i) {
         const double a = bf16_to_f32(w.x[i]), d = bf16_to_f32(y[i]) - a;
@@ -117,9 +122,11 @@ int run_demo(const DemoArgs& args) {
   std::printf("\nSQNR = 10 log10(sum x^2 / sum (qdq(x) - x)^2); %% clip = elements at or beyond the element maximum "
               "after scaling;\nGB/s = QDQ bytes moved (bf16 in + out, 4 B/element) per second by the operation itself, "
               "%s\n",
-              eng.gpu() ? "on the GPU (mean of 20 back-to-back runs, host transfers excluded, L2 warm; `mxq bench` "
-                          "measures cold)"
-                        : "on the CPU");
+              eng.gpu() ? "on the GPU (the median of 5 means of 20 back-to-back runs, host transfers excluded, L2 warm; "
+                          "`mxq bench` measures cold)"
+                        : "on the CPU (the median of 5 runs)");
+  std::printf("GB/s is indicative: on a machine busy with other work it varies from run to run (`mxq bench` "
+              "reports medians against the measured memcpy bandwidth).\n");
   std::printf("rotation: none yet (rotations are a later feature).\n");
   return 0;
 }

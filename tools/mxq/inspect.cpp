@@ -1,10 +1,13 @@
-// `mxq inspect FILE`: the tensors of a safetensors file, their dtypes, shapes and sizes.
+// `mxq inspect FILE|DIR`: the tensors of a safetensors file (or of every shard of a checkpoint
+// directory), their dtypes, shapes and sizes.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "checkpoint_read.hpp"
 #include "commands.hpp"
 #include "safetensors.hpp"
 
@@ -24,9 +27,10 @@ std::string human(double b) {
 }
 }  // namespace
 
-int run_inspect(const InspectArgs& args) {
-  if (!args.against.empty()) return run_inspect_against(args.file, args.against);
-  const st::File f(args.file);
+namespace {
+// One file's table; returns its tensor bytes.
+std::uint64_t inspect_file(const std::string& file) {
+  const st::File f(file);
   const st::View& v = f.view();
   std::uint64_t total = 0;
   // The name column fits the longest name up to kMaxNameColumn; a longer name gets a line of its own
@@ -34,7 +38,7 @@ int run_inspect(const InspectArgs& args) {
   constexpr std::size_t kMaxNameColumn = 80;
   std::size_t wname = 6;
   for (const st::TensorInfo& t : v.tensors()) wname = std::max(wname, std::min(t.name.size(), kMaxNameColumn));
-  fmt::print("{}: {} tensors, header {} bytes\n", args.file, v.tensors().size(), v.header_bytes());
+  fmt::print("{}: {} tensors, header {} bytes\n", file, v.tensors().size(), v.header_bytes());
   for (const auto& [k, val] : v.metadata()) fmt::print("  metadata {} = {}\n", k, val);
   fmt::print("{:<{}}  {:<8} {:<22} {:>12}\n", "tensor", wname, "dtype", "shape", "bytes");
   for (const st::TensorInfo& t : v.tensors()) {
@@ -44,6 +48,32 @@ int run_inspect(const InspectArgs& args) {
     total += t.bytes();
   }
   fmt::print("total {} ({} bytes)\n", human(double(total)), total);
+  return total;
+}
+}  // namespace
+
+int run_inspect(const InspectArgs& args) {
+  // A directory is read as quantize reads it (its index, or model.safetensors), every shard in turn.
+  if (std::filesystem::is_directory(args.file)) {
+    const Checkpoint c = open_checkpoint(args.file);
+    fmt::print("{}: checkpoint of {} shard(s){}\n", args.file, c.shards.size(),
+               c.index ? " (model.safetensors.index.json)" : "");
+    std::uint64_t total = 0;
+    for (const std::string& shard : c.shards) {
+      const std::string path = (c.dir / shard).string();
+      if (!args.against.empty()) {
+        const int rc = run_inspect_against(path, args.against);
+        if (rc) return rc;
+      } else {
+        total += inspect_file(path);
+      }
+    }
+    if (args.against.empty() && c.shards.size() > 1)
+      fmt::print("checkpoint total {} ({} bytes) in {} shards\n", human(double(total)), total, c.shards.size());
+    return 0;
+  }
+  if (!args.against.empty()) return run_inspect_against(args.file, args.against);
+  inspect_file(args.file);
   return 0;
 }
 

@@ -26,8 +26,8 @@ int main(int argc, char** argv) {
   c_demo->add_option("--device", demo.device, "cpu, cuda or auto")->capture_default_str();
 
   mxq::cli::InspectArgs inspect;
-  CLI::App* c_inspect = app.add_subcommand("inspect", "tensors, dtypes, shapes and bytes of a safetensors file");
-  c_inspect->add_option("file", inspect.file, "a .safetensors file")->required();
+  CLI::App* c_inspect = app.add_subcommand("inspect", "tensors, dtypes, shapes and bytes of a safetensors file or checkpoint directory");
+  c_inspect->add_option("file", inspect.file, "a .safetensors file or a checkpoint directory (every shard)")->required();
   c_inspect->add_option("--against", inspect.against,
                         "original .safetensors file or checkpoint directory: per-tensor error (quantized modules dequantized)");
 
@@ -37,7 +37,9 @@ int main(int argc, char** argv) {
   c_quant->add_option("-o,--output", quant.out, "output directory")->required();
   c_quant->add_flag("--overwrite", quant.overwrite, "replace the contents of a non-empty output directory");
   c_quant->add_option("--format", quant.format, "mxfp4, mxfp8 or nvfp4")->capture_default_str();
-  c_quant->add_option("--rule", quant.rule, "MX scale rule: floor, ceil, even (default) or rceil");
+  c_quant->add_option("--rule", quant.rule,
+                     "MX scale rule: floor, ceil, even, rceil or even_fp4 (default: compressed-tensors' rule, even for "
+                     "mxfp4, even_fp4 for mxfp8)");
   c_quant->add_option("--include", quant.include, "quantize only weights whose name matches this regex (repeatable)");
   c_quant->add_option("--exclude", quant.exclude, "leave weights whose name matches this regex (repeatable)");
   c_quant->add_option("--device", quant.device, "cpu, cuda or auto")->capture_default_str();
@@ -50,7 +52,9 @@ int main(int argc, char** argv) {
   c_qdq->add_flag("--overwrite", fq.overwrite, "replace the contents of a non-empty output directory");
   c_qdq->add_option("--format", fq.format, "any format: mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3, mxfp8_e5m2, mxint8, nvfp4")
       ->capture_default_str();
-  c_qdq->add_option("--rule", fq.rule, "MX scale rule: floor, ceil, even (default), rceil, quest");
+  c_qdq->add_option("--rule", fq.rule,
+                   "MX scale rule: floor, ceil, even, rceil, even_fp4, quest, qutlass_absmax (default: even_fp4 for "
+                   "mxfp8, even otherwise)");
   c_qdq->add_option("--include", fq.include, "fake-quantize only weights whose name matches this regex (repeatable)");
   c_qdq->add_option("--exclude", fq.exclude, "leave weights whose name matches this regex (repeatable)");
   c_qdq->add_option("--device", fq.device, "cpu, cuda or auto")->capture_default_str();
