@@ -146,6 +146,97 @@ MXQ_INLINE void quantize_block_scalar(const Problem& p, std::int64_t r, std::int
   }
 }
 
+// ---- stochastic rounding: the comparison words of a block ----------------------------------------------
+// rnd[i] = sr_bits(seed, j0 + i, B) for i < n (n <= 256), with one Philox call per counter instead of
+// one per element: 128 / B consecutive elements share a call (codec.hpp's sr_bits).
+MXQ_INLINE void sr_words(std::uint64_t seed, std::uint64_t j0, int n, int B, std::uint32_t* rnd) {
+  const int lp = sr_log2_per_call(B);
+  const std::uint64_t c0 = j0 >> lp;
+  const int nc = int(((j0 + std::uint64_t(n) - 1) >> lp) - c0) + 1;  // <= 256 / 4 + 1
+  alignas(64) std::uint32_t w[4][72];
+  for (int c = 0; c < nc; ++c) {
+    const U32x4 r = philox_block(seed, c0 + std::uint64_t(c));
+    for (int q = 0; q < 4; ++q) w[q][c] = r.v[q];
+  }
+  const std::uint32_t fmask = (1u << lp) - 1u;
+  for (int i = 0; i < n; ++i) {
+    const std::uint64_t j = j0 + std::uint64_t(i);
+    const int c = int((j >> lp) - c0);
+    const std::uint32_t bit = (std::uint32_t(j) & fmask) * std::uint32_t(B);
+    rnd[i] = sr_field_of_word(w[bit >> 5][c], int(bit & 31) / B, B);
+  }
+}
+
+// ---- per-element helpers of the fast paths ------------------------------------------------------------------
+// A magnitude code with its sign: sign-magnitude, or two's complement for INT8 (no -0), as signed_code.
+template <ElemType ET>
+MXQ_INLINE std::uint32_t sign_code(std::uint32_t mag, std::uint32_t sign) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  if constexpr (f.twos_complement) {
+    const std::uint32_t neg = 0u - sign;
+    return ((mag ^ neg) + sign) & 0xFFu;
+  } else {
+    return mag | (sign << (f.bits - 1));
+  }
+}
+
+// Element codes of one finite MX block (scale exponent e in [-127, 127]) from its staged fp32 values
+// (after the QuTLASS rule's 3x): encode_scaled's result, rounded to nearest even or stochastically
+// with the comparison words rnd. In MxFastRange the rounding is done in the unscaled domain and the
+// code read off the rounding's bits (readoff_mag, as the CUDA kernels do; the binade clamped above at
+// emax + 1 + e so that quest's and the QuTLASS rule's elements past the scaled maximum saturate);
+// elsewhere by rne_mag / code_of, or encode_scaled_sr.
+template <ElemType ET, int G>
+MXQ_INLINE void mx_block_codes(int g_rt, const float* xf, int e, bool sr, const std::uint32_t* rnd,
+                               std::uint32_t* codes) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  const int g = G ? G : g_rt;
+  if (MxFastRange<ET>::contains(e)) {
+    const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 23, hi = std::uint32_t(f.emax + 1 + e + 127) << 23;
+    constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
+    if (!sr) {
+      for (int i = 0; i < g; ++i) {
+        const std::uint32_t xb = f2u(xf[i]);
+        const std::uint32_t be = umin(umax(xb & 0x7F800000u, lo), hi), cb = be + kC;
+        const std::uint32_t t = f2u(add_rn(u2f(xb & 0x7FFFFFFFu), u2f(cb)));
+        codes[i] = sign_code<ET>(umin(readoff_mag<f.mbits>(t, be, cb, lo), f.maxcode), xb >> 31);
+      }
+      return;
+    }
+    if constexpr (!f.twos_complement) {
+      for (int i = 0; i < g; ++i) {
+        const std::uint32_t xb = f2u(xf[i]);
+        // r is a grid value: r + Cc is exact, and its bits count r's quanta.
+        const float r = sr_round_unscaled<ET>(xb, e, rnd[i]);
+        const std::uint32_t be = umax(f2u(r) & 0x7F800000u, lo), cb = be + kC;
+        codes[i] = sign_code<ET>(umin(readoff_mag<f.mbits>(f2u(add_rn(r, u2f(cb))), be, cb, lo), f.maxcode), xb >> 31);
+      }
+      return;
+    }
+  }
+  if (!sr) {
+    const float inv = pow2f(-e);
+    for (int i = 0; i < g; ++i) codes[i] = code_of<ET>(rne_mag<ET>(xf[i], inv), f2u(xf[i]) >> 31);
+  } else {
+    for (int i = 0; i < g; ++i) codes[i] = encode_scaled_sr<ET>(f2u(xf[i]), e, rnd[i]);
+  }
+}
+
+// NVFP4 per-call tables: for every E4M3 scale byte its value (NaN codes: 0) and the element multiplier
+// nvfp4_multiplier (0 for a zero scale).
+struct NvTables {
+  float sval[256], m[256];
+};
+inline NvTables make_nv_tables(float S) {
+  NvTables t{};
+  for (int c = 0; c < 256; ++c) {
+    const bool nan = (c & 0x7F) == kE4M3NaN;
+    t.sval[c] = nan ? 0.0f : decode_f32(std::uint32_t(c), kE4M3);
+    t.m[c] = (nan || c > 0x7F) ? 0.0f : nvfp4_multiplier(std::uint32_t(c), S);
+  }
+  return t;
+}
+
 // ---- dispatch: runtime enums -> template parameters ------------------------------------------------------------
 
 // Group size 32 (every MX format's default) is compiled with a constant trip count; others run the
