@@ -34,10 +34,9 @@ MXQ_INLINE float decode_value(std::uint32_t code) {
     constexpr std::uint32_t smask = (1u << (f.bits - 1)) - 1u;
     constexpr float quantum = std::bit_cast<float>(std::uint32_t(f.emin - f.mbits + 127) << 23);  // 2^(emin - mbits)
     const std::uint32_t mag = code & smask;
-    const float normal = u2f((mag << (23 - f.mbits)) + (std::uint32_t(f.emin - 1 + 127) << 23));
-    const float sub = float(std::int32_t(mag)) * quantum;
-    const float v = mag < (1u << f.mbits) ? sub : normal;
-    return u2f(f2u(v) | (((code >> (f.bits - 1)) & 1u) << 31));
+    const std::uint32_t normal = (mag << (23 - f.mbits)) + (std::uint32_t(f.emin - 1 + 127) << 23);
+    const std::uint32_t sub = f2u(float(std::int32_t(mag)) * quantum);
+    return u2f(bsel(mag < (1u << f.mbits), sub, normal) | (((code >> (f.bits - 1)) & 1u) << 31));
   }
 }
 
@@ -81,8 +80,8 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
         // nvfp4_decode: (E2M1 value * s) / S, each operation rounded once
         const float sval = nv->sval[sb], S = p.S;
         for (int i = 0; i < g; ++i) {
-          const float ev = u2f(f2u(e2m1_value(codes[i] & 7u)) | ((codes[i] >> 3) << 31));
-          out[i] = to_dtype_bits_nonnan<DT>(div_rn(mul_rn(ev, sval), S));
+          const float ev = u2f(f2u(e2m1_value_bf(codes[i] & 7u)) | ((codes[i] >> 3) << 31));
+          out[i] = to_dtype_bits_nonnan_bf<DT>(div_rn(mul_rn(ev, sval), S));
         }
       }
     } else if (sb == kE8M0NaN) {

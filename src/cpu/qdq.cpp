@@ -96,10 +96,14 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
       // The element code (readoff / stochastic), then nvfp4_decode: (E2M1 value * s) / S, signed.
       const std::uint32_t sc = e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), p.S), 6.0f));
       const float m = nv->m[sc], sval = nv->sval[sc], S = p.S;
+      std::uint32_t* codes = out;  // the codes, then the outputs in their place
+      if (sr)
+        for (int i = 0; i < g; ++i) codes[i] = nvfp4_encode_sr(f2u(xf[i]), m, rnd[i]);
+      else
+        for (int i = 0; i < g; ++i) codes[i] = nvfp4_code_rne_bf(f2u(xf[i]), m);
       for (int i = 0; i < g; ++i) {
-        const std::uint32_t code = sr ? nvfp4_encode_sr(f2u(xf[i]), m, rnd[i]) : nvfp4_encode_rne_readoff(f2u(xf[i]), m);
-        const float v = div_rn(mul_rn(e2m1_value(code & 7u), sval), S);
-        out[i] = to_dtype_bits_nonnan<DT>(u2f(f2u(v) | ((code >> 3) << 31)));
+        const float v = div_rn(mul_rn(e2m1_value_bf(codes[i] & 7u), sval), S);
+        out[i] = to_dtype_bits_nonnan_bf<DT>(u2f(f2u(v) | ((codes[i] >> 3) << 31)));
       }
     } else {
       int e = -127;
@@ -120,7 +124,7 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
         // bits and normal, so the bf16 output is its high half.
         for (int i = 0; i < g; ++i) {
           const std::uint32_t xb = f2u(xf[i]);
-          const std::uint32_t v = f2u(sr_round_unscaled<ET>(xb, e, rnd[i]));
+          const std::uint32_t v = f2u(sr_round_unscaled_bf<ET>(xb, e, rnd[i]));
           out[i] = DT == DType::f32 ? (v | (xb & 0x80000000u)) : ((v >> 16) | ((xb >> 31) << 15));
         }
       } else {

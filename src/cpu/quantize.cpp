@@ -70,7 +70,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
         if (sr)
           for (int i = 0; i < g; ++i) codes[i] = nvfp4_encode_sr(f2u(xf[i]), m, rnd[i]);
         else
-          for (int i = 0; i < g; ++i) codes[i] = nvfp4_encode_rne_readoff(f2u(xf[i]), m);
+          for (int i = 0; i < g; ++i) codes[i] = nvfp4_code_rne_bf(f2u(xf[i]), m);
         if (o.mask_row)
           for (int i = 0; i < g; ++i) keep[i] = std::fabs(xf[i] * m) < 6.0f;
       } else {
