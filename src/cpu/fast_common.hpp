@@ -330,11 +330,13 @@ inline NvTables make_nv_tables(float S) {
 
 // ---- dispatch: runtime enums -> template parameters ------------------------------------------------------------
 
-// Group size 32 (every MX format's default) is compiled with a constant trip count; others run the
-// same code with a runtime count.
-template <class F>
+// Group size 32 (every MX format's default) and, for E2M1, 16 (NVFP4's) are compiled with a constant
+// trip count; others run the same code with a runtime count.
+template <ElemType ET, class F>
 void dispatch_group(int g, F&& f) {
   if (g == 32) return f(std::integral_constant<int, 32>{});
+  if constexpr (ET == ElemType::e2m1)
+    if (g == 16) return f(std::integral_constant<int, 16>{});
   return f(std::integral_constant<int, 0>{});
 }
 

@@ -142,7 +142,7 @@ void qdq(const Problem& p, const Tensor& x, const Tensor& y) {
   if (p.nvfp4()) nv = make_nv_tables(p.S);
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(x.dtype, [&](auto dt) {
-      dispatch_group(p.g, [&](auto gc) {
+      dispatch_group<decltype(et)::value>(p.g, [&](auto gc) {
         parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
           qdq_tile<decltype(et)::value, decltype(dt)::value, decltype(gc)::value>(p, x, y, &nv, r, b0, b1);
         });

@@ -104,7 +104,7 @@ void quantize(const Problem& p, const Tensor& x, const QuantizedOut& out) {
   if (p.nvfp4()) nv = make_nv_tables(p.S);
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(x.dtype, [&](auto dt) {
-      dispatch_group(p.g, [&](auto gc) {
+      dispatch_group<decltype(et)::value>(p.g, [&](auto gc) {
         parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
           Outs o{static_cast<std::uint8_t*>(out.codes.data) + r * out.codes.stride(),
                  static_cast<std::uint8_t*>(out.scales.data), out.scales.stride(),
