@@ -57,10 +57,12 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
     if constexpr (f.bits == 4) {
       const std::uint8_t* c = crow + k0 / 2;
       if (G != 0 && n == G) {
-        for (int i = 0; i < G / 2; ++i) {
-          codes[2 * i] = c[i] & 0xFu;
-          codes[2 * i + 1] = c[i] >> 4;
-        }
+        // spread each byte's nibbles into a little-endian byte pair, then widen: lane-wise loops
+        alignas(64) std::uint16_t c16[G / 2];
+        alignas(64) std::uint8_t c8[G];
+        for (int i = 0; i < G / 2; ++i) c16[i] = static_cast<std::uint16_t>((c[i] & 0xFu) | (std::uint32_t(c[i] & 0xF0u) << 4));
+        std::memcpy(c8, c16, G);
+        for (int i = 0; i < G; ++i) codes[i] = c8[i];
       } else {
         for (int i = 0; i < g; ++i) codes[i] = i < n ? (c[i / 2] >> (4 * (i & 1))) & 0xFu : 0u;
       }
