@@ -244,13 +244,15 @@ MXQ_INLINE void sr_words_b(std::uint64_t seed, std::uint64_t j0, int n, std::uin
     w2[c] = x2;
     w3[c] = x3;
   }
-  const std::uint32_t skip = std::uint32_t(j0 - (c0 << lp));  // elements of the first call before j0
-  for (int i = 0; i < n; ++i) {
-    const std::uint32_t bit = (skip + std::uint32_t(i)) * std::uint32_t(B);
-    const std::uint32_t c = bit >> 7, q = (bit >> 5) & 3u;
-    const std::uint32_t w = q == 0 ? w0[c] : q == 1 ? w1[c] : q == 2 ? w2[c] : w3[c];
-    rnd[i] = sr_field_of_word(w, int(bit & 31) / B, B);
+  // every call's 128 / B comparison words in element order, then the block's window of them
+  constexpr int per = 128 / B, fpw = 32 / B;  // fields per call, per word
+  alignas(64) std::uint32_t all[72 * per];
+  for (int c = 0; c < nc; ++c) {
+    const std::uint32_t w[4] = {w0[c], w1[c], w2[c], w3[c]};
+    for (int q = 0; q < 4; ++q)
+      for (int k = 0; k < fpw; ++k) all[c * per + q * fpw + k] = sr_field_of_word(w[q], k, B);
   }
+  std::memcpy(rnd, all + (j0 - (c0 << lp)), std::size_t(n) * 4);
 }
 MXQ_INLINE void sr_words(std::uint64_t seed, std::uint64_t j0, int n, int B, std::uint32_t* rnd) {
   if (B == 8) sr_words_b<8>(seed, j0, n, rnd);
