@@ -9,7 +9,13 @@
 //   a = |x| * 2^-e                       exact, or an underflow far below the element grid
 //   r = (a + C) - C, C = 1.5 * 2^(q+23)  RNE onto the grid of quantum 2^q (q from a's binade)
 //   r = min(r, max_elem)                 saturation
-// Stochastic rounding, NVFP4 and blocks holding NaN/Inf element codes use the shared scalar codec.
+// The same per-element arithmetic serves quantize (codes read off the rounding's bits: readoff_mag),
+// NVFP4 (nvfp4_encode_rne_readoff, the division by S one IEEE division per element) and stochastic
+// rounding (sr_round_unscaled in MxFastRange; the comparison words one Philox call per counter,
+// sr_words). The exact scalar codec remains for: blocks whose scale lies outside MxFastRange (RNE:
+// rne_mag/code_of, still branch-free; stochastic: encode_scaled_sr), INT8 and fp16-output stochastic
+// QDQ, NVFP4 stochastic rounding (nvfp4_encode_sr), quest's per-block sums (quest_arg), and
+// dequantize blocks holding NaN/Inf element codes (mx_dequant_bits).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
