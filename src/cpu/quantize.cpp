@@ -46,6 +46,48 @@ MXQ_INLINE void store_mask(std::uint8_t* row, std::int64_t k0, std::int64_t n, c
   }
 }
 
+// The fp32 bits of |x| and the sign bit of a bf16/fp32 storage word.
+template <DType DT>
+MXQ_INLINE std::uint32_t abs_bits_of(Storage<DT> v) {
+  if constexpr (DT == DType::f32) return v & 0x7FFFFFFFu;
+  else return std::uint32_t(v & 0x7FFFu) << 16;
+}
+
+// Codes and scale of one full block of an amax rule (floor, ceil, even, rceil), RNE, straight from
+// bf16/fp32 storage (no staging): the arithmetic of mx_block_codes on the same fp32 values. Returns
+// false, writing nothing, where the scale lies outside MxFastRange (the caller stages the block).
+template <ElemType ET, DType DT, int G>
+MXQ_INLINE bool quantize_block_direct(ScaleRule rule, const Storage<DT>* s, std::uint32_t* codes, std::uint8_t& sb,
+                                      std::uint32_t* keep) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  constexpr int kSignShift = DT == DType::f32 ? 31 : 15;
+  std::uint32_t am = 0;
+  for (int i = 0; i < G; ++i) am = std::max(am, abs_bits_of<DT>(s[i]));
+  if (am >= 0x7F800000u) {
+    sb = kE8M0NaN;
+    for (int i = 0; i < G; ++i) codes[i] = 0;
+    if (keep)
+      for (int i = 0; i < G; ++i) keep[i] = 0;
+    return true;
+  }
+  const int e = am ? mx_scale_exp(rule, u2f(am), 0.0f, f) : -127;
+  if (!MxFastRange<ET>::contains(e)) return false;
+  sb = static_cast<std::uint8_t>(e + kE8M0Bias);
+  const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 23, hi = std::uint32_t(f.emax + 1 + e + 127) << 23;
+  constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
+  for (int i = 0; i < G; ++i) {
+    const std::uint32_t xb = abs_bits_of<DT>(s[i]);
+    const std::uint32_t be = umin(umax(xb & 0x7F800000u, lo), hi), cb = be + kC;
+    const std::uint32_t t = f2u(add_rn(u2f(xb), u2f(cb)));
+    codes[i] = sign_code<ET>(umin(readoff_mag<f.mbits>(t, be, cb, lo), f.maxcode), std::uint32_t(s[i]) >> kSignShift);
+  }
+  if (keep) {  // the clip mask: |x| * 2^-e < the largest element value, as the staged path
+    const float inv = pow2f(-e), maxv = u2f(max_value_bits(f));
+    for (int i = 0; i < G; ++i) keep[i] = u2f(abs_bits_of<DT>(s[i])) * inv < maxv;
+  }
+  return true;
+}
+
 // One tile: every block staged to fp32 (load_block), its scale from the amax, its codes by the
 // branch-free helpers (mx_block_codes; NVFP4: nvfp4_encode_rne_readoff, or nvfp4_encode_sr), the
 // stochastic comparison words one Philox call per counter (sr_words). Bit-exact with the scalar codec.
@@ -58,11 +100,26 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
   const int g = G ? G : p.g;
   const bool nv4 = p.nvfp4(), sr = p.stochastic;
   const ScaleRule rule = p.opt.rule;
+  // full blocks of the amax rules: straight from the source (bf16/fp32)
+  const bool direct = !nv4 && !sr && G != 0 && DT != DType::f16 && rule != ScaleRule::quest &&
+                      rule != ScaleRule::qutlass_absmax;
   for (std::int64_t b = b0; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
+    std::uint8_t sb;
+    if constexpr (G != 0 && DT != DType::f16) {
+      if (direct && n == G) {
+        const Storage<DT>* src =
+            reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + (r * x.stride() + k0) * dtype_size(DT));
+        if (quantize_block_direct<ET, DT, G>(rule, src, codes, sb, o.mask_row ? keep : nullptr)) {
+          o.scales[p.scale_offset(r, b, o.scale_stride)] = sb;
+          store_codes<ET, G>(o.codes_row, k0, n, codes);
+          if (o.mask_row) store_mask(o.mask_row, k0, n, keep);
+          continue;
+        }
+      }
+    }
     load_block<DT, G>(x, r, k0, p.K, p.g, xf);
     const std::uint32_t am = amax_bits<G>(xf, p.g);
-    std::uint8_t sb;
     if (am >= 0x7F800000u) {  // a NaN or Inf: the NaN scale, zero codes
       sb = nv4 ? kE4M3NaN : kE8M0NaN;
       for (int i = 0; i < g; ++i) codes[i] = keep[i] = 0;
