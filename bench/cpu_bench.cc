@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -57,11 +58,19 @@ int threads() {
 
 int main(int argc, char** argv) {
   int runs = 15;
+  bool ref = true;
+  std::string only;
   std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{4096, 4096}, {16, 8192}};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) {
       runs = 5;
       shapes = {{1024, 4096}};
+    } else if (!std::strcmp(argv[i], "--no-ref")) {
+      ref = false;  // skip timing the reference backend (the "x ref" column prints -)
+    } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
+      only = argv[++i];  // run the cases whose "op format" contains this string
+    } else if (!std::strcmp(argv[i], "--runs") && i + 1 < argc) {
+      runs = std::atoi(argv[++i]);
     }
   }
   const std::size_t kSets = 4;  // 4 x (4096 x 4096 bf16 in + out) = 256 MiB, well above any LLC here
@@ -82,30 +91,52 @@ int main(int argc, char** argv) {
   std::printf("# mxq CPU benchmark: %d threads (%u hardware); memcpy 1 thread %.2f GB/s, %d threads %.2f GB/s\n", nt,
               std::thread::hardware_concurrency(), memcpy1, nt, memcpyN);
   std::printf("# target: MXFP4/MXFP8 QDQ bf16 per-core GB/s >= 25%% of the 1-thread memcpy (%.2f GB/s)\n", 0.25 * memcpy1);
-  std::printf("%-10s %-11s %-6s %-11s %10s %8s %9s %12s %8s\n", "op", "format", "rule", "shape", "us", "GB/s",
+  std::printf("%-11s %-11s %-11s %-11s %10s %8s %9s %12s %8s\n", "op", "format", "rule", "shape", "us", "GB/s",
               "%memcpyN", "%memcpy1/core", "x ref");
 
   struct Case {
     const char* op;
     mxq::QuantOptions opt;
+    const char* mode = "";  // printed after the rule: "S" for a given NVFP4 tensor scale, "sr8"...
   };
   std::vector<Case> cases;
   for (auto [f, r] : {std::pair{mxq::Format::mxfp4, mxq::ScaleRule::even}, {mxq::Format::mxfp8_e4m3, mxq::ScaleRule::floor},
                       {mxq::Format::mxfp6_e2m3, mxq::ScaleRule::rceil}, {mxq::Format::mxint8, mxq::ScaleRule::floor},
                       {mxq::Format::mxfp4, mxq::ScaleRule::quest}})
     cases.push_back({"qdq", mxq::QuantOptions::mx(f, r)});
-  cases.push_back({"qdq", mxq::QuantOptions::nvfp4(1.0f)});
-  {
+  cases.push_back({"qdq", mxq::QuantOptions::nvfp4(1.0f), "S"});
+  cases.push_back({"qdq", mxq::QuantOptions::nvfp4()});
+  for (int bits : {32, 8}) {
     mxq::QuantOptions sr = mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::even);
     sr.rounding = mxq::Rounding::stochastic;
-    cases.push_back({"qdq-sr", sr});
+    sr.random_bits = bits;
+    cases.push_back({"qdq-sr", sr, bits == 8 ? "r8" : ""});
   }
   for (auto f : {mxq::Format::mxfp4, mxq::Format::mxfp8_e4m3}) {
     mxq::QuantOptions q = mxq::QuantOptions::mx(f, mxq::ScaleRule::rceil);
     q.scale_layout = mxq::ScaleLayout::swizzled;
-    cases.push_back({"quantize", q});
-    cases.push_back({"dequantize", q});
+    cases.push_back({"quantize", q, "swz"});
+    cases.push_back({"dequantize", q, "swz"});
   }
+  // every other MX format (linear scales), NVFP4 (given and computed tensor scale), stochastic rounding
+  for (auto [f, r] : {std::pair{mxq::Format::mxfp4, mxq::ScaleRule::even}, {mxq::Format::mxfp6_e2m3, mxq::ScaleRule::rceil},
+                      {mxq::Format::mxfp6_e3m2, mxq::ScaleRule::floor}, {mxq::Format::mxfp8_e5m2, mxq::ScaleRule::even},
+                      {mxq::Format::mxint8, mxq::ScaleRule::floor}})
+    cases.push_back({"quantize", mxq::QuantOptions::mx(f, r)});
+  cases.push_back({"quantize", mxq::QuantOptions::nvfp4(1.0f), "S"});
+  cases.push_back({"quantize", mxq::QuantOptions::nvfp4()});
+  {
+    mxq::QuantOptions q = mxq::QuantOptions::nvfp4(1.0f);
+    q.scale_layout = mxq::ScaleLayout::swizzled;
+    cases.push_back({"quantize", q, "S,swz"});
+    cases.push_back({"dequantize", q, "S,swz"});
+  }
+  {
+    mxq::QuantOptions sr = mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::even);
+    sr.rounding = mxq::Rounding::stochastic;
+    cases.push_back({"quantize-sr", sr});
+  }
+  cases.push_back({"dequantize", mxq::QuantOptions::mx(mxq::Format::mxint8, mxq::ScaleRule::floor)});
 
   for (auto [rows, K] : shapes) {
     Buffers b;
@@ -119,8 +150,10 @@ int main(int argc, char** argv) {
       }
     }
     for (const Case& c : cases) {
+      if (!only.empty() && (std::string(c.op) + " " + std::string(mxq::to_string(c.opt.format))).find(only) == std::string::npos)
+        continue;
       mxq::QuantOptions o = c.opt;
-      const std::string op = c.op;
+      const std::string op = std::string(c.op).substr(0, std::string(c.op).find('-'));
       const std::int64_t cc = mxq::code_cols(o.format, K);
       const mxq::Shape2 ss = mxq::scale_shape(o, rows, K);
       b.codes.assign(kSets, std::vector<std::uint8_t>(rows * cc));
@@ -137,19 +170,34 @@ int main(int argc, char** argv) {
         else if (op == "dequantize") mxq::dequantize({out.codes, out.scales}, y, o);
         else mxq::qdq(x, y, o);
       };
+      // dequantize decodes real codes and scales (all-zero bytes would be scale 2^-127, a subnormal
+      // factor that costs microcode assists and that no quantized tensor has)
+      if (op == "dequantize") {
+        for (std::size_t s = 0; s < kSets; ++s) {
+          mxq::QuantOptions qo = o;
+          qo.backend = mxq::Backend::cpu;
+          mxq::QuantizedOut out;
+          out.codes = mxq::Tensor::of(b.codes[s].data(), mxq::DType::u8, rows, cc);
+          out.scales = mxq::Tensor::of(b.scales[s].data(), mxq::DType::u8, ss.rows, ss.cols);
+          mxq::quantize(mxq::Tensor::of(b.x[s].data(), mxq::DType::bf16, rows, K), out, qo);
+        }
+      }
       const double g = mxq::group_size(o);
       const double code_b = mxq::format_info(o.format).elem_bits == 4 ? 0.5 : 1.0;
       const double bytes_per_el = op == "quantize" ? 2 + code_b + 1 / g : (op == "dequantize" ? code_b + 1 / g + 2 : 4.0);
       const double bytes = bytes_per_el * double(rows * K);
       const double tf = median_seconds(runs, [&](int i) { run(i, mxq::Backend::cpu); });
-      const double tr = median_seconds(std::max(1, runs / 5), [&](int i) { run(i, mxq::Backend::reference); });
+      const double tr = ref ? median_seconds(std::max(1, runs / 5), [&](int i) { run(i, mxq::Backend::reference); }) : 0.0;
       const double gbs = bytes / tf / 1e9;
       char shape[32];
       std::snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)K);
       std::string rule(mxq::to_string(o.rule));
-      std::printf("%-10s %-11s %-6s %-11s %10.1f %8.2f %8.1f%% %12.1f%% %8.1f\n", op.c_str(),
+      if (*c.mode) rule += std::string(",") + c.mode;
+      char xref[16] = "-";
+      if (ref) std::snprintf(xref, sizeof xref, "%.1f", tr / tf);
+      std::printf("%-11s %-11s %-11s %-11s %10.1f %8.2f %8.1f%% %12.1f%% %8s\n", c.op,
                   std::string(mxq::to_string(o.format)).c_str(), rule.c_str(), shape, tf * 1e6, gbs,
-                  100 * gbs / memcpyN, 100 * gbs / nt / memcpy1, tr / tf);
+                  100 * gbs / memcpyN, 100 * gbs / nt / memcpy1, xref);
     }
   }
   return 0;

@@ -2,6 +2,7 @@
 // mask and NVFP4 tensor scale, for the whole case grid, every input dtype, awkward and strided shapes,
 // and every bf16 pattern. The CPU backend runs each case at 1, 2 and 3 threads.
 #include <bit>
+#include <cmath>
 
 #include <gtest/gtest.h>
 
@@ -73,5 +74,72 @@ TEST_P(QuantizeExhaustive, EveryBf16PatternMatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, QuantizeExhaustive, testing::ValuesIn(th::backends()), th::backend_name);
+
+// Hand-built blocks that the LLM-like grid and the bf16 sweep rarely hold, through quantize, dequantize
+// and QDQ for every sweep option (and 16 random bits), every input dtype: all +0, mixed +-0, fp32
+// subnormals (the fast paths' scales outside MxFastRange), tiny normals, values near FLT_MAX, one
+// nonzero element, rounding ties, a NaN and an Inf; rows end in a partial block (K = 3 * 32 + 7).
+class EdgeBlocks : public testing::TestWithParam<Backend> {};
+
+TEST_P(EdgeBlocks, QuantizeDequantizeQdqMatchReference) {
+  const Backend b = GetParam();
+  TH_REQUIRE_BACKEND(b);
+  th::Scalar workspace(b);
+  const std::int64_t R = 9, K = 103;
+  std::vector<QuantOptions> opts = th::sweep_options();
+  {
+    QuantOptions sr = QuantOptions::mx(Format::mxfp6_e3m2, ScaleRule::even);
+    sr.rounding = Rounding::stochastic;
+    sr.random_bits = 16;
+    sr.offset = 7;
+    opts.push_back(sr);
+  }
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    th::HostTensor x(dt, R, K);
+    for (std::int64_t k = 0; k < K; ++k) {
+      const float t = float(k % 13) - 6.0f;  // -6 .. 6
+      x.set(0, k, 0.0f);
+      x.set(1, k, k % 3 ? -0.0f : 0.0f);
+      x.set(2, k, std::ldexp(t, -140 + int(k % 9)));               // fp32 subnormals (0 in bf16/f16 below their range)
+      x.set(3, k, std::ldexp(t, -126 + int(k % 5)));               // smallest normals
+      x.set(4, k, std::ldexp(t + 0.5f, 124 + int(k % 3)));         // up to ~FLT_MAX
+      x.set(5, k, k % 32 == 5 ? -3.25f : 0.0f);                    // one nonzero per block
+      x.set(6, k, (0.25f + 0.5f * float(k % 8)) * (k % 2 ? -1.0f : 1.0f));  // halfway points of the grids
+      x.set(7, k, std::ldexp(t, -20 + int(k % 40)));               // wide range in one block
+      x.set(8, k, k == 40 ? NAN : (k == 70 ? INFINITY : t));
+    }
+    th::Placed xb(b, x);
+    for (QuantOptions o : opts) {
+      SCOPED_TRACE(th::name_of(o) + " " + std::string(to_string(dt)));
+      QuantOptions oref = o;
+      oref.backend = Backend::reference;
+      th::Quantized qr(oref, R, K, true);
+      quantize(x.view(), qr.out(), oref);
+      th::PlacedQuantized q(b, o, R, K);
+      quantize(xb.view(), q.out(), th::on(b, o, workspace));
+      th::expect_same_bytes(qr.codes, q.codes.get(), "codes");
+      th::expect_same_bytes(qr.scales, q.scales.get(), "scales");
+      th::expect_same_bytes(qr.mask, q.mask.get(), "clip mask");
+
+      th::HostTensor yr(dt, R, K);
+      qdq(x.view(), yr.view(), oref);
+      th::Placed y(b, yr);
+      qdq(xb.view(), y.view(), th::on(b, o, workspace));
+      th::expect_same_bytes(yr, y.get(), "qdq");
+
+      QuantOptions od = oref;
+      if (o.format == Format::nvfp4) od.tensor_scale = qr.S;
+      th::HostTensor dr(dt, R, K);
+      dequantize(qr.in(), dr.view(), od);
+      th::Placed codes(b, qr.codes), scales(b, qr.scales), d(b, th::HostTensor(dt, R, K));
+      QuantOptions ob = od;
+      ob.backend = b;
+      dequantize(QuantizedIn{codes.view(), scales.view()}, d.view(), ob);
+      th::expect_same_bytes(dr, d.get(), "dequantize");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, EdgeBlocks, testing::ValuesIn(th::backends()), th::backend_name);
 
 }  // namespace

@@ -1,53 +1,102 @@
-// dequantize on the fast CPU path: codes through a decode table, special blocks by the scalar codec.
+// dequantize on the fast CPU path: codes decoded branch-free, blocks with NaN/Inf codes by the scalar codec.
+#include <bit>
+
 #include "cpu/fast_common.hpp"
 
 namespace mxq::cpu {
 namespace {
 
-// Element decode table: exact fp32 value of every code, and whether the code is NaN/Inf.
-struct DecodeLut {
-  float v[256];
-  bool special[256];
-};
-DecodeLut make_lut(const FloatSpec& f) {
-  DecodeLut l{};
-  const int n = f.bits == 4 ? 16 : (f.bits == 6 ? 64 : 256);
-  for (int c = 0; c < n; ++c) {
-    std::uint32_t s = 0, m = 0;
-    int pe = 0;
-    l.special[c] = !decode_parts(std::uint32_t(c), f, s, m, pe);
-    l.v[c] = l.special[c] ? 0.0f : decode_f32(std::uint32_t(c), f);
+// Whether a block's codes hold a NaN/Inf code (E4M3 S.1111.111, E5M2 S.11111.xx), or, for the 6-bit
+// formats, stray high bits: those blocks take the scalar codec.
+template <ElemType ET>
+MXQ_INLINE bool any_special(const std::uint32_t* codes, int n) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  if constexpr (f.bits == 4 || f.twos_complement) {
+    return false;
+  } else {
+    // 8-bit: a magnitude past the largest finite one; 6-bit: any bit above the code's six
+    constexpr std::uint32_t mmask = f.bits == 8 ? 0x7Fu : 0xFFu, limit = f.bits == 8 ? f.maxcode : 0x3Fu;
+    std::uint32_t bad = 0;
+    for (int i = 0; i < n; ++i) bad |= std::uint32_t((codes[i] & mmask) > limit);
+    return bad != 0;
   }
-  for (int c = n; c < 256; ++c) l.special[c] = true;  // stray high bits of a 6-bit code
-  return l;
 }
 
-template <ElemType ET, DType DT>
-MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Tensor& y, const DecodeLut& lut,
+// The exact fp32 value of a finite element code (decode_f32), branch-free: a normal code's bits
+// placed in an fp32 with the exponent rebiased; a subnormal's integer mantissa times its quantum;
+// INT8 its integer times 2^-6.
+template <ElemType ET>
+MXQ_INLINE float decode_value(std::uint32_t code) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  if constexpr (f.twos_complement) {
+    return float(std::int32_t(std::int8_t(std::uint8_t(code)))) * 0.015625f;
+  } else {
+    constexpr std::uint32_t smask = (1u << (f.bits - 1)) - 1u;
+    constexpr float quantum = std::bit_cast<float>(std::uint32_t(f.emin - f.mbits + 127) << 23);  // 2^(emin - mbits)
+    const std::uint32_t mag = code & smask;
+    const std::uint32_t normal = (mag << (23 - f.mbits)) + (std::uint32_t(f.emin - 1 + 127) << 23);
+    const std::uint32_t sub = f2u(float(std::int32_t(mag)) * quantum);
+    return u2f(bsel(mag < (1u << f.mbits), sub, normal) | (((code >> (f.bits - 1)) & 1u) << 31));
+  }
+}
+
+template <ElemType ET, DType DT, int G>
+MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Tensor& y, const NvTables* nv,
                                 std::int64_t r, std::int64_t b0, std::int64_t b1) {
   alignas(64) std::uint32_t codes[256], out[256];
+  constexpr FloatSpec f = Elem<ET>::spec;
+  constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
   const std::uint8_t* crow = static_cast<const std::uint8_t*>(q.codes.data) + r * q.codes.stride();
   const std::uint8_t* scales = static_cast<const std::uint8_t*>(q.scales.data);
   void* yrow = row_ptr(y, r);
+  const bool nv4 = p.nvfp4();
+  const int g = G ? G : p.g;
   for (std::int64_t b = b0; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
-    if (p.fp4) {
-      for (std::int64_t i = 0; i < n; ++i) codes[i] = (crow[(k0 + i) / 2] >> (4 * ((k0 + i) & 1))) & 0xF;
+    // the block's codes, zeros past the end of a row
+    if constexpr (f.bits == 4) {
+      const std::uint8_t* c = crow + k0 / 2;
+      if (G != 0 && n == G) {
+        // spread each byte's nibbles into a little-endian byte pair, then widen: lane-wise loops
+        alignas(64) std::uint16_t c16[G / 2];
+        alignas(64) std::uint8_t c8[G];
+        for (int i = 0; i < G / 2; ++i) c16[i] = static_cast<std::uint16_t>((c[i] & 0xFu) | (std::uint32_t(c[i] & 0xF0u) << 4));
+        std::memcpy(c8, c16, G);
+        for (int i = 0; i < G; ++i) codes[i] = c8[i];
+      } else {
+        for (int i = 0; i < g; ++i) codes[i] = i < n ? (c[i / 2] >> (4 * (i & 1))) & 0xFu : 0u;
+      }
     } else {
-      for (std::int64_t i = 0; i < n; ++i) codes[i] = crow[k0 + i];
+      const std::uint8_t* c = crow + k0;
+      if (G != 0 && n == G) {
+        for (int i = 0; i < G; ++i) codes[i] = c[i];
+      } else {
+        for (int i = 0; i < g; ++i) codes[i] = i < n ? c[i] : 0u;
+      }
     }
     const std::uint8_t sb = scales[p.scale_offset(r, b, q.scales.stride())];
-    bool special = false;
-    for (std::int64_t i = 0; i < n; ++i) special |= lut.special[codes[i]];
-    if (p.nvfp4()) {
-      for (std::int64_t i = 0; i < n; ++i) out[i] = f32_to_dtype_bits(nvfp4_decode(codes[i], sb, p.S), DT);
-    } else if (sb == kE8M0NaN || special) {
-      for (std::int64_t i = 0; i < n; ++i) out[i] = mx_dequant_bits(codes[i], sb, p.elem, DT);
+    if (nv4) {
+      if ((sb & 0x7F) == kE4M3NaN) {
+        for (int i = 0; i < g; ++i) out[i] = nan_bits(DT);
+      } else {
+        // nvfp4_decode: (E2M1 value * s) / S, each operation rounded once
+        const float sval = nv->sval[sb], S = p.S;
+        for (int i = 0; i < g; ++i) {
+          const float ev = u2f(f2u(e2m1_value_bf(codes[i] & 7u)) | ((codes[i] >> 3) << 31));
+          out[i] = to_dtype_bits_nonnan_bf<DT>(div_rn(mul_rn(ev, sval), S));
+        }
+      }
+    } else if (sb == kE8M0NaN) {
+      for (int i = 0; i < g; ++i) out[i] = nan_bits(DT);
+    } else if (any_special<ET>(codes, g)) {
+      for (std::int64_t i = 0; i < n; ++i) out[i] = mx_dequant_bits(codes[i], sb, f, DT);
     } else {
+      // element value x 2^e: exact (the values have at most 8 significant bits and stay above
+      // 2^-149), or +Inf past FLT_MAX, which out_mag_bits saturates
       const float scale = pow2f(int(sb) - kE8M0Bias);
-      for (std::int64_t i = 0; i < n; ++i) {
-        const float v = lut.v[codes[i]] * scale;
-        out[i] = out_mag_bits<DT>(std::fabs(v)) | ((f2u(v) >> 31) << (DT == DType::f32 ? 31 : 15));
+      for (int i = 0; i < g; ++i) {
+        const float v = decode_value<ET>(codes[i]) * scale;
+        out[i] = out_mag_bits<DT>(fabs_bits(v)) | ((f2u(v) >> 31) << kSignBit);
       }
     }
     store_out<DT>(yrow, k0, n, out);
@@ -57,11 +106,14 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
 }  // namespace
 
 void dequantize(const Problem& p, const QuantizedIn& q, const Tensor& y) {
-  const DecodeLut lut = make_lut(p.elem);
+  NvTables nv{};
+  if (p.nvfp4()) nv = make_nv_tables(p.S);
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(y.dtype, [&](auto dt) {
-      parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
-        dequantize_tile<decltype(et)::value, decltype(dt)::value>(p, q, y, lut, r, b0, b1);
+      dispatch_group<decltype(et)::value>(p.g, [&](auto gc) {
+        parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
+          dequantize_tile<decltype(et)::value, decltype(dt)::value, decltype(gc)::value>(p, q, y, &nv, r, b0, b1);
+        });
       });
     });
   });

@@ -1,6 +1,7 @@
 #pragma once
-// The fast CPU path: every core (OpenMP), branch-free vectorisable inner loops for the MX formats
-// with round-to-nearest-even, the shared scalar codec elsewhere. Bit-exact with the reference.
+// The fast CPU path: every core (OpenMP), branch-free vectorisable inner loops for quantize, QDQ and
+// dequantize of every format and rounding (fast_common.hpp lists what stays on the scalar codec).
+// Bit-exact with the reference.
 #include "core/problem.hpp"
 
 namespace mxq::cpu {

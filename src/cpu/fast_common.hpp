@@ -9,7 +9,13 @@
 //   a = |x| * 2^-e                       exact, or an underflow far below the element grid
 //   r = (a + C) - C, C = 1.5 * 2^(q+23)  RNE onto the grid of quantum 2^q (q from a's binade)
 //   r = min(r, max_elem)                 saturation
-// Stochastic rounding, NVFP4 and blocks holding NaN/Inf element codes use the shared scalar codec.
+// The same per-element arithmetic serves quantize (codes read off the rounding's bits: readoff_mag),
+// NVFP4 (nvfp4_encode_rne_readoff, the division by S one IEEE division per element) and stochastic
+// rounding (sr_round_unscaled in MxFastRange; the comparison words one Philox call per counter,
+// sr_words). The exact scalar codec remains for: blocks whose scale lies outside MxFastRange (RNE:
+// rne_mag/code_of, still branch-free; stochastic: encode_scaled_sr), INT8 and fp16-output stochastic
+// QDQ, NVFP4 stochastic rounding (nvfp4_encode_sr), quest's per-block sums (quest_arg), and
+// dequantize blocks holding NaN/Inf element codes (mx_dequant_bits).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -146,13 +152,199 @@ MXQ_INLINE void quantize_block_scalar(const Problem& p, std::int64_t r, std::int
   }
 }
 
+// ---- branch-free selects -----------------------------------------------------------------------------------
+// c ? a : b on bit patterns, written with masks: GCC keeps a select of floating-point values (and
+// the float operations that feed only one side) as control flow under -ftrapping-math, which stops
+// the vectoriser; on integers it does not.
+MXQ_INLINE std::uint32_t bsel(bool c, std::uint32_t a, std::uint32_t b) {
+  const std::uint32_t m = 0u - std::uint32_t(c);
+  return (a & m) | (b & ~m);
+}
+
+// to_dtype_bits_nonnan (fastmath.hpp) with the infinity case selected instead of returned early.
+template <DType OUT>
+MXQ_INLINE std::uint32_t to_dtype_bits_nonnan_bf(float v) {
+  const std::uint32_t b = f2u(v), sign = b >> 31, mag = b & 0x7FFFFFFFu;
+  constexpr int sb = OUT == DType::f32 ? 31 : 15;
+  const std::uint32_t inf = OUT == DType::f32 ? b : ((sign << 15) | (OUT == DType::bf16 ? 0x7F80u : 0x7C00u));
+  return bsel(mag == 0x7F800000u, inf, out_mag_bits<OUT>(u2f(mag)) | (sign << sb));
+}
+
+// a + b rounded toward zero for a, b >= 0 with a finite sum: add_rz (codec.hpp), the step down a select.
+MXQ_INLINE float add_rz_bf(float a, float b) {
+  const float s = add_rn(a, b);
+  const float bb = sub_rn(s, a);
+  const float err = add_rn(sub_rn(a, sub_rn(s, bb)), sub_rn(b, bb));
+  return u2f(f2u(s) - std::uint32_t(err < 0.0f));
+}
+
+// sr_round_unscaled (fastmath.hpp) written with selects, for e in MxFastRange: the same operations
+// on the same values. There the quantum Q is a normal float, 2^-qexp is normal too (q + e <= 104),
+// and frac = (|x| - t) / Q * 2^32 is exact and below 2^32; its truncation is taken in two halves so
+// that each conversion stays in int32's range.
+template <ElemType ET>
+MXQ_INLINE float sr_round_unscaled_bf(std::uint32_t xbits, int e, std::uint32_t rnd) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
+  const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 23;
+  const std::uint32_t xa = umin(xbits & 0x7FFFFFFFu, std::uint32_t(f.emax + 1 + e + 127) << 23);
+  const std::uint32_t be = umax(xa & 0x7F800000u, lo);
+  const float Cc = u2f(be + kC);
+  const float t = sub_rn(add_rz_bf(u2f(xa), Cc), Cc);
+  const float q = u2f(be - (std::uint32_t(f.mbits) << 23));
+  const std::uint32_t qexp_bits = be - (std::uint32_t(f.mbits) << 23);    // exponent bits of Q
+  const float inv_q = u2f((254u << 23) - qexp_bits);                       // 2^-qexp, exact
+  const float frac = mul_rn(mul_rn(sub_rn(u2f(xa), t), inv_q), 4294967296.0f);
+  const bool big = frac >= 2147483648.0f;
+  const float fr = u2f(bsel(big, f2u(sub_rn(frac, 2147483648.0f)), f2u(frac)));  // < 2^31, exact
+  const std::uint32_t thr = std::uint32_t(std::int32_t(fr)) + (std::uint32_t(big) << 31);
+  const float r = u2f(bsel(rnd < thr, f2u(add_rn(t, q)), f2u(t)));
+  const float lim = mul_rn(u2f(max_value_bits(f)), pow2f(e));
+  return u2f(bsel(r < lim, f2u(r), f2u(lim)));
+}
+
+// nvfp4_encode_rne_readoff (fastmath.hpp) with its saturating min written as a select.
+MXQ_INLINE std::uint32_t nvfp4_code_rne_bf(std::uint32_t xbits, float m) {
+  constexpr std::uint32_t lo = 127u << 23, kC = rne_const_bits<1>();
+  const float prod = mul_rn(u2f(xbits & 0x7FFFFFFFu), m);
+  const float a = u2f(bsel(prod < 6.0f, f2u(prod), 0x40C00000u));
+  const std::uint32_t be = umax(f2u(a) & 0x7F800000u, lo), cb = be + kC;
+  return readoff_mag<1>(f2u(add_rn(a, u2f(cb))), be, cb, lo) | ((xbits >> 31) << 3);
+}
+
+// e2m1_value (fastmath.hpp) with a select.
+MXQ_INLINE float e2m1_value_bf(std::uint32_t mag) {
+  return u2f(bsel(mag < 2, mag ? 0x3F000000u : 0u, (((mag >> 1) + 126u) << 23) | ((mag & 1u) << 22)));
+}
+
+// ---- stochastic rounding: the comparison words of a block ----------------------------------------------
+// rnd[i] = sr_bits(seed, j0 + i, B) for i < n (n <= 256), with one Philox call per counter instead of
+// one per element: 128 / B consecutive elements share a call (codec.hpp's sr_bits). Philox4x32-10 is
+// written out over an array of counters (philox4x32_10's rounds) so that the compiler can vectorise it;
+// element j's field is bits [(j % (128 / B)) B, + B) of its counter's 128 bits, i.e. bit offset
+// (j - first counter's first element) B of the calls' outputs laid end to end.
+template <int B>
+MXQ_INLINE void sr_words_b(std::uint64_t seed, std::uint64_t j0, int n, std::uint32_t* rnd) {
+  constexpr int lp = B == 8 ? 4 : (B == 16 ? 3 : 2);
+  const std::uint64_t c0 = j0 >> lp;
+  const int nc = int(((j0 + std::uint64_t(n) - 1) >> lp) - c0) + 1;  // <= 256 / 4 + 1
+  alignas(64) std::uint32_t w0[72], w1[72], w2[72], w3[72];
+  const std::uint32_t ks0 = std::uint32_t(seed), ks1 = std::uint32_t(seed >> 32);
+  constexpr std::uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+  for (int c = 0; c < nc; ++c) {
+    const std::uint64_t cc = c0 + std::uint64_t(c);
+    std::uint32_t x0 = std::uint32_t(cc), x1 = std::uint32_t(cc >> 32), x2 = 0, x3 = 0, k0 = ks0, k1 = ks1;
+#pragma GCC unroll 10
+    for (int r = 0; r < 10; ++r) {
+      const std::uint64_t p0 = std::uint64_t(M0) * x0, p1 = std::uint64_t(M1) * x2;
+      const std::uint32_t y0 = std::uint32_t(p1 >> 32) ^ x1 ^ k0, y2 = std::uint32_t(p0 >> 32) ^ x3 ^ k1;
+      x1 = std::uint32_t(p1);
+      x3 = std::uint32_t(p0);
+      x0 = y0;
+      x2 = y2;
+      k0 += W0;
+      k1 += W1;
+    }
+    w0[c] = x0;
+    w1[c] = x1;
+    w2[c] = x2;
+    w3[c] = x3;
+  }
+  // every call's 128 / B comparison words in element order, then the block's window of them
+  constexpr int per = 128 / B, fpw = 32 / B;  // fields per call, per word
+  alignas(64) std::uint32_t all[72 * per];
+  for (int c = 0; c < nc; ++c) {
+    const std::uint32_t w[4] = {w0[c], w1[c], w2[c], w3[c]};
+    for (int q = 0; q < 4; ++q)
+      for (int k = 0; k < fpw; ++k) all[c * per + q * fpw + k] = sr_field_of_word(w[q], k, B);
+  }
+  std::memcpy(rnd, all + (j0 - (c0 << lp)), std::size_t(n) * 4);
+}
+MXQ_INLINE void sr_words(std::uint64_t seed, std::uint64_t j0, int n, int B, std::uint32_t* rnd) {
+  if (B == 8) sr_words_b<8>(seed, j0, n, rnd);
+  else if (B == 16) sr_words_b<16>(seed, j0, n, rnd);
+  else sr_words_b<32>(seed, j0, n, rnd);
+}
+
+// ---- per-element helpers of the fast paths ------------------------------------------------------------------
+// A magnitude code with its sign: sign-magnitude, or two's complement for INT8 (no -0), as signed_code.
+template <ElemType ET>
+MXQ_INLINE std::uint32_t sign_code(std::uint32_t mag, std::uint32_t sign) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  if constexpr (f.twos_complement) {
+    const std::uint32_t neg = 0u - sign;
+    return ((mag ^ neg) + sign) & 0xFFu;
+  } else {
+    return mag | (sign << (f.bits - 1));
+  }
+}
+
+// Element codes of one finite MX block (scale exponent e in [-127, 127]) from its staged fp32 values
+// (after the QuTLASS rule's 3x): encode_scaled's result, rounded to nearest even or stochastically
+// with the comparison words rnd. In MxFastRange the rounding is done in the unscaled domain and the
+// code read off the rounding's bits (readoff_mag, as the CUDA kernels do; the binade clamped above at
+// emax + 1 + e so that quest's and the QuTLASS rule's elements past the scaled maximum saturate);
+// elsewhere by rne_mag / code_of, or encode_scaled_sr.
+template <ElemType ET, int G>
+MXQ_INLINE void mx_block_codes(int g_rt, const float* xf, int e, bool sr, const std::uint32_t* rnd,
+                               std::uint32_t* codes) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  const int g = G ? G : g_rt;
+  if (MxFastRange<ET>::contains(e)) {
+    const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 23, hi = std::uint32_t(f.emax + 1 + e + 127) << 23;
+    constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
+    if (!sr) {
+      for (int i = 0; i < g; ++i) {
+        const std::uint32_t xb = f2u(xf[i]);
+        const std::uint32_t be = umin(umax(xb & 0x7F800000u, lo), hi), cb = be + kC;
+        const std::uint32_t t = f2u(add_rn(u2f(xb & 0x7FFFFFFFu), u2f(cb)));
+        codes[i] = sign_code<ET>(umin(readoff_mag<f.mbits>(t, be, cb, lo), f.maxcode), xb >> 31);
+      }
+      return;
+    }
+    if constexpr (!f.twos_complement) {
+      for (int i = 0; i < g; ++i) {
+        const std::uint32_t xb = f2u(xf[i]);
+        // r is a grid value: r + Cc is exact, and its bits count r's quanta.
+        const float r = sr_round_unscaled_bf<ET>(xb, e, rnd[i]);
+        const std::uint32_t be = umax(f2u(r) & 0x7F800000u, lo), cb = be + kC;
+        codes[i] = sign_code<ET>(umin(readoff_mag<f.mbits>(f2u(add_rn(r, u2f(cb))), be, cb, lo), f.maxcode), xb >> 31);
+      }
+      return;
+    }
+  }
+  if (!sr) {
+    const float inv = pow2f(-e);
+    for (int i = 0; i < g; ++i) codes[i] = code_of<ET>(rne_mag<ET>(xf[i], inv), f2u(xf[i]) >> 31);
+  } else {
+    for (int i = 0; i < g; ++i) codes[i] = encode_scaled_sr<ET>(f2u(xf[i]), e, rnd[i]);
+  }
+}
+
+// NVFP4 per-call tables: for every E4M3 scale byte its value (NaN codes: 0) and the element multiplier
+// nvfp4_multiplier (0 for a zero scale).
+struct NvTables {
+  float sval[256], m[256];
+};
+inline NvTables make_nv_tables(float S) {
+  NvTables t{};
+  for (int c = 0; c < 256; ++c) {
+    const bool nan = (c & 0x7F) == kE4M3NaN;
+    t.sval[c] = nan ? 0.0f : decode_f32(std::uint32_t(c), kE4M3);
+    t.m[c] = (nan || c > 0x7F) ? 0.0f : nvfp4_multiplier(std::uint32_t(c), S);
+  }
+  return t;
+}
+
 // ---- dispatch: runtime enums -> template parameters ------------------------------------------------------------
 
-// Group size 32 (every MX format's default) is compiled with a constant trip count; others run the
-// same code with a runtime count.
-template <class F>
+// Group size 32 (every MX format's default) and, for E2M1, 16 (NVFP4's) are compiled with a constant
+// trip count; others run the same code with a runtime count.
+template <ElemType ET, class F>
 void dispatch_group(int g, F&& f) {
   if (g == 32) return f(std::integral_constant<int, 32>{});
+  if constexpr (ET == ElemType::e2m1)
+    if (g == 16) return f(std::integral_constant<int, 16>{});
   return f(std::integral_constant<int, 0>{});
 }
 

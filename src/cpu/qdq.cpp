@@ -61,16 +61,20 @@ MXQ_INLINE void qdq_block_direct(const Problem& p, const void* src, void* dst) {
 }
 
 template <ElemType ET, DType DT, int G>
-MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, std::int64_t r, std::int64_t b0,
-                         std::int64_t b1) {
+MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, const NvTables* nv, std::int64_t r,
+                         std::int64_t b0, std::int64_t b1) {
   alignas(64) float xf[256];
-  alignas(64) std::uint32_t out[256], codes[256], keep[256];
+  alignas(64) std::uint32_t out[256], rnd[256];
+  constexpr FloatSpec f = Elem<ET>::spec;
+  constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
   void* yrow = row_ptr(y, r);
-  const bool vec = !p.stochastic && !p.nvfp4();
+  const bool sr = p.stochastic, nv4 = p.nvfp4();
+  const ScaleRule rule = p.opt.rule;
   // Full blocks of the amax rules in bf16/f32 run in two passes over the source (amax, then
   // round-and-store straight into y); everything else goes through the xf staging buffer.
-  const bool direct = vec && G != 0 && DT != DType::f16 && p.opt.rule != ScaleRule::quest &&
-                      p.opt.rule != ScaleRule::qutlass_absmax;
+  const bool direct = !sr && !nv4 && G != 0 && DT != DType::f16 && rule != ScaleRule::quest &&
+                      rule != ScaleRule::qutlass_absmax;
+  const int g = G ? G : p.g;
   for (std::int64_t b = b0; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
     if constexpr (G != 0 && DT != DType::f16) {
@@ -81,26 +85,51 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, std
       }
     }
     load_block<DT, G>(x, r, k0, p.K, p.g, xf);
-    if (vec) {
-      const int g = G ? G : p.g;
-      const int e = mx_block_exp<G>(p, xf);
-      if (e == 128) {
-        for (int i = 0; i < g; ++i) out[i] = nan_bits(DT);
-      } else {
-        const float inv = pow2f(-e), scale = pow2f(e);
-        for (int i = 0; i < g; ++i) {
-          const float r = rne_mag<ET>(xf[i], inv);
-          const float v = r * scale;  // exact, or +Inf past FLT_MAX
-          std::uint32_t sign = f2u(xf[i]) >> 31;
-          if constexpr (Elem<ET>::spec.twos_complement) sign &= r != 0.0f;  // INT8 has no -0
-          out[i] = out_mag_bits<DT>(v) | (sign << (DT == DType::f32 ? 31 : 15));
-        }
+    const std::uint32_t am = amax_bits<G>(xf, p.g);
+    if (am >= 0x7F800000u) {
+      for (int i = 0; i < g; ++i) out[i] = nan_bits(DT);
+      store_out<DT>(yrow, k0, n, out);
+      continue;
+    }
+    if (sr) sr_words(p.opt.seed, std::uint64_t(p.opt.offset + r * p.K + k0), g, p.sr_bits, rnd);
+    if (nv4) {
+      // The element code (readoff / stochastic), then nvfp4_decode: (E2M1 value * s) / S, signed.
+      const std::uint32_t sc = e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), p.S), 6.0f));
+      const float m = nv->m[sc], sval = nv->sval[sc], S = p.S;
+      std::uint32_t* codes = out;  // the codes, then the outputs in their place
+      if (sr)
+        for (int i = 0; i < g; ++i) codes[i] = nvfp4_encode_sr(f2u(xf[i]), m, rnd[i]);
+      else
+        for (int i = 0; i < g; ++i) codes[i] = nvfp4_code_rne_bf(f2u(xf[i]), m);
+      for (int i = 0; i < g; ++i) {
+        const float v = div_rn(mul_rn(e2m1_value_bf(codes[i] & 7u), sval), S);
+        out[i] = to_dtype_bits_nonnan_bf<DT>(u2f(f2u(v) | ((codes[i] >> 3) << 31)));
       }
     } else {
-      std::uint8_t sb;
-      quantize_block_scalar(p, r, b, xf, codes, sb, keep);
-      for (int i = 0; i < n; ++i)
-        out[i] = p.nvfp4() ? f32_to_dtype_bits(nvfp4_decode(codes[i], sb, p.S), DT) : mx_dequant_bits(codes[i], sb, p.elem, DT);
+      int e = -127;
+      if (am != 0) e = mx_scale_exp(rule, u2f(am), rule == ScaleRule::quest ? quest_arg(xf, g) : 0.0f, f);
+      if (rule == ScaleRule::qutlass_absmax)
+        for (int i = 0; i < g; ++i) xf[i] = 3.0f * xf[i];
+      const float inv = pow2f(-e), scale = pow2f(e);
+      if (!sr) {
+        for (int i = 0; i < g; ++i) {
+          const float rm = rne_mag<ET>(xf[i], inv);
+          const float v = rm * scale;  // exact, or +Inf past FLT_MAX
+          std::uint32_t sign = f2u(xf[i]) >> 31;
+          if constexpr (f.twos_complement) sign &= rm != 0.0f;  // INT8 has no -0
+          out[i] = out_mag_bits<DT>(v) | (sign << kSignBit);
+        }
+      } else if (!f.twos_complement && DT != DType::f16 && MxFastRange<ET>::contains(e)) {
+        // sr_round_unscaled (fastmath_test): the dequantized value itself, at most 4 significant
+        // bits and normal, so the bf16 output is its high half.
+        for (int i = 0; i < g; ++i) {
+          const std::uint32_t xb = f2u(xf[i]);
+          const std::uint32_t v = f2u(sr_round_unscaled_bf<ET>(xb, e, rnd[i]));
+          out[i] = DT == DType::f32 ? (v | (xb & 0x80000000u)) : ((v >> 16) | ((xb >> 31) << 15));
+        }
+      } else {
+        for (int i = 0; i < g; ++i) out[i] = mx_dequant_finite<ET, DT>(encode_scaled_sr<ET>(f2u(xf[i]), e, rnd[i]), scale);
+      }
     }
     store_out<DT>(yrow, k0, n, out);
   }
@@ -109,11 +138,13 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, std
 }  // namespace
 
 void qdq(const Problem& p, const Tensor& x, const Tensor& y) {
+  NvTables nv{};
+  if (p.nvfp4()) nv = make_nv_tables(p.S);
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(x.dtype, [&](auto dt) {
-      dispatch_group(p.g, [&](auto gc) {
+      dispatch_group<decltype(et)::value>(p.g, [&](auto gc) {
         parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
-          qdq_tile<decltype(et)::value, decltype(dt)::value, decltype(gc)::value>(p, x, y, r, b0, b1);
+          qdq_tile<decltype(et)::value, decltype(dt)::value, decltype(gc)::value>(p, x, y, &nv, r, b0, b1);
         });
       });
     });

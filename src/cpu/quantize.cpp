@@ -1,4 +1,4 @@
-// quantize on the fast CPU path: the MX round-to-nearest-even blocks branch-free, the rest by the scalar codec.
+// quantize on the fast CPU path: every format and rounding branch-free per element (fast_common.hpp).
 #include "cpu/fast_common.hpp"
 
 namespace mxq::cpu {
@@ -11,32 +11,30 @@ struct Outs {
   std::uint8_t* mask_row;
 };
 
+// Packed codes of one block: two FP4 codes per byte (element 2i in the low nibble), else one per byte.
 template <ElemType ET, int G>
-MXQ_INLINE void quantize_block_rne(const Problem& p, float* xf, std::uint32_t* codes, std::uint8_t& scale_byte,
-                                   std::uint32_t* keep) {
-  const int g = G ? G : p.g;
-  const int e = mx_block_exp<G>(p, xf);
-  if (e == 128) {
-    scale_byte = kE8M0NaN;
-    for (int i = 0; i < g; ++i) codes[i] = keep[i] = 0;
-    return;
-  }
-  scale_byte = static_cast<std::uint8_t>(e + kE8M0Bias);
-  const float inv = pow2f(-e), maxv = u2f(max_value_bits(Elem<ET>::spec));
-  for (int i = 0; i < g; ++i) {
-    const float r = rne_mag<ET>(xf[i], inv);
-    codes[i] = code_of<ET>(r, f2u(xf[i]) >> 31);
-    keep[i] = std::fabs(xf[i]) * inv < maxv;
-  }
-}
-
-MXQ_INLINE void store_codes(const Problem& p, std::uint8_t* row, std::int64_t k0, std::int64_t n, const std::uint32_t* codes) {
-  if (p.fp4) {
+MXQ_INLINE void store_codes(std::uint8_t* row, std::int64_t k0, std::int64_t n, const std::uint32_t* codes) {
+  if constexpr (Elem<ET>::spec.bits == 4) {
     std::uint8_t* d = row + k0 / 2;
-    for (std::int64_t i = 0; i < (n + 1) / 2; ++i)
-      d[i] = static_cast<std::uint8_t>((codes[2 * i] & 0xF) | ((codes[2 * i + 1] & 0xF) << 4));
+    if (G != 0 && n == G) {
+      // narrow to bytes, then pack each little-endian byte pair c0 | c1 << 8 into c0 | c1 << 4: plain
+      // lane-wise loops that vectorise (a stride-2 gather of the 32-bit codes does not)
+      alignas(64) std::uint8_t c8[G];
+      alignas(64) std::uint16_t c16[G / 2];
+      for (int i = 0; i < G; ++i) c8[i] = static_cast<std::uint8_t>(codes[i] & 0xF);
+      std::memcpy(c16, c8, G);
+      for (int i = 0; i < G / 2; ++i) d[i] = static_cast<std::uint8_t>((c16[i] | (c16[i] >> 4)) & 0xFF);
+    } else {
+      for (std::int64_t i = 0; i < (n + 1) / 2; ++i)
+        d[i] = static_cast<std::uint8_t>((codes[2 * i] & 0xF) | ((codes[2 * i + 1] & 0xF) << 4));
+    }
   } else {
-    for (std::int64_t i = 0; i < n; ++i) row[k0 + i] = static_cast<std::uint8_t>(codes[i]);
+    std::uint8_t* d = row + k0;
+    if (G != 0 && n == G) {
+      for (int i = 0; i < G; ++i) d[i] = static_cast<std::uint8_t>(codes[i]);
+    } else {
+      for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<std::uint8_t>(codes[i]);
+    }
   }
 }
 
@@ -48,22 +46,111 @@ MXQ_INLINE void store_mask(std::uint8_t* row, std::int64_t k0, std::int64_t n, c
   }
 }
 
+// The fp32 bits of |x| and the sign bit of a bf16/fp32 storage word.
+template <DType DT>
+MXQ_INLINE std::uint32_t abs_bits_of(Storage<DT> v) {
+  if constexpr (DT == DType::f32) return v & 0x7FFFFFFFu;
+  else return std::uint32_t(v & 0x7FFFu) << 16;
+}
+
+// Codes and scale of one full block of an amax rule (floor, ceil, even, rceil), RNE, straight from
+// bf16/fp32 storage (no staging): the arithmetic of mx_block_codes on the same fp32 values. Returns
+// false, writing nothing, where the scale lies outside MxFastRange (the caller stages the block).
 template <ElemType ET, DType DT, int G>
-MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, std::int64_t r, std::int64_t b0,
-                              std::int64_t b1) {
+MXQ_INLINE bool quantize_block_direct(ScaleRule rule, const Storage<DT>* s, std::uint32_t* codes, std::uint8_t& sb,
+                                      std::uint32_t* keep) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  constexpr int kSignShift = DT == DType::f32 ? 31 : 15;
+  std::uint32_t am = 0;
+  for (int i = 0; i < G; ++i) am = std::max(am, abs_bits_of<DT>(s[i]));
+  if (am >= 0x7F800000u) {
+    sb = kE8M0NaN;
+    for (int i = 0; i < G; ++i) codes[i] = 0;
+    if (keep)
+      for (int i = 0; i < G; ++i) keep[i] = 0;
+    return true;
+  }
+  const int e = am ? mx_scale_exp(rule, u2f(am), 0.0f, f) : -127;
+  if (!MxFastRange<ET>::contains(e)) return false;
+  sb = static_cast<std::uint8_t>(e + kE8M0Bias);
+  const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 23, hi = std::uint32_t(f.emax + 1 + e + 127) << 23;
+  constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
+  for (int i = 0; i < G; ++i) {
+    const std::uint32_t xb = abs_bits_of<DT>(s[i]);
+    const std::uint32_t be = umin(umax(xb & 0x7F800000u, lo), hi), cb = be + kC;
+    const std::uint32_t t = f2u(add_rn(u2f(xb), u2f(cb)));
+    codes[i] = sign_code<ET>(umin(readoff_mag<f.mbits>(t, be, cb, lo), f.maxcode), std::uint32_t(s[i]) >> kSignShift);
+  }
+  if (keep) {  // the clip mask: |x| * 2^-e < the largest element value, as the staged path
+    const float inv = pow2f(-e), maxv = u2f(max_value_bits(f));
+    for (int i = 0; i < G; ++i) keep[i] = u2f(abs_bits_of<DT>(s[i])) * inv < maxv;
+  }
+  return true;
+}
+
+// One tile: every block staged to fp32 (load_block), its scale from the amax, its codes by the
+// branch-free helpers (mx_block_codes; NVFP4: nvfp4_encode_rne_readoff, or nvfp4_encode_sr), the
+// stochastic comparison words one Philox call per counter (sr_words). Bit-exact with the scalar codec.
+template <ElemType ET, DType DT, int G>
+MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, const NvTables* nv, std::int64_t r,
+                              std::int64_t b0, std::int64_t b1) {
   alignas(64) float xf[256];
-  alignas(64) std::uint32_t codes[256], keep[256];
-  const bool vec = !p.stochastic && !p.nvfp4();
+  alignas(64) std::uint32_t codes[256], keep[256], rnd[256];
+  constexpr FloatSpec f = Elem<ET>::spec;
+  const int g = G ? G : p.g;
+  const bool nv4 = p.nvfp4(), sr = p.stochastic;
+  const ScaleRule rule = p.opt.rule;
+  // full blocks of the amax rules: straight from the source (bf16/fp32)
+  const bool direct = !nv4 && !sr && G != 0 && DT != DType::f16 && rule != ScaleRule::quest &&
+                      rule != ScaleRule::qutlass_absmax;
   for (std::int64_t b = b0; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
-    load_block<DT, G>(x, r, k0, p.K, p.g, xf);
     std::uint8_t sb;
-    if (vec)
-      quantize_block_rne<ET, G>(p, xf, codes, sb, keep);
-    else
-      quantize_block_scalar(p, r, b, xf, codes, sb, keep);
+    if constexpr (G != 0 && DT != DType::f16) {
+      if (direct && n == G) {
+        const Storage<DT>* src =
+            reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + (r * x.stride() + k0) * dtype_size(DT));
+        if (quantize_block_direct<ET, DT, G>(rule, src, codes, sb, o.mask_row ? keep : nullptr)) {
+          o.scales[p.scale_offset(r, b, o.scale_stride)] = sb;
+          store_codes<ET, G>(o.codes_row, k0, n, codes);
+          if (o.mask_row) store_mask(o.mask_row, k0, n, keep);
+          continue;
+        }
+      }
+    }
+    load_block<DT, G>(x, r, k0, p.K, p.g, xf);
+    const std::uint32_t am = amax_bits<G>(xf, p.g);
+    if (am >= 0x7F800000u) {  // a NaN or Inf: the NaN scale, zero codes
+      sb = nv4 ? kE4M3NaN : kE8M0NaN;
+      for (int i = 0; i < g; ++i) codes[i] = keep[i] = 0;
+    } else {
+      if (sr) sr_words(p.opt.seed, std::uint64_t(p.opt.offset + r * p.K + k0), g, p.sr_bits, rnd);
+      if (nv4) {
+        // nvfp4_block_scale_code (e4m3_code_rne_sat: fastmath_test) and the table's multiplier
+        const std::uint32_t sc = e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), p.S), 6.0f));
+        const float m = nv->m[sc];
+        sb = static_cast<std::uint8_t>(sc);
+        if (sr)
+          for (int i = 0; i < g; ++i) codes[i] = nvfp4_encode_sr(f2u(xf[i]), m, rnd[i]);
+        else
+          for (int i = 0; i < g; ++i) codes[i] = nvfp4_code_rne_bf(f2u(xf[i]), m);
+        if (o.mask_row)
+          for (int i = 0; i < g; ++i) keep[i] = std::fabs(xf[i] * m) < 6.0f;
+      } else {
+        int e = -127;
+        if (am != 0) e = mx_scale_exp(rule, u2f(am), rule == ScaleRule::quest ? quest_arg(xf, g) : 0.0f, f);
+        if (rule == ScaleRule::qutlass_absmax)
+          for (int i = 0; i < g; ++i) xf[i] = 3.0f * xf[i];
+        sb = static_cast<std::uint8_t>(e + kE8M0Bias);
+        mx_block_codes<ET, G>(g, xf, e, sr, rnd, codes);
+        if (o.mask_row) {
+          const float inv = pow2f(-e), maxv = u2f(max_value_bits(f));
+          for (int i = 0; i < g; ++i) keep[i] = std::fabs(xf[i]) * inv < maxv;
+        }
+      }
+    }
     o.scales[p.scale_offset(r, b, o.scale_stride)] = sb;
-    store_codes(p, o.codes_row, k0, n, codes);
+    store_codes<ET, G>(o.codes_row, k0, n, codes);
     if (o.mask_row) store_mask(o.mask_row, k0, n, keep);
   }
 }
@@ -76,14 +163,16 @@ void quantize(const Problem& p, const Tensor& x, const QuantizedOut& out) {
   if (out.clip_mask.data)
     for (std::int64_t r = 0; r < p.rows; ++r)
       std::memset(static_cast<std::uint8_t*>(out.clip_mask.data) + r * out.clip_mask.stride(), 0, out.clip_mask.cols);
+  NvTables nv{};
+  if (p.nvfp4()) nv = make_nv_tables(p.S);
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(x.dtype, [&](auto dt) {
-      dispatch_group(p.g, [&](auto gc) {
+      dispatch_group<decltype(et)::value>(p.g, [&](auto gc) {
         parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
           Outs o{static_cast<std::uint8_t*>(out.codes.data) + r * out.codes.stride(),
                  static_cast<std::uint8_t*>(out.scales.data), out.scales.stride(),
                  out.clip_mask.data ? static_cast<std::uint8_t*>(out.clip_mask.data) + r * out.clip_mask.stride() : nullptr};
-          quantize_tile<decltype(et)::value, decltype(dt)::value, decltype(gc)::value>(p, x, o, r, b0, b1);
+          quantize_tile<decltype(et)::value, decltype(dt)::value, decltype(gc)::value>(p, x, o, &nv, r, b0, b1);
         });
       });
     });

@@ -162,10 +162,11 @@ struct NonFinite {
 NonFinite count_nonfinite(const std::uint8_t* x, const std::string& dtype, std::int64_t N, std::int64_t K, int g) {
   NonFinite r;
   const int es = st::find_dtype(dtype)->bytes;
+  const SrcType xt = src_type(dtype);
   for (std::int64_t i = 0; i < N; ++i)
     for (std::int64_t j0 = 0; j0 < K; j0 += g) {
       std::int64_t bad = 0;
-      for (std::int64_t j = j0; j < std::min<std::int64_t>(K, j0 + g); ++j) bad += !std::isfinite(load_f32(x + (i * K + j) * es, dtype));
+      for (std::int64_t j = j0; j < std::min<std::int64_t>(K, j0 + g); ++j) bad += !std::isfinite(load_f32(x + (i * K + j) * es, xt));
       r.values += bad;
       r.blocks += bad != 0;
     }
@@ -522,7 +523,8 @@ int run_quantize(const QuantizeArgs& a) {
           fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
         }
         ErrorSum err;
-        for (std::int64_t i = 0; i < N * K; ++i) err.add(load_f32(xp + i * es, t.dtype), load_f32(yq.data() + i * es, t.dtype));
+        const SrcType xty = src_type(t.dtype);
+        for (std::int64_t i = 0; i < N * K; ++i) err.add(load_f32(xp + i * es, xty), load_f32(yq.data() + i * es, xty));
         w.write(t.name, yq);
         bytes_out += double(yq.size());
         finish_tensor(t, xp, "qdq " + a.format, err);
@@ -552,7 +554,8 @@ int run_quantize(const QuantizeArgs& a) {
           eng.dequantize(QuantizedIn{Tensor::of(codes.data() + r0 * cc, DType::u8, nr, cc),
                                      Tensor::of(scales.data() + r0 * ss.cols, DType::u8, nr, ss.cols)},
                          Tensor::of(y.data(), DType::f32, nr, K), o);
-          for (std::int64_t i = 0; i < nr * K; ++i) err.add(load_f32(xp + (r0 * K + i) * es, t.dtype), y[i]);
+          const SrcType xty = src_type(t.dtype);
+          for (std::int64_t i = 0; i < nr * K; ++i) err.add(load_f32(xp + (r0 * K + i) * es, xty), y[i]);
         }
       }
       if (format == Format::mxfp8_e4m3) w.write(module + ".weight", codes);
@@ -736,7 +739,8 @@ int run_inspect_against(const std::string& file, const std::string& original) {
     if (t->numel() != numel || (t->dtype != "BF16" && t->dtype != "F16" && t->dtype != "F32")) return std::nullopt;
     std::vector<float> x(numel);
     const int es = st::find_dtype(t->dtype)->bytes;
-    for (std::int64_t i = 0; i < numel; ++i) x[i] = load_f32(ov.data(*t).data() + i * es, t->dtype);
+    const SrcType xty = src_type(t->dtype);
+    for (std::int64_t i = 0; i < numel; ++i) x[i] = load_f32(ov.data(*t).data() + i * es, xty);
     return x;
   };
   int not_finite = 0;
@@ -778,7 +782,8 @@ int run_inspect_against(const std::string& file, const std::string& original) {
     if (!x) continue;
     std::vector<float> y(t.numel());
     const int es = st::find_dtype(t.dtype)->bytes;
-    for (std::int64_t i = 0; i < t.numel(); ++i) y[i] = load_f32(v.data(t).data() + i * es, t.dtype);
+    const SrcType yty = src_type(t.dtype);
+    for (std::int64_t i = 0; i < t.numel(); ++i) y[i] = load_f32(v.data(t).data() + i * es, yty);
     report(t.name, t.dtype, *x, y);
     ++compared;
   }
