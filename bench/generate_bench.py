@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import time
@@ -60,12 +61,23 @@ def reference_qdq(x: torch.Tensor) -> torch.Tensor:
 
 
 def variants():
+    """name -> a function that emulates the variant on a model and returns a handle (restore()), or None."""
     compiled = torch.compile(reference_qdq, dynamic=True)
+    mx = {"format": "mxfp4", "rule": "even"}
+
+    def spec(s, **kw):
+        return lambda m: mxq.emulate(m, weights=s, activations=s, **kw)
+
     return {
         "bf16": None,
-        "reference": reference_qdq,
-        "reference, torch.compile": compiled,
-        "mxq": {"format": "mxfp4", "rule": "even"},
+        "reference": spec(reference_qdq),
+        "reference, torch.compile": spec(compiled),
+        "mxq": spec(mx),
+        # the activation QDQs fused into the RMSNorm and SiLU-and-multiply that produce them
+        "mxq, fused": spec(mx, fuse=True),
+        # the fair baseline of the fused row: bf16, with mxq's RMSNorm and SiLU-and-multiply kernels
+        # (transformers' eager RMSNorm is several kernels)
+        "bf16, mxq norm/SiLU": spec(None, fuse=True),
     }
 
 
@@ -119,7 +131,7 @@ def profile_prefill(a) -> None:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
     out = []
     for name, spec in variants().items():
-        handle = None if spec is None else mxq.emulate(model, weights=spec, activations=spec)
+        handle = None if spec is None else spec(model)
         try:
             for _ in range(2):  # warm-up (compilation, allocator)
                 model(input_ids=ids, use_cache=False)
@@ -157,6 +169,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-graph", action="store_true", help="decode without CUDA graphs")
     ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--only", nargs="+", metavar="VARIANT",
+                    help="these variants (and bf16) only: names or their slugs (mxq-fused, bf16-mxq-norm-silu, ...)")
     ap.add_argument("--profile", metavar="FILE",
                     help="instead of the table: one prefill per variant under torch.profiler, its top operators "
                          "by GPU and by CPU time written to FILE (where the time of a slow variant goes)")
@@ -167,10 +181,19 @@ def main() -> None:
     model = build(a.model, a.device)
     results: dict[tuple[str, str], list[float]] = {}
     vs = variants()
+    if a.only:
+        def slug(n: str) -> str:
+            return re.sub(r"[^a-z0-9]+", "-", n.lower()).strip("-")
+        known = {n: n for n in vs} | {slug(n): n for n in vs}
+        unknown = [o for o in a.only if o not in known]
+        if unknown:
+            ap.error(f"--only: unknown variants {unknown}; known: {list(vs)} or {[slug(n) for n in vs]}")
+        want = {known[o] for o in a.only}
+        vs = {k: v for k, v in vs.items() if k == "bf16" or k in want}
     for r in range(a.rounds):
         order = list(vs) if r % 2 == 0 else list(reversed(vs))  # alternate the order between rounds
         for name in order:
-            handle = None if vs[name] is None else mxq.emulate(model, weights=vs[name], activations=vs[name])
+            handle = None if vs[name] is None else vs[name](model)
             try:
                 for b in a.batch:
                     results.setdefault((name, f"decode B={b}"), []).append(

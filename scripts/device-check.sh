@@ -6,6 +6,8 @@
 #                     pytest (python without its tests: the package is still installed)
 #   MXQ_CHECK_E2E     bench/generate_bench.py models to run after the package is installed (end-to-end
 #                     tokens/s, e.g. "llama-1.3b qwen3-moe"); tables into $OUT/e2e-<model>.md
+#   MXQ_CHECK_E2E_ARGS  extra generate_bench.py arguments, e.g. "--only mxq mxq-fused bf16-mxq-norm-silu --rounds 3"
+#   MXQ_CHECK_PYTEST  the pytest targets (default tests/python)
 #   MXQ_CHECK_E2E_PROFILE  models whose prefill is profiled per variant (torch.profiler) into $OUT
 #   MXQ_CHECK_NCU     ';'-separated cuda_bench rows to profile with Nsight Compute (summary lines printed);
 #                     'ROW@REGEX' profiles the kernel matching REGEX (default block_kernel / dequant_kernel)
@@ -42,7 +44,7 @@ if ! skipped cpu-tests; then
 fi
 
 # The GPU suites: every op test's CUDA cases (named <op>/<backend>_...) and the CUDA-only tests.
-GPU_TESTS="quantize_test dequantize_test qdq_test layout_test cuda_test"
+GPU_TESTS="quantize_test dequantize_test qdq_test layout_test fused_test cuda_test"
 GPU_FILTER='*cuda*:Cuda*'
 if ! skipped gpu-tests; then
   t0=$SECONDS; passed=0; failed=0; rc=0
@@ -74,7 +76,7 @@ fi
 if ! skipped sanitizer; then
   # A representative subset (every kernel: both chunk widths, shuffles up to 32 lanes, atomics,
   # the fused amax, swizzle, graph capture); the full grid is too slow under the tools.
-  FILTER='*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*'
+  FILTER='*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*:*Fused*cuda_rms_norm'
   for tool in memcheck racecheck synccheck initcheck; do
     errors=0; rc=0
     for t in $GPU_TESTS; do
@@ -133,7 +135,7 @@ if ! skipped python; then  # the PyTorch package against this machine's torch (n
     status "python: pip install" "ok ($((SECONDS - t0)) s)"
     if ! skipped pytest; then
       t0=$SECONDS
-      (cd "$ROOT" && "$PYV/bin/python" -m pytest tests/python -v -rs > "$OUT/pytest.txt" 2>&1)
+      (cd "$ROOT" && "$PYV/bin/python" -m pytest ${MXQ_CHECK_PYTEST:-tests/python} -v -rs > "$OUT/pytest.txt" 2>&1)
       rc=$?
       status "python: pytest tests/python" "$(tail -1 "$OUT/pytest.txt") rc=$rc ($((SECONDS - t0)) s)"
       [ $rc -ne 0 ] && grep -E '^(FAILED|ERROR)' "$OUT/pytest.txt" | head -20
@@ -144,7 +146,7 @@ if ! skipped python; then  # the PyTorch package against this machine's torch (n
     done
     for m in ${MXQ_CHECK_E2E:-}; do
       t0=$SECONDS
-      PYTHONUNBUFFERED=1 "$PYV/bin/python" "$ROOT/bench/generate_bench.py" --model "$m" --markdown "$OUT/e2e-$m.md" > "$LOG/e2e-$m.txt" 2>&1
+      PYTHONUNBUFFERED=1 "$PYV/bin/python" "$ROOT/bench/generate_bench.py" --model "$m" ${MXQ_CHECK_E2E_ARGS:-} --markdown "$OUT/e2e-$m.md" > "$LOG/e2e-$m.txt" 2>&1
       rc=$?
       status "python: generate_bench $m" "rc=$rc ($((SECONDS - t0)) s, e2e-$m.md)"
       [ $rc -ne 0 ] && tail -20 "$LOG/e2e-$m.txt"

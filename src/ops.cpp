@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -11,6 +12,7 @@
 
 #include "core/validate.hpp"
 #include "cpu/fast.hpp"
+#include "cpu/fused.hpp"
 #include "cpu/reference/reference.hpp"
 #if defined(MXQ_HAVE_CUDA)
 #include "cuda/backend.hpp"
@@ -301,6 +303,91 @@ float tensor_amax(const Tensor& x, Backend backend, void* stream) {
   (void)stream;
 #endif
   return b == Backend::reference ? ref::tensor_amax(x) : cpu::tensor_amax(x);
+}
+
+
+namespace {
+// The QDQ half of a fused producer op: checked like qdq's options, with the fused ops' limits.
+std::optional<Problem> fused_problem(const Checker& c, const QuantOptions* q, const Tensor& y, Backend backend,
+                                     void* stream) {
+  if (!q) return std::nullopt;
+  Problem p = core::make_problem(c, *q, y.rows, y.cols);
+  if (p.stochastic)
+    c.unsupported("option 'rounding': the fused producer ops round to nearest even only (stochastic rounding: "
+                  "produce the tensor, then qdq())");
+  if (p.nvfp4() && !q->tensor_scale)
+    c.unsupported("nvfp4 needs option 'tensor_scale' in the fused producer ops (a computed tensor scale needs the "
+                  "whole output before any block: produce the tensor, then qdq())");
+  if (q->backend != Backend::automatic && q->backend != backend)
+    c.fail("option 'backend' of 'qdq' differs from argument 'backend'; set one of them");
+  if (q->stream && q->stream != stream) c.fail("option 'stream' of 'qdq' differs from argument 'stream'; set one of them");
+  return p;
+}
+
+void check_eps(const Checker& c, float eps) {
+  if (!(eps >= 0.0f) || !core::is_finite_bits(core::f2u(eps)))
+    c.fail("argument 'eps': " + std::to_string(eps) + ", expected a finite value >= 0");
+}
+
+void check_cols(const Checker& c, const Tensor& x) {
+  if (x.cols >= (std::int64_t(1) << 24))
+    c.fail("argument 'x': " + std::to_string(x.cols) + " columns, expected fewer than 2^24");
+}
+
+// The QDQ of the producer's output in place, on a CPU backend.
+void qdq_in_place(Backend b, const Problem& p, const Tensor& y) {
+  if (b == Backend::reference) ref::qdq(p, y, y);
+  else cpu::qdq(p, y, y);
+}
+}  // namespace
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const QuantOptions* qdq_opt,
+              Backend backend, void* stream) {
+  Checker c("rms_norm");
+  c.float_view("x", x);
+  c.view("weight", weight, x.dtype, 1, x.cols);
+  c.view("y", y, x.dtype, x.rows, x.cols);
+  c.same_device("weight", weight, x.device);
+  c.same_device("y", y, x.device);
+  check_eps(c, eps);
+  check_cols(c, x);
+  const std::optional<Problem> p = fused_problem(c, qdq_opt, y, backend, stream);
+  const bool in_place = y.data == x.data && y.stride() == x.stride();
+  if (!in_place) c.record("x", x, false);
+  c.record("weight", weight, false);
+  c.record("y", y, true);
+  c.no_overlap();
+  const Backend b = choose("rms_norm", qdq_opt, x, {{"x", x.data}, {"weight", weight.data}, {"y", y.data}}, backend);
+  if (x.rows == 0 || x.cols == 0) return;
+#if defined(MXQ_HAVE_CUDA)
+  if (b == Backend::cuda) return cuda::rms_norm(x, weight, eps, y, p ? &*p : nullptr, stream);
+#endif
+  cpu::rms_norm(x, weight, eps, y);
+  if (p) qdq_in_place(b, *p, y);
+}
+
+void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& y, const QuantOptions* qdq_opt, Backend backend,
+              void* stream) {
+  Checker c("silu_mul");
+  c.float_view("gate", gate);
+  c.view("up", up, gate.dtype, gate.rows, gate.cols);
+  c.view("y", y, gate.dtype, gate.rows, gate.cols);
+  c.same_device("up", up, gate.device);
+  c.same_device("y", y, gate.device);
+  const std::optional<Problem> p = fused_problem(c, qdq_opt, y, backend, stream);
+  const bool alias_gate = y.data == gate.data && y.stride() == gate.stride();
+  const bool alias_up = y.data == up.data && y.stride() == up.stride();
+  if (!alias_gate) c.record("gate", gate, false);
+  if (!alias_up) c.record("up", up, false);
+  c.record("y", y, true);
+  c.no_overlap();
+  const Backend b = choose("silu_mul", qdq_opt, gate, {{"gate", gate.data}, {"up", up.data}, {"y", y.data}}, backend);
+  if (gate.rows == 0 || gate.cols == 0) return;
+#if defined(MXQ_HAVE_CUDA)
+  if (b == Backend::cuda) return cuda::silu_mul(gate, up, y, p ? &*p : nullptr, stream);
+#endif
+  cpu::silu_mul(gate, up, y);
+  if (p) qdq_in_place(b, *p, y);
 }
 
 }  // namespace mxq

@@ -65,6 +65,22 @@ void dequantize(const QuantizedIn& q, const Tensor& y, const QuantOptions& opt);
 // For NVFP4 without opt.tensor_scale the tensor scale is computed from x (an extra pass).
 void qdq(const Tensor& x, const Tensor& y, const QuantOptions& opt);
 
+// ---- fused producer + QDQ (activation emulation where a model's own kernel produces the tensor) -------
+// The producer's output y (x's dtype and shape), QDQ'd in the same pass when `qdq` is given: the same
+// bytes as qdq() of the unfused output (docs/numerics.md section 8 defines the producers' arithmetic:
+// bit-exact across backends, within an ulp of transformers' modules). `qdq`: an MX format with any
+// rule, or NVFP4 with opt.tensor_scale given; round to nearest even only; its backend and stream
+// fields must be left default or equal the arguments. y may be the first input itself (in place).
+//
+// RMSNorm as transformers' LlamaRMSNorm: y = dtype(w * dtype(x / sqrt(mean(x^2) + eps))), per row;
+// weight is [1, K] in x's dtype; eps finite and >= 0; K < 2^24.
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const QuantOptions* qdq = nullptr,
+              Backend backend = Backend::automatic, void* stream = nullptr);
+// SiLU-and-multiply as transformers' LlamaMLP: y = dtype(dtype(silu(gate)) * up); gate, up and y of one
+// dtype and shape (views: the halves of a concatenated [rows, 2K] gate_up tensor work as row_stride 2K).
+void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& y, const QuantOptions* qdq = nullptr,
+              Backend backend = Backend::automatic, void* stream = nullptr);
+
 // ---- scale layouts -----------------------------------------------------------------------------------
 // linear: u8 [rows, C]; swizzled: u8 [ceil(rows/128)*128, ceil(C/4)*4], dense. Padding written as 0.
 // stream: the cudaStream_t for the CUDA backend (nullptr: the legacy default stream).

@@ -207,6 +207,60 @@ void qdq_(const at::Tensor& x, c10::string_view format, c10::string_view rule, i
   if (xr.copied) x.copy_(xr.t);
 }
 
+// ---- fused producers: rms_norm, silu_mul (optionally with a QDQ of the output) ----------------------
+std::optional<mxq::QuantOptions> fused_options(const char* op, const std::optional<c10::string_view>& format,
+                                               c10::string_view rule, int64_t group_size,
+                                               std::optional<double> tensor_scale) {
+  if (!format) {
+    TORCH_CHECK_VALUE(rule.empty() && group_size == 0 && !tensor_scale, "mxq.", op,
+                      ": 'rule', 'group_size' and 'tensor_scale' need a 'format' (the QDQ of the output)");
+    return std::nullopt;
+  }
+  return make_options(op, *format, rule, group_size, false, 0, 0, tensor_scale);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, std::optional<c10::string_view> format,
+                    c10::string_view rule, int64_t group_size, std::optional<double> tensor_scale) {
+  std::optional<mxq::QuantOptions> o = fused_options("rms_norm", format, rule, group_size, tensor_scale);
+  const mxq::DType dt = dtype_of(x, "rms_norm", "x", false);
+  const Rows xr = as_rows(x, "rms_norm", "x");
+  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == xr.cols, "mxq.rms_norm: argument 'weight': shape ",
+                    weight.sizes(), ", expected [", xr.cols, "] (the last dimension of x)");
+  TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), "mxq.rms_norm: argument 'weight': dtype ",
+                    weight.scalar_type(), ", expected x's dtype ", x.scalar_type());
+  TORCH_CHECK_VALUE(weight.device() == x.device(), "mxq.rms_norm: argument 'weight' is on ", weight.device(),
+                    ", x on ", x.device());
+  const at::Tensor w = weight.contiguous();
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  DeviceContext ctx(x);
+  guarded([&] {
+    mxq::rms_norm(view(xr, dt), mxq::Tensor{w.data_ptr(), dt, 1, xr.cols, 0, mxq_device(w)}, static_cast<float>(eps),
+                  mxq::Tensor{y.data_ptr(), dt, xr.rows, xr.cols, 0, mxq_device(y)}, o ? &*o : nullptr,
+                  mxq::Backend::automatic, ctx.stream);
+    return 0;
+  });
+  return y;
+}
+
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, std::optional<c10::string_view> format,
+                    c10::string_view rule, int64_t group_size, std::optional<double> tensor_scale) {
+  std::optional<mxq::QuantOptions> o = fused_options("silu_mul", format, rule, group_size, tensor_scale);
+  const mxq::DType dt = dtype_of(gate, "silu_mul", "gate", false);
+  TORCH_CHECK_VALUE(up.sizes() == gate.sizes() && up.scalar_type() == gate.scalar_type() && up.device() == gate.device(),
+                    "mxq.silu_mul: argument 'up': ", up.scalar_type(), " ", up.sizes(), " on ", up.device(),
+                    ", expected gate's ", gate.scalar_type(), " ", gate.sizes(), " on ", gate.device());
+  const Rows gr = as_rows(gate, "silu_mul", "gate");
+  const Rows ur = as_rows(up, "silu_mul", "up");
+  at::Tensor y = at::empty(gate.sizes(), gate.options().memory_format(at::MemoryFormat::Contiguous));
+  DeviceContext ctx(gate);
+  guarded([&] {
+    mxq::silu_mul(view(gr, dt), view(ur, dt), mxq::Tensor{y.data_ptr(), dt, gr.rows, gr.cols, 0, mxq_device(y)},
+                  o ? &*o : nullptr, mxq::Backend::automatic, ctx.stream);
+    return 0;
+  });
+  return y;
+}
+
 // ---- quantize -------------------------------------------------------------------------------------
 // layout: "linear" ([..., G] like x's leading dims), "swizzled" (the 128x4 layout, 2-D) or "padded" (the
 // linear layout written into a zero-padded [ceil(rows/128)*128, ceil(G/4)*4] buffer: QuTLASS's output).
@@ -479,10 +533,14 @@ TORCH_LIBRARY(mxq, m) {
   m.def("dequantize(Tensor codes, Tensor scales, SymInt cols, str format, int group_size, str layout, "
         "float? tensor_scale, Tensor? tensor_scale_tensor, ScalarType dtype) -> Tensor");
   m.def("swizzle_scales(Tensor linear) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps, str? format, str rule, int group_size, float? tensor_scale) -> Tensor");
+  m.def("silu_mul(Tensor gate, Tensor up, str? format, str rule, int group_size, float? tensor_scale) -> Tensor");
   m.def("unswizzle_scales(Tensor swizzled, SymInt rows, SymInt cols) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mxq, CPU, m) {
+  m.impl("rms_norm", &mxq_torch::rms_norm);
+  m.impl("silu_mul", &mxq_torch::silu_mul);
   m.impl("qdq", &mxq_torch::qdq);
   m.impl("qdq_", &mxq_torch::qdq_);
   m.impl("quantize", &mxq_torch::quantize);
@@ -494,6 +552,8 @@ TORCH_LIBRARY_IMPL(mxq, CPU, m) {
 // NOTE: registered even when the library was built without CUDA, so that CUDA tensors get mxq's own
 // message ("the CUDA backend cannot run: ...") instead of the dispatcher's missing-kernel error.
 TORCH_LIBRARY_IMPL(mxq, CUDA, m) {
+  m.impl("rms_norm", &mxq_torch::rms_norm);
+  m.impl("silu_mul", &mxq_torch::silu_mul);
   m.impl("qdq", &mxq_torch::qdq);
   m.impl("qdq_", &mxq_torch::qdq_);
   m.impl("quantize", &mxq_torch::quantize);

@@ -7,6 +7,7 @@
     mxq.qdq_(x, "mxfp8", stochastic=True, seed=1)         # in place, stochastic rounding
     handle = mxq.emulate(model, weights="mxfp4", activations="mxfp4")   # swap nn.Linear for QDQ layers
     mxq.restore(model)
+    h = mxq.rms_norm(x, w, 1e-6, format="mxfp4")            # RMSNorm + QDQ in one kernel (also silu_mul)
 
 Every operation is a torch.library custom op (torch.ops.mxq.*) with CPU and CUDA kernels and a fake
 implementation: it works under torch.compile(fullgraph=True) and CUDA-graph capture. The numbers are
@@ -20,7 +21,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from . import _C  # registers torch.ops.mxq.*
 from . import _meta  # noqa: F401  (fake implementations)
 from ._formats import FORMATS, RULES, FormatInfo, format_info
-from .ops import QuantizedTensor, dequantize, qdq, qdq_, quantize, swizzle_scales, unswizzle_scales
+from .ops import QuantizedTensor, dequantize, qdq, qdq_, quantize, rms_norm, silu_mul, swizzle_scales, unswizzle_scales
 from .emulate import EmulationHandle, QDQExperts, QDQLinear, emulate, restore
 
 try:  # the version setup.py took from CMakeLists.txt
@@ -32,7 +33,7 @@ except Exception:  # noqa: BLE001  (not installed as a distribution: running fro
 
 __all__ = [
     "FORMATS", "RULES", "FormatInfo", "format_info", "QuantizedTensor", "quantize", "dequantize", "qdq", "qdq_",
-    "swizzle_scales", "unswizzle_scales", "emulate", "restore", "EmulationHandle", "QDQLinear", "QDQExperts", "cuda_compiled",
+    "swizzle_scales", "unswizzle_scales", "rms_norm", "silu_mul", "emulate", "restore", "EmulationHandle", "QDQLinear", "QDQExperts", "cuda_compiled",
     "cuda_available",
 ]
 

@@ -90,3 +90,33 @@ def _swizzle_fake(linear):
 @torch.library.register_fake("mxq::unswizzle_scales")
 def _unswizzle_fake(swizzled, rows: int, cols: int):
     return swizzled.new_empty((rows, cols))
+
+
+def _check_fused_qdq(op: str, format: Optional[str], rule: str, group_size: int, tensor_scale) -> None:
+    if format is None:
+        if rule or group_size or tensor_scale is not None:
+            raise ValueError(f"mxq.{op}: 'rule', 'group_size' and 'tensor_scale' need a 'format' (the QDQ of the output)")
+        return
+    F.canonical_format(format)
+    _check_layout_group(op, None, group_size)
+
+
+@torch.library.register_fake("mxq::rms_norm")
+def _rms_norm_fake(x, weight, eps: float, format: Optional[str], rule: str, group_size: int,
+                   tensor_scale: Optional[float]):
+    _check_float(x, "rms_norm", "x")
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1] or weight.dtype != x.dtype:
+        raise ValueError(f"mxq.rms_norm: argument 'weight': {weight.dtype} {tuple(weight.shape)}, expected "
+                         f"{x.dtype} ({x.shape[-1]},)")
+    _check_fused_qdq("rms_norm", format, rule, group_size, tensor_scale)
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("mxq::silu_mul")
+def _silu_mul_fake(gate, up, format: Optional[str], rule: str, group_size: int, tensor_scale: Optional[float]):
+    _check_float(gate, "silu_mul", "gate")
+    if up.shape != gate.shape or up.dtype != gate.dtype:
+        raise ValueError(f"mxq.silu_mul: argument 'up': {up.dtype} {tuple(up.shape)}, expected gate's "
+                         f"{gate.dtype} {tuple(gate.shape)}")
+    _check_fused_qdq("silu_mul", format, rule, group_size, tensor_scale)
+    return gate.new_empty(gate.shape)

@@ -25,7 +25,8 @@ from . import _formats as F
 from . import ops as _ops
 from .ops import qdq
 
-__all__ = ["emulate", "restore", "EmulationHandle", "QDQLinear", "QDQExperts", "DEFAULT_EXCLUDE"]
+__all__ = ["emulate", "restore", "EmulationHandle", "QDQLinear", "QDQExperts", "FusedRMSNormQDQ", "FusedMLPQDQ",
+           "DEFAULT_EXCLUDE"]
 
 Spec = Union[None, str, dict, Callable[[torch.Tensor], torch.Tensor]]
 Patterns = Union[None, str, Iterable[str]]
@@ -189,6 +190,146 @@ class QDQExperts(nn.Module):
                 f"activations={_describe(self.activation_spec)}")
 
 
+def _fusable(spec: Optional[dict]) -> bool:
+    """A spec the fused producer ops compute: an mxq format with round to nearest even, NVFP4 only with
+    its tensor scale given."""
+    return (spec is not None and "fn" not in spec and not spec.get("stochastic", False)
+            and (spec["format"] != "nvfp4" or spec.get("tensor_scale") is not None))
+
+
+def _fused_kwargs(spec: Optional[dict]) -> dict:
+    if spec is None:  # fuse=True without activation QDQ: mxq's producers alone (a baseline)
+        return {}
+    return {k: v for k, v in spec.items() if k in ("format", "rule", "group_size", "tensor_scale")}
+
+
+def _within_an_ulp(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a and b (one dtype) equal within the fused producers' bound against transformers' modules: one
+    ulp of bf16/f16 (2 eps |b| bounds one ulp of b's binade), a few ulp of fp32."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    eps = torch.finfo(b.dtype).eps * (4 if b.dtype == torch.float32 else 1)
+    a, b = a.float(), b.float()
+    tiny = torch.finfo(b.dtype).tiny
+    return bool(torch.all((a - b).abs() <= 2 * eps * b.abs() + tiny).item())
+
+
+class FusedRMSNormQDQ(nn.Module):
+    """An RMSNorm (transformers' LlamaRMSNorm and its copies) whose output is fake-quantized in the same
+    kernel: mxq.rms_norm(x, weight, eps, format=...). It replaces the norm in front of projections
+    whose QDQLinear layers then skip their own activation QDQ (emulate(..., fuse=True))."""
+
+    def __init__(self, norm: nn.Module, spec: Optional[dict]):
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = float(_norm_eps(norm))
+        self.spec = spec
+        self._kw = _fused_kwargs(spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ops.rms_norm(x, self.weight, self.eps, **self._kw)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}, activations={_describe(self.spec)}"
+
+
+class FusedMLPQDQ(nn.Module):
+    """A gated MLP (transformers' LlamaMLP and its copies: down(act(gate(x)) * up(x)) with SiLU) whose
+    SiLU-and-multiply fake-quantizes its output in the same kernel (mxq.silu_mul(..., format=...)); the
+    down projection's own activation QDQ is skipped."""
+
+    def __init__(self, mlp: nn.Module, spec: Optional[dict]):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.spec = spec
+        self._kw = _fused_kwargs(spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(_ops.silu_mul(self.gate_proj(x), self.up_proj(x), **self._kw))
+
+    def extra_repr(self) -> str:
+        return f"activations={_describe(self.spec)}"
+
+
+def _norm_eps(norm: nn.Module) -> Optional[float]:
+    for attr in ("variance_epsilon", "eps"):
+        v = getattr(norm, attr, None)
+        if isinstance(v, (float, int)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def _probe(m: nn.Module, k: int) -> torch.Tensor:
+    p = next(m.parameters())
+    g = torch.Generator(device="cpu").manual_seed(0)
+    return (torch.randn(4, k, generator=g) * 3).to(device=p.device, dtype=p.dtype)
+
+
+def _rms_norm_like(norm: nn.Module) -> bool:
+    """norm computes mxq.rms_norm (within an ulp, checked on a probe): a 1-D weight, an eps, and the
+    LlamaRMSNorm arithmetic (Gemma's (1 + weight) or a norm with a bias fails the probe)."""
+    w, eps = getattr(norm, "weight", None), _norm_eps(norm)
+    if not isinstance(w, torch.Tensor) or w.dim() != 1 or eps is None or getattr(norm, "bias", None) is not None:
+        return False
+    if w.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    with torch.no_grad():
+        x = _probe(norm, w.shape[0])
+        try:
+            ref = norm(x)
+        except Exception:  # noqa: BLE001  (a module this probe cannot call is not fused)
+            return False
+        return ref.dtype == w.dtype and _within_an_ulp(_ops.rms_norm(x, w, eps), ref)
+
+
+def _silu_mlp_like(mlp: nn.Module) -> bool:
+    """mlp is down(act(gate(x)) * up(x)) with SiLU and swapped projections, checked on a probe."""
+    if not all(isinstance(getattr(mlp, n, None), QDQLinear) for n in ("gate_proj", "up_proj", "down_proj")):
+        return False
+    act = getattr(mlp, "act_fn", None)
+    if act is None:
+        return False
+    with torch.no_grad():
+        x = _probe(mlp.gate_proj, mlp.gate_proj.out_features)
+        try:
+            return _within_an_ulp(act(x) * x, _ops.silu_mul(x, x))
+        except Exception:  # noqa: BLE001
+            return False
+
+
+def _fuse(model: nn.Module, handle: "EmulationHandle", spec: Optional[dict]) -> int:
+    """Fuse the activation QDQs of Llama-style decoder layers into the RMSNorm and SiLU-and-multiply
+    that produce them. Returns the number of producers fused."""
+    fused = 0
+    for name, layer in list(model.named_modules()):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        # input_layernorm -> q/k/v only
+        norm = getattr(layer, "input_layernorm", None)
+        qkv = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")] if attn is not None else []
+        if (norm is not None and qkv and all(isinstance(m, QDQLinear) and m.activation_spec is spec for m in qkv)
+                and _rms_norm_like(norm)):
+            new = FusedRMSNormQDQ(norm, spec)
+            layer.input_layernorm = new
+            handle.swaps.append((f"{name}.input_layernorm", layer, "input_layernorm", norm, new))
+            for m in qkv:
+                m.activation_spec = None  # the norm's output is already fake-quantized
+            fused += 1
+        # post_attention_layernorm -> a dense SiLU MLP only (a MoE block's router reads the norm too)
+        norm = getattr(layer, "post_attention_layernorm", None)
+        if (norm is not None and mlp is not None and _silu_mlp_like(mlp)
+                and all(getattr(mlp, n).activation_spec is spec for n in ("gate_proj", "up_proj", "down_proj"))
+                and _rms_norm_like(norm)):
+            new_norm, new_mlp = FusedRMSNormQDQ(norm, spec), FusedMLPQDQ(mlp, spec)
+            layer.post_attention_layernorm = new_norm
+            layer.mlp = new_mlp
+            handle.swaps.append((f"{name}.post_attention_layernorm", layer, "post_attention_layernorm", norm, new_norm))
+            handle.swaps.append((f"{name}.mlp", layer, "mlp", mlp, new_mlp))
+            for n in ("gate_proj", "up_proj", "down_proj"):
+                getattr(new_mlp, n).activation_spec = None
+            fused += 2
+    return fused
+
+
 @dataclass
 class EmulationHandle:
     """What mxq.emulate swapped: (parent module, attribute name, original module, new module)."""
@@ -196,6 +337,7 @@ class EmulationHandle:
     model: nn.Module
     swaps: list = field(default_factory=list)
     cache: Optional[_ActivationCache] = None
+    fused: int = 0  # producers (norms, MLPs) fused with their activation QDQ (emulate(..., fuse=True))
 
     @property
     def names(self) -> list[str]:
@@ -240,6 +382,7 @@ def emulate(
     experts: bool = True,
     filter: Optional[Callable[[str, nn.Module], bool]] = None,
     share_activations: bool = True,
+    fuse: bool = False,
 ) -> EmulationHandle:
     """Swap the model's nn.Linear layers (and, with experts=True, transformers-5 MoE experts modules
     with 3-D weights) for fake-quantized ones, in place; returns a handle whose restore() undoes it.
@@ -253,6 +396,15 @@ def emulate(
              as an inference engine quantizes an activation once: same outputs, fewer kernels (the
              last activation stays referenced until the next call or restore()). False: every layer
              QDQs its own input.
+    fuse:    fuse the activation QDQs of Llama-style decoder layers into the ops that produce them:
+             input_layernorm -> q/k/v and post_attention_layernorm -> gate/up become mxq.rms_norm(...,
+             format=...), act_fn(gate) * up -> down becomes mxq.silu_mul(..., format=...): no separate QDQ
+             kernel is left in such a layer. Each norm and MLP is probed first (it must compute what the
+             fused op computes, within an ulp) and left unfused otherwise; a MoE block is not fused.
+             The norms' and SiLU's arithmetic is mxq's (docs/numerics.md section 8), within an ulp of
+             transformers': logits are close to, not bit-identical with, fuse=False. Needs an mxq
+             activation format with round to nearest even (NVFP4: with its tensor_scale), or None:
+             then mxq's producers run without QDQ (the baseline to measure the fused emulation against).
     Weights are QDQ'd once here, in their own dtype and device; the original modules are kept by the
     handle (for restore), so their memory stays allocated until it is released.
     """
@@ -260,6 +412,9 @@ def emulate(
         raise RuntimeError("mxq.emulate: this model is already emulated; call mxq.restore(model) first")
     w, a = _spec(weights, "weights"), _spec(activations, "activations")
     inc, exc = _compile(include, "include"), _compile(exclude, "exclude")
+    if fuse and a is not None and not _fusable(a):
+        raise ValueError("mxq.emulate: fuse=True needs an mxq activation format with round to nearest even "
+                         f"(NVFP4 with its tensor_scale), got activations={_describe(a)}")
     handle = EmulationHandle(model, cache=_ActivationCache() if share_activations else None)
     candidates = []
     for name, module in model.named_modules():
@@ -281,6 +436,8 @@ def emulate(
         new = QDQLinear(module, w, a, handle.cache) if kind is QDQLinear else kind(module, w, a)
         setattr(parent, attr, new)
         handle.swaps.append((name, parent, attr, module, new))
+    if fuse:
+        handle.fused = _fuse(model, handle, a)
     model._mxq_emulation = handle
     return handle
 

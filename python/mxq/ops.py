@@ -19,7 +19,8 @@ import torch
 
 from . import _formats as F
 
-__all__ = ["QuantizedTensor", "quantize", "dequantize", "qdq", "qdq_", "swizzle_scales", "unswizzle_scales"]
+__all__ = ["QuantizedTensor", "quantize", "dequantize", "qdq", "qdq_", "swizzle_scales", "unswizzle_scales", "rms_norm",
+           "silu_mul"]
 
 _LAYOUTS = ("linear", "swizzled", "padded")
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -336,3 +337,64 @@ def unswizzle_scales(swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tens
     out = torch.ops.mxq.unswizzle_scales.default(_bytes(swizzled, "swizzled"), _size(rows, "rows"),
                                                  _size(cols, "cols"))
     return out if swizzled.dtype == torch.uint8 else out.view(swizzled.dtype)
+
+
+# ---- fused producers ---------------------------------------------------------------------------------
+_RMS_NORM = torch.ops.mxq.rms_norm.default
+_SILU_MUL = torch.ops.mxq.silu_mul.default
+
+
+def _fused_qdq_args(format: Optional[str], rule: Optional[str], group_size: Optional[int],
+                    tensor_scale: ScaleLike) -> tuple:
+    if format is None:
+        if rule is not None or group_size is not None or tensor_scale is not None:
+            raise ValueError("mxq: 'rule', 'group_size' and 'tensor_scale' need a 'format' (the QDQ of the output)")
+        return None, "", 0, None
+    fmt, r = _names(format, rule)
+    return fmt, r, 0 if group_size is None else _group(group_size), \
+        None if tensor_scale is None else _scale_value(tensor_scale)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    format: Optional[str] = None,
+    rule: Optional[str] = None,
+    group_size: Optional[int] = None,
+    tensor_scale: ScaleLike = None,
+) -> torch.Tensor:
+    """RMSNorm over the last dimension, as transformers' LlamaRMSNorm computes it
+    (weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype), in fp32), optionally followed by a QDQ of the
+    result in the same kernel: ``rms_norm(x, w, eps, format="mxfp4")`` is bit-identical to
+    ``qdq(rms_norm(x, w, eps), "mxfp4")`` with one pass over memory instead of two.
+
+    weight: [K] in x's dtype. The arithmetic is fixed (docs/numerics.md, section 8): bit-exact across
+    mxq's CPU and CUDA backends; against torch's own RMSNorm it differs by at most one unit in the
+    last place of x's dtype on a small fraction of elements (the order of the sum of squares, the
+    correctly rounded 1/sqrt). The QDQ: an MX format with any rule, or "nvfp4" with `tensor_scale`
+    given; round to nearest even (stochastic rounding: call qdq on the result). No gradient."""
+    fmt, r, g, ts = _fused_qdq_args(format, rule, group_size, tensor_scale)
+    return _RMS_NORM(x, weight, float(eps), fmt, r, g, ts)
+
+
+def silu_mul(
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    *,
+    format: Optional[str] = None,
+    rule: Optional[str] = None,
+    group_size: Optional[int] = None,
+    tensor_scale: ScaleLike = None,
+) -> torch.Tensor:
+    """SiLU-and-multiply, as transformers' LlamaMLP computes ``act_fn(gate) * up`` (SiLU in fp32 cast
+    to the dtype, then the product cast to the dtype), optionally followed by a QDQ of the result in
+    the same kernel (bit-identical to ``qdq(silu_mul(gate, up), format)``). gate and up: one shape and
+    dtype; the halves of a concatenated gate_up tensor (``gu.chunk(2, -1)``) are read in place.
+
+    SiLU uses mxq's own exp (within 2 ulp in fp32; docs/numerics.md, section 8), so results are
+    bit-exact across mxq's backends and within one unit in the last place of torch's. The QDQ as in
+    :func:`rms_norm`. No gradient."""
+    fmt, r, g, ts = _fused_qdq_args(format, rule, group_size, tensor_scale)
+    return _SILU_MUL(gate, up, fmt, r, g, ts)

@@ -26,5 +26,9 @@ void write_empty(const core::Problem& p, const QuantizedOut& out);
 void swizzle_scales(const Tensor& linear, const Tensor& swizzled, void* stream);
 void unswizzle_scales(const Tensor& swizzled, const Tensor& linear, void* stream);
 float tensor_amax(const Tensor& x, void* stream);
+// The fused producer ops (cuda/fused/): y = the producer's output, QDQ'd when qdq is set (MX formats,
+// or NVFP4 with its tensor scale given; round to nearest even).
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const core::Problem* qdq, void* stream);
+void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& y, const core::Problem* qdq, void* stream);
 
 }  // namespace mxq::cuda
