@@ -8,6 +8,10 @@
 
 #include "core/problem.hpp"
 
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
+
 namespace mxq::core {
 
 // ---- rounding to the output dtype ------------------------------------------------------------------------
@@ -17,8 +21,14 @@ MXQ_HD std::uint32_t round_to_dtype_bits(float v, DType t) {
   const std::uint32_t u = f2u(v), mag = u & 0x7FFFFFFFu, sign = u >> 31;
   if (mag > 0x7F800000u) return nan_bits(t);
   if (t == DType::f32) return u;
-  if (t == DType::bf16) return mag >= 0x7F7F8000u ? ((sign << 15) | 0x7F80u) : f32_to_bf16_sat(u);
+  // bf16: RNE on the bits (a carry out of the largest binade gives the infinity pattern)
+  if (t == DType::bf16) return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+#if defined(__CUDA_ARCH__)
+  (void)sign;
+  return __half_as_ushort(__float2half_rn(v));  // RNE, overflow to Inf (IEEE conversion)
+#else
   return mag >= 0x477FF000u ? ((sign << 15) | 0x7C00u) : f32_to_f16_sat(u);  // 65520 rounds to Inf
+#endif
 }
 // The fp32 value of dtype bits.
 MXQ_HD float dtype_bits_to_f32(std::uint32_t bits, DType t) {

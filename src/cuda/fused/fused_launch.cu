@@ -4,7 +4,10 @@
 // sum in), and the g / 8 lanes of a QDQ group are adjacent lanes of one warp.
 #include <string>
 
+#include "core/fastmath.hpp"
+#include "core/format_traits.hpp"
 #include "core/fused_math.hpp"
+#include "core/dispatch.hpp"
 #include "cuda/backend.hpp"
 #include "cuda/common/device.hpp"
 #include "cuda/common/vector_io.cuh"
@@ -17,6 +20,8 @@ static_assert(core::kNormLanes == kThreads, "a block's threads are the lanes of 
 static_assert(kChunk == 8, "a thread's chunk is 8 elements: groups of g >= 8 span g / 8 lanes");
 
 enum class Qdq { none, mx, nvfp4 };
+// The kernel's QDQ: none, NVFP4, or an MX format with its element type at compile time.
+struct NoElem {};
 
 struct FusedParams {
   const std::uint8_t* a = nullptr;  // x (rms_norm) or gate (silu_mul)
@@ -90,7 +95,7 @@ __device__ __forceinline__ float lanes_sum(float s, int lanes) {
 // QDQ of one group of n values v[0 .. n) held by this thread, whose group spans `lanes` lanes (n = 8
 // then; lanes = 1 when the group lies inside the chunk): the reference's quantize then dequantize,
 // element by element, with the block statistics combined over the lanes.
-template <DType DT, Qdq Q>
+template <DType DT, Qdq Q, ElemType ET>
 __device__ __forceinline__ void qdq_group(const float* v, int n, int lanes, const FusedParams& p, u32* out) {
   float amax = 0.0f;
   bool bad = false;
@@ -112,6 +117,7 @@ __device__ __forceinline__ void qdq_group(const float* v, int n, int lanes, cons
       out[j] = f32_to_dtype_bits(nvfp4_decode(code, sc, p.S), DT);
     }
   } else {
+    constexpr FloatSpec kSpec = Elem<ET>::spec;
     int e = -127;
     if (p.rule == ScaleRule::quest) {
       // quest_arg over the whole group (padding zeros included), sums in pairwise_sum's order; the
@@ -125,33 +131,44 @@ __device__ __forceinline__ void qdq_group(const float* v, int n, int lanes, cons
       }
       const float var = div_rn(lanes_sum(chunk_sum(loc, n), lanes), float(p.g));
       const float q = add_rn(div_rn(mul_rn(sqrt_rn(var), 2.92247856f), 6.0f), 1e-8f);
-      if (!bad && amax > 0.0f) e = mx_scale_exp(p.rule, amax, q, p.elem);
+      if (!bad && amax > 0.0f) e = mx_scale_exp(p.rule, amax, q, kSpec);
     } else if (!bad && amax > 0.0f) {
-      e = mx_scale_exp(p.rule, amax, 0.0f, p.elem);
+      e = mx_scale_exp(p.rule, amax, 0.0f, kSpec);
     }
-    const std::uint8_t sb = bad ? kE8M0NaN : std::uint8_t(e + kE8M0Bias);
+    if (bad) {
+      for (int j = 0; j < n; ++j) out[j] = nan_bits(DT);
+      return;
+    }
+    // the general QDQ form of the chunked kernels (cuda/quantize/mx_chunk.cuh): the magnitude rounded
+    // on the grid in the unscaled domain, times the scale, to the output dtype, the sign kept
+    constexpr FloatSpec f = kSpec;
+    constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
+    const float scale = pow2f(e), inv = pow2f(-e);
     for (int j = 0; j < n; ++j) {
       const float xin = p.rule == ScaleRule::qutlass_absmax ? mul_rn(3.0f, v[j]) : v[j];
-      out[j] = mx_dequant_bits(bad ? 0u : encode_scaled(f2u(xin), e, p.elem), sb, p.elem, DT);
+      const float rm = rne_mag<ET>(xin, inv);
+      u32 sign = f2u(xin) >> 31;
+      if (f.twos_complement) sign &= u32(rm != 0.0f);  // INT8 has no -0
+      out[j] = out_mag_bits<DT>(mul_rn(rm, scale)) | (sign << kSignBit);
     }
   }
 }
 
 // The chunk's outputs: the producer's values v (dtype values as fp32, zeros past K) as dtype bits, or
 // their QDQ.
-template <DType DT, Qdq Q>
+template <DType DT, Qdq Q, ElemType ET>
 __device__ __forceinline__ void finish_chunk(const float (&v)[kChunk], const FusedParams& p, u32 (&o)[kChunk]) {
   if constexpr (Q == Qdq::none) {
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) o[j] = round_to_dtype_bits(v[j], DT);  // exact: v holds dtype values
   } else if (p.g >= kChunk) {
-    qdq_group<DT, Q>(v, kChunk, p.g / kChunk, p, o);
+    qdq_group<DT, Q, ET>(v, kChunk, p.g / kChunk, p, o);
   } else {
-    for (int j0 = 0; j0 < kChunk; j0 += p.g) qdq_group<DT, Q>(v + j0, p.g, 1, p, o + j0);
+    for (int j0 = 0; j0 < kChunk; j0 += p.g) qdq_group<DT, Q, ET>(v + j0, p.g, 1, p, o + j0);
   }
 }
 
-template <DType DT, Qdq Q>
+template <DType DT, Qdq Q, ElemType ET>
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const FusedParams p) {
   const i64 row = blockIdx.x;
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
@@ -194,35 +211,34 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const FusedParams p)
       for (int j = 0; j < kChunk; ++j) v[j] = 0.0f;
     }
     u32 o[kChunk];
-    finish_chunk<DT, Q>(v, p, o);
+    finish_chunk<DT, Q, ET>(v, p, o);
     if (in) store8<DT>(y, c * kChunk, p, o);
   }
 }
 
-template <DType DT, Qdq Q>
+// One block per kThreads chunks of a row (segment), so that a single row spreads over the GPU.
+template <DType DT, Qdq Q, ElemType ET>
 __global__ void __launch_bounds__(kThreads) silu_mul_kernel(const FusedParams p) {
-  const i64 row = blockIdx.x;
+  const i64 row = blockIdx.x / p.iters, seg = blockIdx.x % p.iters;
   const int t = threadIdx.x;
   const std::uint8_t* gate = p.a + row * p.a_stride;
   const std::uint8_t* up = p.b + row * p.b_stride;
   std::uint8_t* y = p.y + row * p.y_stride;
-  for (int i = 0; i < p.iters; ++i) {
-    const i64 c = i64(i) * kThreads + t;
-    const bool in = c < p.cpr;
-    float v[kChunk], u[kChunk];
-    if (in) {
-      load8<DT>(gate, c * kChunk, p, v);
-      load8<DT>(up, c * kChunk, p, u);
+  const i64 c = seg * kThreads + t;
+  const bool in = c < p.cpr;
+  float v[kChunk], u[kChunk];
+  if (in) {
+    load8<DT>(gate, c * kChunk, p, v);
+    load8<DT>(up, c * kChunk, p, u);
 #pragma unroll
-      for (int j = 0; j < kChunk; ++j) v[j] = c * kChunk + j < p.K ? silu_mul_element(v[j], u[j], DT) : 0.0f;
-    } else {
+    for (int j = 0; j < kChunk; ++j) v[j] = c * kChunk + j < p.K ? silu_mul_element(v[j], u[j], DT) : 0.0f;
+  } else {
 #pragma unroll
-      for (int j = 0; j < kChunk; ++j) v[j] = 0.0f;
-    }
-    u32 o[kChunk];
-    finish_chunk<DT, Q>(v, p, o);
-    if (in) store8<DT>(y, c * kChunk, p, o);
+    for (int j = 0; j < kChunk; ++j) v[j] = 0.0f;
   }
+  u32 o[kChunk];
+  finish_chunk<DT, Q, ET>(v, p, o);
+  if (in) store8<DT>(y, c * kChunk, p, o);
 }
 
 FusedParams make_params(const Tensor& a, const Tensor& b, const Tensor& y, const core::Problem* qdq) {
@@ -248,33 +264,39 @@ FusedParams make_params(const Tensor& a, const Tensor& b, const Tensor& y, const
   return k;
 }
 
-template <template <DType, Qdq> class Launch>
+template <template <DType, Qdq, ElemType> class Launch>
 void launch(const char* fn, const Tensor& a, const Tensor& b, const Tensor& y, const core::Problem* qdq,
             float eps, void* stream) {
   FusedParams k = make_params(a, b, y, qdq);
   k.eps = eps;
-  if (a.rows > 0x7FFFFFFF)
-    throw Error(Error::Code::unsupported, std::string("mxq::") + fn + ": more than 2^31 - 1 rows (one block per row)");
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const Qdq q = !qdq ? Qdq::none : qdq->nvfp4() ? Qdq::nvfp4 : Qdq::mx;
   dispatch_dtype(a.dtype, [&](auto dt) {
     constexpr DType DT = decltype(dt)::value;
-    switch (q) {
-      case Qdq::none: Launch<DT, Qdq::none>::run(k, unsigned(a.rows), s); break;
-      case Qdq::mx: Launch<DT, Qdq::mx>::run(k, unsigned(a.rows), s); break;
-      case Qdq::nvfp4: Launch<DT, Qdq::nvfp4>::run(k, unsigned(a.rows), s); break;
-    }
+    // the element type of none / NVFP4 is a placeholder (not read)
+    if (!qdq) return Launch<DT, Qdq::none, ElemType::e2m1>::run(fn, k, a.rows, s);
+    if (qdq->nvfp4()) return Launch<DT, Qdq::nvfp4, ElemType::e2m1>::run(fn, k, a.rows, s);
+    dispatch_elem(qdq->info.elem, [&](auto et) { Launch<DT, Qdq::mx, decltype(et)::value>::run(fn, k, a.rows, s); });
   });
   check_launch(fn, "fused producer kernel");
 }
 
-template <DType DT, Qdq Q>
-struct RmsLaunch {
-  static void run(const FusedParams& k, unsigned rows, cudaStream_t s) { rms_norm_kernel<DT, Q><<<rows, kThreads, 0, s>>>(k); }
+unsigned grid_of(const char* fn, i64 blocks) {
+  if (blocks > 0x7FFFFFFF)
+    throw Error(Error::Code::unsupported, std::string("mxq::") + fn + ": the tensor needs more than 2^31 - 1 blocks");
+  return unsigned(blocks);
+}
+
+template <DType DT, Qdq Q, ElemType ET>
+struct RmsLaunch {  // one block per row
+  static void run(const char* fn, const FusedParams& k, i64 rows, cudaStream_t s) {
+    rms_norm_kernel<DT, Q, ET><<<grid_of(fn, rows), kThreads, 0, s>>>(k);
+  }
 };
-template <DType DT, Qdq Q>
-struct SiluLaunch {
-  static void run(const FusedParams& k, unsigned rows, cudaStream_t s) { silu_mul_kernel<DT, Q><<<rows, kThreads, 0, s>>>(k); }
+template <DType DT, Qdq Q, ElemType ET>
+struct SiluLaunch {  // one block per kThreads chunks of a row
+  static void run(const char* fn, const FusedParams& k, i64 rows, cudaStream_t s) {
+    silu_mul_kernel<DT, Q, ET><<<grid_of(fn, rows * k.iters), kThreads, 0, s>>>(k);
+  }
 };
 
 }  // namespace
