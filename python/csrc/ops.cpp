@@ -224,8 +224,12 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, s
   std::optional<mxq::QuantOptions> o = fused_options("rms_norm", format, rule, group_size, tensor_scale);
   const mxq::DType dt = dtype_of(x, "rms_norm", "x", false);
   const Rows xr = as_rows(x, "rms_norm", "x");
-  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == xr.cols, "mxq.rms_norm: argument 'weight': shape ",
-                    weight.sizes(), ", expected [", xr.cols, "] (the last dimension of x)");
+  if (weight.dim() != 1 || weight.size(0) != xr.cols) {
+    std::string shape;
+    for (int64_t d = 0; d < weight.dim(); ++d) shape += (d ? ", " : "") + std::to_string(weight.size(d));
+    TORCH_CHECK_VALUE(false, "mxq.rms_norm: argument 'weight': shape [" + shape + "], expected [" +
+                                 std::to_string(xr.cols) + "] (the last dimension of x)");
+  }
   TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), "mxq.rms_norm: argument 'weight': dtype ",
                     weight.scalar_type(), ", expected x's dtype ", x.scalar_type());
   TORCH_CHECK_VALUE(weight.device() == x.device(), "mxq.rms_norm: argument 'weight' is on ", weight.device(),
@@ -519,6 +523,31 @@ at::Tensor unswizzle_scales_autograd(c10::DispatchKeySet ks, const at::Tensor& s
   return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, swizzled, std::move(rows), std::move(cols));
 }
 
+// The fused producers have no gradient (emulation at inference): refused when one is wanted, instead of
+// an output silently cut from the graph.
+using RmsNormFn = at::Tensor(const at::Tensor&, const at::Tensor&, double, std::optional<c10::string_view>,
+                             c10::string_view, int64_t, std::optional<double>);
+using SiluMulFn = at::Tensor(const at::Tensor&, const at::Tensor&, std::optional<c10::string_view>, c10::string_view,
+                             int64_t, std::optional<double>);
+
+at::Tensor rms_norm_autograd(c10::DispatchKeySet ks, const at::Tensor& x, const at::Tensor& weight, double eps,
+                             std::optional<c10::string_view> format, c10::string_view rule, int64_t group_size,
+                             std::optional<double> tensor_scale) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!needs_grad(x) && !needs_grad(weight),
+                              "mxq.rms_norm has no gradient; call it under torch.no_grad() or on detached tensors");
+  static const auto op = typed_op<RmsNormFn>("mxq::rms_norm");
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, weight, eps, format, rule, group_size, tensor_scale);
+}
+
+at::Tensor silu_mul_autograd(c10::DispatchKeySet ks, const at::Tensor& gate, const at::Tensor& up,
+                             std::optional<c10::string_view> format, c10::string_view rule, int64_t group_size,
+                             std::optional<double> tensor_scale) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!needs_grad(gate) && !needs_grad(up),
+                              "mxq.silu_mul has no gradient; call it under torch.no_grad() or on detached tensors");
+  static const auto op = typed_op<SiluMulFn>("mxq::silu_mul");
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, gate, up, format, rule, group_size, tensor_scale);
+}
+
 }  // namespace
 }  // namespace mxq_torch
 
@@ -565,6 +594,8 @@ TORCH_LIBRARY_IMPL(mxq, CUDA, m) {
 TORCH_LIBRARY_IMPL(mxq, ADInplaceOrView, m) { m.impl("qdq_", &mxq_torch::qdq_inplace_version); }
 
 TORCH_LIBRARY_IMPL(mxq, Autograd, m) {
+  m.impl("rms_norm", &mxq_torch::rms_norm_autograd);
+  m.impl("silu_mul", &mxq_torch::silu_mul_autograd);
   m.impl("qdq", &mxq_torch::qdq_autograd);
   m.impl("qdq_", &mxq_torch::qdq_inplace_autograd);
   m.impl("quantize", &mxq_torch::quantize_autograd);

@@ -171,3 +171,13 @@ def test_emulate_fuse_refuses_what_it_cannot_fuse():
         mxq.emulate(model, weights="mxfp4", activations="nvfp4", fuse=True)
     assert getattr(model, "_mxq_emulation", None) is None
     assert all(type(m) is not mxq.QDQLinear for m in model.modules()), "a refused emulate swaps nothing"
+
+
+def test_no_gradient_is_refused_not_silently_cut():
+    x, w, gate, up = _inputs((2, 64), torch.float32)
+    with pytest.raises(NotImplementedError, match="no gradient"):
+        mxq.rms_norm(x.requires_grad_(), w)
+    with pytest.raises(NotImplementedError, match="no gradient"):
+        mxq.silu_mul(gate, up.requires_grad_())
+    with torch.no_grad():
+        assert mxq.rms_norm(x, w).shape == x.shape
