@@ -136,6 +136,17 @@ Rows as_rows(const at::Tensor& t, const char* op, const char* arg) {
   return r;
 }
 
+// Shapes and devices in messages as plain strings.
+// NOTE: measured on the H200 machine (torch 2.11+cu130): streaming an IntArrayRef or a Device into a
+// TORCH_CHECK message crashed the process (segmentation fault) when the check failed; the same code
+// raised the error with the CPU-only torch 2.11 and 2.15 wheels.
+std::string shape_of(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+std::string device_of(const at::Tensor& t) { return t.device().str(); }
+
 mxq::Device mxq_device(const at::Tensor& t) { return t.is_cuda() ? mxq::Device::cuda : mxq::Device::cpu; }
 
 mxq::Tensor view(const Rows& r, mxq::DType dt) {
@@ -224,16 +235,12 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, s
   std::optional<mxq::QuantOptions> o = fused_options("rms_norm", format, rule, group_size, tensor_scale);
   const mxq::DType dt = dtype_of(x, "rms_norm", "x", false);
   const Rows xr = as_rows(x, "rms_norm", "x");
-  if (weight.dim() != 1 || weight.size(0) != xr.cols) {
-    std::string shape;
-    for (int64_t d = 0; d < weight.dim(); ++d) shape += (d ? ", " : "") + std::to_string(weight.size(d));
-    TORCH_CHECK_VALUE(false, "mxq.rms_norm: argument 'weight': shape [" + shape + "], expected [" +
-                                 std::to_string(xr.cols) + "] (the last dimension of x)");
-  }
+  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == xr.cols, "mxq.rms_norm: argument 'weight': shape ",
+                    shape_of(weight), ", expected [", xr.cols, "] (the last dimension of x)");
   TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), "mxq.rms_norm: argument 'weight': dtype ",
                     weight.scalar_type(), ", expected x's dtype ", x.scalar_type());
-  TORCH_CHECK_VALUE(weight.device() == x.device(), "mxq.rms_norm: argument 'weight' is on ", weight.device(),
-                    ", x on ", x.device());
+  TORCH_CHECK_VALUE(weight.device() == x.device(), "mxq.rms_norm: argument 'weight' is on ", device_of(weight),
+                    ", x on ", device_of(x));
   const at::Tensor w = weight.contiguous();
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   DeviceContext ctx(x);
@@ -251,8 +258,8 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, std::optional<
   std::optional<mxq::QuantOptions> o = fused_options("silu_mul", format, rule, group_size, tensor_scale);
   const mxq::DType dt = dtype_of(gate, "silu_mul", "gate", false);
   TORCH_CHECK_VALUE(up.sizes() == gate.sizes() && up.scalar_type() == gate.scalar_type() && up.device() == gate.device(),
-                    "mxq.silu_mul: argument 'up': ", up.scalar_type(), " ", up.sizes(), " on ", up.device(),
-                    ", expected gate's ", gate.scalar_type(), " ", gate.sizes(), " on ", gate.device());
+                    "mxq.silu_mul: argument 'up': ", up.scalar_type(), " ", shape_of(up), " on ", device_of(up),
+                    ", expected gate's ", gate.scalar_type(), " ", shape_of(gate), " on ", device_of(gate));
   const Rows gr = as_rows(gate, "silu_mul", "gate");
   const Rows ur = as_rows(up, "silu_mul", "up");
   at::Tensor y = at::empty(gate.sizes(), gate.options().memory_format(at::MemoryFormat::Contiguous));
@@ -324,7 +331,7 @@ std::optional<float> host_tensor_scale(const std::optional<double>& f, const std
   if (!t) return std::nullopt;
   TORCH_CHECK_VALUE(t->numel() == 1 && t->scalar_type() == at::kFloat,
                     "mxq.dequantize: argument 'tensor_scale': expected a float32 tensor of one element, got ",
-                    t->scalar_type(), " of shape ", t->sizes());
+                    t->scalar_type(), " of shape ", shape_of(*t));
   // NOTE: the C++ API takes the encode scale as a host float, so a device tensor is read back here
   // (a synchronisation). See docs/python.md, "Limits".
   return t->item<float>();
@@ -352,7 +359,7 @@ at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t
     });
     const int64_t pr = (cr.rows + 127) / 128 * 128, pc = (ss.cols + 3) / 4 * 4;
     TORCH_CHECK_VALUE(scales.dim() == 2 && scales.size(0) == pr && scales.size(1) == pc,
-                      "mxq.dequantize: argument 'scales': shape ", scales.sizes(), ", expected [", pr, ", ", pc,
+                      "mxq.dequantize: argument 'scales': shape ", shape_of(scales), ", expected [", pr, ", ", pc,
                       "] (layout 'padded': ", cr.rows, " rows padded to 128, ", ss.cols,
                       " scale columns padded to 4)");
     sr.rows = ss.rows;
@@ -373,7 +380,7 @@ at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t
 // ---- scale layouts --------------------------------------------------------------------------------
 at::Tensor swizzle_scales(const at::Tensor& linear) {
   dtype_of(linear, "swizzle_scales", "linear", true);
-  TORCH_CHECK_VALUE(linear.dim() == 2, "mxq.swizzle_scales: argument 'linear': shape ", linear.sizes(),
+  TORCH_CHECK_VALUE(linear.dim() == 2, "mxq.swizzle_scales: argument 'linear': shape ", shape_of(linear),
                     ", expected 2 dimensions [rows, scale columns]");
   const Rows lr = as_rows(linear, "swizzle_scales", "linear");
   at::Tensor out = at::empty({(lr.rows + 127) / 128 * 128, (lr.cols + 3) / 4 * 4}, linear.options());
@@ -388,7 +395,7 @@ at::Tensor swizzle_scales(const at::Tensor& linear) {
 
 at::Tensor unswizzle_scales(const at::Tensor& swizzled, int64_t rows, int64_t cols) {
   dtype_of(swizzled, "unswizzle_scales", "swizzled", true);
-  TORCH_CHECK_VALUE(swizzled.dim() == 2, "mxq.unswizzle_scales: argument 'swizzled': shape ", swizzled.sizes(),
+  TORCH_CHECK_VALUE(swizzled.dim() == 2, "mxq.unswizzle_scales: argument 'swizzled': shape ", shape_of(swizzled),
                     ", expected 2 dimensions [rows padded to 128, scale columns padded to 4]");
   TORCH_CHECK_VALUE(rows >= 0 && cols >= 0, "mxq.unswizzle_scales: rows ", rows, " and cols ", cols,
                     " must be >= 0");
