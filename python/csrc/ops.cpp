@@ -140,12 +140,12 @@ Rows as_rows(const at::Tensor& t, const char* op, const char* arg) {
 // NOTE: measured on the H200 machine (torch 2.11+cu130): streaming an IntArrayRef or a Device into a
 // TORCH_CHECK message crashed the process (segmentation fault) when the check failed; the same code
 // raised the error with the CPU-only torch 2.11 and 2.15 wheels.
-std::string shape_of(const at::Tensor& t) {
+std::string shape_str(const at::Tensor& t) {
   std::string s = "[";
   for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
   return s + "]";
 }
-std::string device_of(const at::Tensor& t) { return t.device().str(); }
+std::string device_name(const at::Tensor& t) { return t.device().str(); }
 
 mxq::Device mxq_device(const at::Tensor& t) { return t.is_cuda() ? mxq::Device::cuda : mxq::Device::cpu; }
 
@@ -236,11 +236,11 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, s
   const mxq::DType dt = dtype_of(x, "rms_norm", "x", false);
   const Rows xr = as_rows(x, "rms_norm", "x");
   TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == xr.cols, "mxq.rms_norm: argument 'weight': shape ",
-                    shape_of(weight), ", expected [", xr.cols, "] (the last dimension of x)");
+                    shape_str(weight), ", expected [", xr.cols, "] (the last dimension of x)");
   TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), "mxq.rms_norm: argument 'weight': dtype ",
                     weight.scalar_type(), ", expected x's dtype ", x.scalar_type());
-  TORCH_CHECK_VALUE(weight.device() == x.device(), "mxq.rms_norm: argument 'weight' is on ", device_of(weight),
-                    ", x on ", device_of(x));
+  TORCH_CHECK_VALUE(weight.device() == x.device(), "mxq.rms_norm: argument 'weight' is on ", device_name(weight),
+                    ", x on ", device_name(x));
   const at::Tensor w = weight.contiguous();
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   DeviceContext ctx(x);
@@ -258,8 +258,8 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, std::optional<
   std::optional<mxq::QuantOptions> o = fused_options("silu_mul", format, rule, group_size, tensor_scale);
   const mxq::DType dt = dtype_of(gate, "silu_mul", "gate", false);
   TORCH_CHECK_VALUE(up.sizes() == gate.sizes() && up.scalar_type() == gate.scalar_type() && up.device() == gate.device(),
-                    "mxq.silu_mul: argument 'up': ", up.scalar_type(), " ", shape_of(up), " on ", device_of(up),
-                    ", expected gate's ", gate.scalar_type(), " ", shape_of(gate), " on ", device_of(gate));
+                    "mxq.silu_mul: argument 'up': ", up.scalar_type(), " ", shape_str(up), " on ", device_name(up),
+                    ", expected gate's ", gate.scalar_type(), " ", shape_str(gate), " on ", device_name(gate));
   const Rows gr = as_rows(gate, "silu_mul", "gate");
   const Rows ur = as_rows(up, "silu_mul", "up");
   at::Tensor y = at::empty(gate.sizes(), gate.options().memory_format(at::MemoryFormat::Contiguous));
@@ -331,7 +331,7 @@ std::optional<float> host_tensor_scale(const std::optional<double>& f, const std
   if (!t) return std::nullopt;
   TORCH_CHECK_VALUE(t->numel() == 1 && t->scalar_type() == at::kFloat,
                     "mxq.dequantize: argument 'tensor_scale': expected a float32 tensor of one element, got ",
-                    t->scalar_type(), " of shape ", shape_of(*t));
+                    t->scalar_type(), " of shape ", shape_str(*t));
   // NOTE: the C++ API takes the encode scale as a host float, so a device tensor is read back here
   // (a synchronisation). See docs/python.md, "Limits".
   return t->item<float>();
@@ -359,7 +359,7 @@ at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t
     });
     const int64_t pr = (cr.rows + 127) / 128 * 128, pc = (ss.cols + 3) / 4 * 4;
     TORCH_CHECK_VALUE(scales.dim() == 2 && scales.size(0) == pr && scales.size(1) == pc,
-                      "mxq.dequantize: argument 'scales': shape ", shape_of(scales), ", expected [", pr, ", ", pc,
+                      "mxq.dequantize: argument 'scales': shape ", shape_str(scales), ", expected [", pr, ", ", pc,
                       "] (layout 'padded': ", cr.rows, " rows padded to 128, ", ss.cols,
                       " scale columns padded to 4)");
     sr.rows = ss.rows;
@@ -380,7 +380,7 @@ at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t
 // ---- scale layouts --------------------------------------------------------------------------------
 at::Tensor swizzle_scales(const at::Tensor& linear) {
   dtype_of(linear, "swizzle_scales", "linear", true);
-  TORCH_CHECK_VALUE(linear.dim() == 2, "mxq.swizzle_scales: argument 'linear': shape ", shape_of(linear),
+  TORCH_CHECK_VALUE(linear.dim() == 2, "mxq.swizzle_scales: argument 'linear': shape ", shape_str(linear),
                     ", expected 2 dimensions [rows, scale columns]");
   const Rows lr = as_rows(linear, "swizzle_scales", "linear");
   at::Tensor out = at::empty({(lr.rows + 127) / 128 * 128, (lr.cols + 3) / 4 * 4}, linear.options());
@@ -395,7 +395,7 @@ at::Tensor swizzle_scales(const at::Tensor& linear) {
 
 at::Tensor unswizzle_scales(const at::Tensor& swizzled, int64_t rows, int64_t cols) {
   dtype_of(swizzled, "unswizzle_scales", "swizzled", true);
-  TORCH_CHECK_VALUE(swizzled.dim() == 2, "mxq.unswizzle_scales: argument 'swizzled': shape ", shape_of(swizzled),
+  TORCH_CHECK_VALUE(swizzled.dim() == 2, "mxq.unswizzle_scales: argument 'swizzled': shape ", shape_str(swizzled),
                     ", expected 2 dimensions [rows padded to 128, scale columns padded to 4]");
   TORCH_CHECK_VALUE(rows >= 0 && cols >= 0, "mxq.unswizzle_scales: rows ", rows, " and cols ", cols,
                     " must be >= 0");
