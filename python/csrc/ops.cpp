@@ -63,7 +63,7 @@ mxq::QuantOptions make_options(const char* op, std::string_view format, std::str
                           : mxq::parse_rule(rule);
     return 0;
   });
-  TORCH_CHECK_VALUE(group_size >= 0 && group_size <= (1 << 16), "mxq.", op, ": argument 'group_size': ", group_size,
+  TORCH_CHECK_VALUE(group_size >= 0 && group_size <= (1 << 16), "mxq.", op, ": argument 'group_size': ", std::to_string(group_size),
                     ", expected 0 (the format's default) or a power of two in [2, 256]");
   o.group_size = static_cast<int>(group_size);
   o.rounding = stochastic ? mxq::Rounding::stochastic : mxq::Rounding::nearest_even;
@@ -136,10 +136,13 @@ Rows as_rows(const at::Tensor& t, const char* op, const char* arg) {
   return r;
 }
 
-// Shapes and devices in messages as plain strings.
-// NOTE: measured on the H200 machine (torch 2.11+cu130): streaming an IntArrayRef or a Device into a
-// TORCH_CHECK message crashed the process (segmentation fault) when the check failed; the same code
-// raised the error with the CPU-only torch 2.11 and 2.15 wheels.
+// Shapes and devices in messages as plain strings; every number in a TORCH_CHECK message goes through
+// std::to_string.
+// NOTE: measured on the H200 machine (torch 2.11+cu130, 2026-12-04): a failing TORCH_CHECK whose message
+// streams an integer (an int64_t, an IntArrayRef) crashed the process (segmentation fault), for the old
+// ops (qdq's group_size) as for the new; messages of strings and dtypes raised normally, and the CPU-only
+// torch 2.11 and 2.15 wheels raise in every case. Integer formatting through c10::str's ostream is the
+// common factor; std::to_string does not use it.
 std::string shape_str(const at::Tensor& t) {
   std::string s = "[";
   for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
@@ -236,7 +239,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, s
   const mxq::DType dt = dtype_of(x, "rms_norm", "x", false);
   const Rows xr = as_rows(x, "rms_norm", "x");
   TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == xr.cols, "mxq.rms_norm: argument 'weight': shape ",
-                    shape_str(weight), ", expected [", xr.cols, "] (the last dimension of x)");
+                    shape_str(weight), ", expected [", std::to_string(xr.cols), "] (the last dimension of x)");
   TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), "mxq.rms_norm: argument 'weight': dtype ",
                     weight.scalar_type(), ", expected x's dtype ", x.scalar_type());
   TORCH_CHECK_VALUE(weight.device() == x.device(), "mxq.rms_norm: argument 'weight' is on ", device_name(weight),
@@ -348,7 +351,7 @@ at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t
   o.tensor_scale = host_tensor_scale(tensor_scale, tensor_scale_tensor);
   dtype_of(codes, "dequantize", "codes", true);
   dtype_of(scales, "dequantize", "scales", true);
-  TORCH_CHECK_VALUE(cols >= 0, "mxq.dequantize: argument 'cols': ", cols, ", expected >= 0");
+  TORCH_CHECK_VALUE(cols >= 0, "mxq.dequantize: argument 'cols': ", std::to_string(cols), ", expected >= 0");
   const Rows cr = as_rows(codes, "dequantize", "codes");
   Rows sr = as_rows(scales, "dequantize", "scales");
   if (padded) {  // the linear scales are the top-left [rows, G] corner of the padded buffer
@@ -359,8 +362,9 @@ at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t
     });
     const int64_t pr = (cr.rows + 127) / 128 * 128, pc = (ss.cols + 3) / 4 * 4;
     TORCH_CHECK_VALUE(scales.dim() == 2 && scales.size(0) == pr && scales.size(1) == pc,
-                      "mxq.dequantize: argument 'scales': shape ", shape_str(scales), ", expected [", pr, ", ", pc,
-                      "] (layout 'padded': ", cr.rows, " rows padded to 128, ", ss.cols,
+                      "mxq.dequantize: argument 'scales': shape ", shape_str(scales), ", expected [", std::to_string(pr), ", ",
+                      std::to_string(pc), "] (layout 'padded': ", std::to_string(cr.rows), " rows padded to 128, ",
+                      std::to_string(ss.cols),
                       " scale columns padded to 4)");
     sr.rows = ss.rows;
     sr.cols = ss.cols;
@@ -397,7 +401,7 @@ at::Tensor unswizzle_scales(const at::Tensor& swizzled, int64_t rows, int64_t co
   dtype_of(swizzled, "unswizzle_scales", "swizzled", true);
   TORCH_CHECK_VALUE(swizzled.dim() == 2, "mxq.unswizzle_scales: argument 'swizzled': shape ", shape_str(swizzled),
                     ", expected 2 dimensions [rows padded to 128, scale columns padded to 4]");
-  TORCH_CHECK_VALUE(rows >= 0 && cols >= 0, "mxq.unswizzle_scales: rows ", rows, " and cols ", cols,
+  TORCH_CHECK_VALUE(rows >= 0 && cols >= 0, "mxq.unswizzle_scales: rows ", std::to_string(rows), " and cols ", std::to_string(cols),
                     " must be >= 0");
   const Rows sr = as_rows(swizzled, "unswizzle_scales", "swizzled");
   at::Tensor out = at::empty({rows, cols}, swizzled.options());
