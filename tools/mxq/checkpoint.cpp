@@ -292,6 +292,82 @@ class Progress {
   bool tty_, shown_ = false;
 };
 
+// ---- parts: --part I/N and mxq merge ---------------------------------------------------------------
+struct Part {
+  int i = 0, n = 0;  // 1 <= i <= n; n == 0: the whole checkpoint
+};
+
+Part parse_part(const std::string& s) {
+  if (s.empty()) return {};
+  Part p;
+  char slash = 0, extra = 0;
+  if (std::sscanf(s.c_str(), "%d%c%d%c", &p.i, &slash, &p.n, &extra) != 3 || slash != '/' || p.n < 1 || p.i < 1 ||
+      p.i > p.n || p.n > 100000)
+    fail("--part '" + s + "': expected I/N with 1 <= I <= N (e.g. --part 2/8: the second of eight parts)");
+  return p;
+}
+
+fs::path part_dir(const fs::path& out, const Part& p) {
+  fs::path o = out;
+  if (!o.has_filename()) o = o.parent_path();  // OUT/ -> OUT
+  return o.parent_path() / (o.filename().string() + ".part-" + std::to_string(p.i) + "-of-" + std::to_string(p.n));
+}
+
+constexpr const char* kManifest = "mxq-part.json";
+
+// What a conversion writes besides its shards: the index (sharded inputs), the config (or the lone
+// file's quantization_config.json), and the input's side files (tokenizer, ...).
+struct Finish {
+  std::optional<json> index;
+  std::optional<std::string> config_name, config_text;
+  bool side_files = false;
+};
+
+void write_finish(const Checkpoint& c, const fs::path& out, const Finish& fin, const json& weight_map,
+                  std::uint64_t total_size) {
+  if (fin.index) {
+    json idx = *fin.index;
+    idx["weight_map"] = weight_map;
+    if (idx.contains("metadata") && idx["metadata"].is_object()) idx["metadata"]["total_size"] = total_size;
+    write_text(out / "model.safetensors.index.json", idx.dump(2) + "\n");
+  }
+  if (fin.side_files) {
+    std::set<std::string> skip;
+    if (fin.config_name) skip.insert(*fin.config_name);
+    copy_side_files(c, out, skip);
+  }
+  if (fin.config_name) write_text(out / *fin.config_name, *fin.config_text);
+}
+
+// A part's end: its shards and a manifest (what merge needs to write the rest, and to check that
+// every part came from the same input and options), published as OUT.part-I-of-N.
+int finish_part(const QuantizeArgs& a, const Part& part, const Checkpoint& c, Staging& stage, const Finish& fin,
+                const json& weight_map, double bytes_out, std::int64_t n_quant, std::int64_t n_copy) {
+  json shard_sizes = json::object();
+  for (const std::string& sh : c.shards) shard_sizes[sh] = std::uint64_t(fs::file_size(c.dir / sh));
+  json m = {{"mxq_part", part.i},
+            {"of", part.n},
+            {"input", fs::absolute(fs::path(a.in)).lexically_normal().string()},
+            {"input_dir", fs::absolute(c.dir).lexically_normal().string()},
+            {"input_shards", shard_sizes},
+            {"command", a.fake ? "qdq" : "quantize"},
+            {"format", a.format},
+            {"rule", a.rule},
+            {"include", a.include},
+            {"exclude", a.exclude},
+            {"weight_map", weight_map},
+            {"bytes_out", std::uint64_t(bytes_out)},
+            {"index", fin.index ? *fin.index : json(nullptr)},
+            {"config_name", fin.config_name ? json(*fin.config_name) : json(nullptr)},
+            {"config_text", fin.config_text ? json(*fin.config_text) : json(nullptr)},
+            {"side_files", fin.side_files}};
+  write_text(stage.dir() / kManifest, m.dump(2) + "\n");
+  stage.publish();
+  fmt::print("part {}/{}: converted {} tensors, copied {} unchanged, into {}; `mxq merge {}` once every part is done\n",
+             part.i, part.n, n_quant, n_copy, part_dir(fs::path(a.out), part).string(), a.out);
+  return 0;
+}
+
 }  // namespace
 
 int run_quantize(const QuantizeArgs& a) {
@@ -322,11 +398,14 @@ int run_quantize(const QuantizeArgs& a) {
   for (const std::string& s : a.include) inc.push_back(user_pattern("--include", s));
   for (const std::string& s : a.exclude) exc.push_back(user_pattern("--exclude", s));
 
+  const Part part = parse_part(a.part);
+  const fs::path out_dir = part.n ? part_dir(fs::path(a.out), part) : fs::path(a.out);
+
   Engine eng(a.device);
   const Checkpoint c = open_checkpoint(a.in);
   std::optional<json> config = read_config(c, a.in);
-  check_output(fs::path(a.in), fs::path(a.out), a.overwrite);
-  Staging stage{fs::path(a.out), a.overwrite};
+  check_output(fs::path(a.in), out_dir, a.overwrite);
+  Staging stage{out_dir, a.overwrite};
   const fs::path& out = stage.dir();
   fmt::print("device: {} ({})\n", eng.name(), eng.why());
   const LoaderFusion fusion = loader_fusion(config);
@@ -348,9 +427,11 @@ int run_quantize(const QuantizeArgs& a) {
   std::map<std::string, Plan> plan;
   std::vector<std::string> ignored_modules, unfit;
   std::map<std::string, float> amax;  // NVFP4: per module
+  std::map<std::string, std::size_t> shard_tensors;
   for (const std::string& shard : c.shards) {
     const st::File f((c.dir / shard).string());
     for (const st::TensorInfo& t : f.view().tensors()) {
+      ++shard_tensors[shard];
       Plan p;
       const bool is_weight = t.name.ends_with(".weight");
       const std::string module = is_weight ? t.name.substr(0, t.name.size() - 7) : t.name;
@@ -433,7 +514,12 @@ int run_quantize(const QuantizeArgs& a) {
   std::int64_t n_quant = 0, n_copy = 0;
   double bytes_in = 0, bytes_out = 0;
   std::size_t done = 0, total = plan.size();
-  for (const std::string& shard : c.shards) {
+  for (std::size_t si = 0; si < c.shards.size(); ++si) {
+    const std::string& shard = c.shards[si];
+    if (part.n && int(si % std::size_t(part.n)) != part.i - 1) {  // another part's shard
+      done += shard_tensors[shard];
+      continue;
+    }
     check_interrupted();
     const st::File f((c.dir / shard).string());
     st::Writer w((out / shard).string());
@@ -572,15 +658,12 @@ int run_quantize(const QuantizeArgs& a) {
     w.commit();
   }
 
-  if (c.index) {
-    json idx = *c.index;
-    idx["weight_map"] = weight_map;
-    if (idx.contains("metadata") && idx["metadata"].is_object()) idx["metadata"]["total_size"] = std::uint64_t(bytes_out);
-    write_text(out / "model.safetensors.index.json", idx.dump(2) + "\n");
-  }
-
-  if (a.fake) {  // a fake-quantized checkpoint loads as the original model
-    if (fs::is_directory(a.in)) copy_side_files(c, out, {});
+  Finish fin;
+  fin.index = c.index;
+  fin.side_files = fs::is_directory(a.in);
+  if (a.fake) {  // a fake-quantized checkpoint loads as the original model: every side file copied
+    if (part.n) return finish_part(a, part, c, stage, fin, weight_map, bytes_out, n_quant, n_copy);
+    write_finish(c, out, fin, weight_map, std::uint64_t(bytes_out));
     stage.publish();
     fmt::print("fake-quantized {} tensors ({}), copied {} unchanged; peak memory {} MiB\n", n_quant, a.format, n_copy,
                peak_rss_mib());
@@ -632,11 +715,15 @@ int run_quantize(const QuantizeArgs& a) {
                  "cannot run them in {} unless loaded with CompressedTensorsConfig(dequantize=True) or "
                  "torch_dtype=torch.bfloat16 (docs/cli.md)\n", dt, dt);
     }
-    copy_side_files(c, out, {"config.json"});
-    write_text(out / "config.json", cfg.dump(2) + "\n");
+    fin.config_name = "config.json";
+    fin.config_text = cfg.dump(2) + "\n";
   } else {
-    write_text(out / "quantization_config.json", qc.dump(2) + "\n");
+    fin.side_files = false;  // a lone file: only its quantization_config.json beside it
+    fin.config_name = "quantization_config.json";
+    fin.config_text = qc.dump(2) + "\n";
   }
+  if (part.n) return finish_part(a, part, c, stage, fin, weight_map, bytes_out, n_quant, n_copy);
+  write_finish(c, out, fin, weight_map, std::uint64_t(bytes_out));
 
   stage.publish();
   fmt::print("quantized {} tensors to {}, copied {} unchanged; {:.1f} MiB -> {:.1f} MiB; peak memory {} MiB\n", n_quant,
@@ -645,6 +732,97 @@ int run_quantize(const QuantizeArgs& a) {
     fmt::print("left unquantized (empty, a shape vLLM could not load, stored transposed, or fused with a module left "
                "unquantized): {}\n", u);
   report_not_finite(not_finite);
+  return 0;
+}
+
+int run_merge(const MergeArgs& a) {
+  fs::path out = a.out;
+  if (!out.has_filename()) out = out.parent_path();
+  const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+  const std::string stem = out.filename().string() + ".part-";
+  // OUT.part-I-of-N directories
+  std::map<int, fs::path> parts;
+  int n = 0;
+  if (fs::is_directory(parent))
+    for (const auto& e : fs::directory_iterator(parent)) {
+      const std::string name = e.path().filename().string();
+      if (!e.is_directory() || !name.starts_with(stem)) continue;
+      int i = 0, of = 0;
+      char extra = 0;
+      if (std::sscanf(name.c_str() + stem.size(), "%d-of-%d%c", &i, &of, &extra) != 2 || i < 1 || of < 1 || i > of)
+        continue;
+      if (n && of != n) fail(e.path().string() + ": a part of " + std::to_string(of) + " beside parts of " + std::to_string(n));
+      n = of;
+      parts[i] = e.path();
+    }
+  if (!n) fail(out.string() + ": no parts to merge (expected directories " + out.string() + ".part-I-of-N from `--part I/N`)");
+  for (int i = 1; i <= n; ++i)
+    if (!parts.count(i))
+      fail(out.string() + ": part " + std::to_string(i) + " of " + std::to_string(n) + " is missing (" +
+           part_dir(out, Part{i, n}).string() + "); run it with --part " + std::to_string(i) + "/" + std::to_string(n));
+  // The manifests: one input, one set of options, one finish; every shard converted by exactly one part.
+  std::vector<json> man;
+  for (const auto& [i, dir] : parts) {
+    std::ifstream f(dir / kManifest);
+    if (!f) fail((dir / kManifest).string() + ": missing (not a finished part of `mxq quantize --part`)");
+    json m;
+    try {
+      m = json::parse(f);
+    } catch (const std::exception& e) {
+      fail((dir / kManifest).string() + ": not valid JSON: " + e.what());
+    }
+    if (!m.is_object() || m.value("mxq_part", 0) != i || m.value("of", 0) != n || !m.contains("weight_map") ||
+        !m["weight_map"].is_object())
+      fail((dir / kManifest).string() + ": not the manifest of part " + std::to_string(i) + " of " + std::to_string(n));
+    man.push_back(std::move(m));
+  }
+  for (const char* k : {"input", "input_dir", "input_shards", "command", "format", "rule", "include", "exclude", "index",
+                        "config_name", "config_text", "side_files"})
+    for (std::size_t j = 1; j < man.size(); ++j)
+      if (man[j].value(k, json()) != man[0].value(k, json()))
+        fail(parts[int(j) + 1].string() + ": '" + k + "' differs from part 1's: the parts come from different inputs or "
+             "options");
+  const json& m0 = man[0];
+  json weight_map = json::object();
+  std::uint64_t total = 0;
+  for (std::size_t j = 0; j < man.size(); ++j) {
+    total += man[j].value("bytes_out", std::uint64_t(0));
+    for (const auto& [t, sh] : man[j]["weight_map"].items()) {
+      if (weight_map.contains(t)) fail("tensor '" + t + "' is in two parts");
+      weight_map[t] = sh;
+    }
+  }
+  // The input is read again (side files): it must be the one the parts read, shard for shard.
+  const Checkpoint c = open_checkpoint(m0["input"].get<std::string>());
+  const json& sizes = m0["input_shards"];
+  if (sizes.size() != c.shards.size())
+    fail(m0["input"].get<std::string>() + ": its shards changed since the parts were converted");
+  for (const std::string& sh : c.shards)
+    if (!sizes.contains(sh) || sizes[sh].get<std::uint64_t>() != std::uint64_t(fs::file_size(c.dir / sh)))
+      fail(m0["input"].get<std::string>() + ": shard '" + sh + "' changed since the parts were converted");
+  check_output(fs::path(m0["input"].get<std::string>()), out, a.overwrite);
+  Staging stage{out, a.overwrite};
+  // Shard i was converted by part i % N + 1 (run_quantize's assignment). Hard links: no copy of the
+  // data, and the parts stay intact until OUT is published (a copy where the file system refuses links).
+  for (std::size_t si = 0; si < c.shards.size(); ++si) {
+    check_interrupted();
+    const int i = int(si % std::size_t(n)) + 1;
+    const fs::path from = parts[i] / c.shards[si], to = stage.dir() / c.shards[si];
+    if (!fs::is_regular_file(from)) fail(from.string() + ": missing (part " + std::to_string(i) + " is incomplete)");
+    std::error_code ec;
+    fs::create_hard_link(from, to, ec);
+    if (ec) fs::copy_file(from, to);
+  }
+  Finish fin;
+  if (!m0["index"].is_null()) fin.index = m0["index"];
+  if (!m0["config_name"].is_null()) fin.config_name = m0["config_name"].get<std::string>(), fin.config_text = m0["config_text"].get<std::string>();
+  fin.side_files = m0.value("side_files", false);
+  write_finish(c, stage.dir(), fin, weight_map, total);
+  stage.publish();
+  if (!a.keep_parts)
+    for (const auto& [i, dir] : parts) fs::remove_all(dir);
+  fmt::print("merged {} parts into {}: {} shards, {} tensors{}\n", n, out.string(), c.shards.size(), weight_map.size(),
+             a.keep_parts ? " (parts kept)" : "");
   return 0;
 }
 

@@ -1150,3 +1150,73 @@ TEST(CheckpointInspect, AcceptsACheckpointDirectory) {
   EXPECT_THROW(mxq::cli::run_inspect(ia), std::runtime_error);
   fs::remove_all(root);
 }
+
+// --part I/N and mxq merge: the merged output is byte-identical to a single run, for every N (also
+// more parts than shards), for quantize (MXFP4, NVFP4 with a fused scale across shards) and qdq.
+TEST(CheckpointParts, SplitAndMergeIsByteIdenticalToOneRun) {
+  const fs::path root = scratch("parts");
+  make_checkpoint(root / "in");
+  for (const std::string cmd : {"quantize", "qdq"})
+    for (const std::string format : {"mxfp4", "nvfp4"}) {
+      const std::string tag = cmd + "_" + format;
+      mxq::cli::QuantizeArgs qa;
+      qa.in = (root / "in").string();
+      qa.format = format;
+      qa.fake = cmd == "qdq";
+      qa.out = (root / ("one_" + tag)).string();
+      ASSERT_EQ(mxq::cli::run_quantize(qa), 0) << tag;
+      const auto one = read_tree(qa.out);
+      for (int n : {1, 2, 3}) {
+        qa.out = (root / (tag + "_n" + std::to_string(n))).string();
+        for (int i = n; i >= 1; --i) {  // any order
+          qa.part = std::to_string(i) + "/" + std::to_string(n);
+          ASSERT_EQ(mxq::cli::run_quantize(qa), 0) << tag << " part " << qa.part;
+          EXPECT_TRUE(fs::exists(qa.out + ".part-" + std::to_string(i) + "-of-" + std::to_string(n) + "/mxq-part.json"));
+        }
+        EXPECT_FALSE(fs::exists(qa.out)) << "a part writes only its own directory";
+        mxq::cli::MergeArgs ma;
+        ma.out = qa.out;
+        ASSERT_EQ(mxq::cli::run_merge(ma), 0) << tag << " n=" << n;
+        const auto merged = read_tree(qa.out);
+        EXPECT_EQ(merged.size(), one.size()) << tag << " n=" << n;
+        for (const auto& [name, bytes] : one) {
+          ASSERT_TRUE(merged.count(name)) << tag << " n=" << n << ": " << name << " missing";
+          EXPECT_TRUE(merged.at(name) == bytes) << tag << " n=" << n << ": " << name << " differs";
+        }
+        for (int i = 1; i <= n; ++i)
+          EXPECT_FALSE(fs::exists(qa.out + ".part-" + std::to_string(i) + "-of-" + std::to_string(n))) << "parts removed";
+      }
+    }
+}
+
+TEST(CheckpointParts, RefusesMissingOrMismatchedParts) {
+  const fs::path root = scratch("parts_err");
+  make_checkpoint(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  for (const std::string bad : {"0/2", "3/2", "2", "1/0", "a/b", "1/2x"}) {
+    qa.part = bad;
+    EXPECT_NE(quantize_failure(qa, "--part " + bad).find("--part"), std::string::npos) << bad;
+  }
+  mxq::cli::MergeArgs ma;
+  ma.out = qa.out;
+  auto merge_failure = [&]() -> std::string {
+    try {
+      mxq::cli::run_merge(ma);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(merge_failure().find("no parts"), std::string::npos);
+  qa.part = "1/2";
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  EXPECT_NE(merge_failure().find("part 2 of 2 is missing"), std::string::npos);
+  qa.part = "2/2";
+  qa.format = "nvfp4";  // other options than part 1's
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  EXPECT_NE(merge_failure().find("differs from part 1"), std::string::npos);
+  EXPECT_FALSE(fs::exists(qa.out)) << "a refused merge writes nothing";
+  EXPECT_TRUE(fs::exists(qa.out + ".part-1-of-2")) << "and keeps the parts";
+}

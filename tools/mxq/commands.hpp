@@ -23,8 +23,18 @@ struct QuantizeArgs {
   std::vector<std::string> include, exclude;  // regular expressions searched in tensor names
   bool fake = false;  // mxq qdq: write the fake-quantized weights in their own dtype instead
   bool overwrite = false;  // replace a non-empty output directory
+  // "I/N" (1 <= I <= N): convert only shards i with i % N == I - 1 (in the index's order) into the
+  // directory OUT.part-I-of-N, with a manifest; `mxq merge OUT` assembles the parts (docs/cli.md).
+  std::string part;
 };
 int run_quantize(const QuantizeArgs& args);
+
+struct MergeArgs {
+  std::string out;         // OUT: the parts are OUT.part-I-of-N
+  bool overwrite = false;  // replace a non-empty OUT
+  bool keep_parts = false; // leave the part directories (their shards are moved out in any case)
+};
+int run_merge(const MergeArgs& args);
 
 struct DequantizeArgs {
   std::string in, out, dtype = "bf16", device = "auto";

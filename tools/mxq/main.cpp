@@ -43,6 +43,9 @@ int main(int argc, char** argv) {
   c_quant->add_option("--include", quant.include, "quantize only weights whose name matches this regex (repeatable)");
   c_quant->add_option("--exclude", quant.exclude, "leave weights whose name matches this regex (repeatable)");
   c_quant->add_option("--device", quant.device, "cpu, cuda or auto")->capture_default_str();
+  c_quant->add_option("--part", quant.part,
+                      "I/N: convert only every N-th shard starting at the I-th, into OUTPUT.part-I-of-N; then `mxq merge "
+                      "OUTPUT` (spread a large checkpoint over a Slurm array, torchrun or Ray workers)");
 
   mxq::cli::QuantizeArgs fq;
   fq.fake = true;
@@ -58,6 +61,13 @@ int main(int argc, char** argv) {
   c_qdq->add_option("--include", fq.include, "fake-quantize only weights whose name matches this regex (repeatable)");
   c_qdq->add_option("--exclude", fq.exclude, "leave weights whose name matches this regex (repeatable)");
   c_qdq->add_option("--device", fq.device, "cpu, cuda or auto")->capture_default_str();
+  c_qdq->add_option("--part", fq.part, "I/N: one part of the conversion, as for quantize (then `mxq merge OUTPUT`)");
+
+  mxq::cli::MergeArgs merge;
+  CLI::App* c_merge = app.add_subcommand("merge", "assemble OUTPUT from the parts OUTPUT.part-I-of-N of `quantize|qdq --part I/N`");
+  c_merge->add_option("output", merge.out, "the output directory the parts were given")->required();
+  c_merge->add_flag("--overwrite", merge.overwrite, "replace the contents of a non-empty output directory");
+  c_merge->add_flag("--keep-parts", merge.keep_parts, "leave the part directories (default: removed after the merge)");
 
   mxq::cli::DequantizeArgs deq;
   CLI::App* c_deq = app.add_subcommand("dequantize", "a compressed-tensors checkpoint back to bf16/f16/f32 weights");
@@ -84,7 +94,7 @@ int main(int argc, char** argv) {
   // SIGINT, SIGTERM, SIGHUP: a conversion stops at the next tensor and removes what it staged. Only
   // the commands that write a checkpoint check for them; the others keep the default action (a
   // recorded signal that nothing checks would make the first Ctrl-C do nothing).
-  if (*c_quant || *c_deq || *c_qdq) mxq::cli::install_interrupt_handlers();
+  if (*c_quant || *c_deq || *c_qdq || *c_merge) mxq::cli::install_interrupt_handlers();
   try {
     if (*c_demo) return mxq::cli::run_demo(demo);
     if (*c_inspect) return mxq::cli::run_inspect(inspect);
@@ -92,6 +102,7 @@ int main(int argc, char** argv) {
     if (*c_quant) return mxq::cli::run_quantize(quant);
     if (*c_deq) return mxq::cli::run_dequantize(deq);
     if (*c_qdq) return mxq::cli::run_quantize(fq);
+    if (*c_merge) return mxq::cli::run_merge(merge);
     if (*c_bench) return mxq::cli::run_bench(bench);
   } catch (const std::exception& e) {  // mxq::st::Error, mxq::Error, filesystem and other errors alike
     if (const int sig = mxq::cli::interrupt_signal()) {
