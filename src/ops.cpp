@@ -7,12 +7,14 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <mxq/ops.hpp>
 
 #include "core/validate.hpp"
 #include "cpu/fast.hpp"
 #include "cpu/fused.hpp"
+#include "cpu/rotation.hpp"
 #include "cpu/reference/reference.hpp"
 #if defined(MXQ_HAVE_CUDA)
 #include "cuda/backend.hpp"
@@ -157,6 +159,18 @@ void plan_tensor_scale(const Checker& c, Problem& p, const Tensor& x, Backend b,
   p.amax_acc = static_cast<std::uint32_t*>(acc);
 }
 
+// The input the backend quantizes: x itself, or (a rotation) x rotated into buf (fp32). The rotations run
+// on the CPU backends only in this version.
+Tensor rotated_input(const Checker& c, const Problem& p, const Tensor& x, Backend b, std::vector<float>& buf) {
+  if (p.opt.rotation == Rotation::none) return x;
+  if (b == Backend::cuda)
+    c.unsupported("option 'rotation': rotations run on the CPU backends in this version (data on the GPU)");
+  if (p.empty) return x;
+  buf.resize(std::size_t(p.rows * p.K));
+  cpu::rotate_rows(x, buf.data(), p.opt, false);
+  return Tensor::of(buf.data(), DType::f32, p.rows, p.K);
+}
+
 }  // namespace
 
 void quantize(const Tensor& x, const QuantizedOut& out, const QuantOptions& opt) {
@@ -182,15 +196,17 @@ void quantize(const Tensor& x, const QuantizedOut& out, const QuantOptions& opt)
                            {{"x", x.data}, {"codes", out.codes.data}, {"scales", out.scales.data},
                             {"clip_mask", out.clip_mask.data}, {"tensor_scale", out.tensor_scale}, {"workspace", opt.workspace}},
                            opt.backend);
-  plan_tensor_scale(c, p, x, b, out.tensor_scale);
+  std::vector<float> rot;
+  const Tensor xin = rotated_input(c, p, x, b, rot);
+  plan_tensor_scale(c, p, xin, b, out.tensor_scale);
 #if defined(MXQ_HAVE_CUDA)
   if (b == Backend::cuda) return p.empty ? cuda::write_empty(p, out) : cuda::quantize(p, x, out);
 #endif
   if (!p.empty) {
     if (b == Backend::reference)
-      ref::quantize(p, x, out);
+      ref::quantize(p, xin, out);
     else
-      cpu::quantize(p, x, out);
+      cpu::quantize(p, xin, out);
   } else if (opt.scale_layout == ScaleLayout::swizzled && ss.rows * ss.cols > 0) {
     std::memset(out.scales.data, 0, ss.rows * ss.cols);
   }
@@ -213,6 +229,18 @@ void dequantize(const QuantizedIn& q, const Tensor& y, const QuantOptions& opt) 
   c.record("y", y, true);
   c.no_overlap();
   const Backend b = choose("dequantize", &opt, y, {{"codes", q.codes.data}, {"scales", q.scales.data}, {"y", y.data}}, opt.backend);
+  if (opt.rotation != Rotation::none) {  // dequantize into fp32, un-rotate, round to y's dtype
+    if (b == Backend::cuda)
+      c.unsupported("option 'rotation': rotations run on the CPU backends in this version (data on the GPU)");
+    if (p.empty) return;
+    std::vector<float> buf(std::size_t(p.rows * p.K));
+    const Tensor t = Tensor::of(buf.data(), DType::f32, p.rows, p.K);
+    if (b == Backend::reference) ref::dequantize(p, q, t);
+    else cpu::dequantize(p, q, t);
+    cpu::rotate_rows(t, buf.data(), opt, true);
+    cpu::store_rows(buf.data(), y);
+    return;
+  }
   if (p.empty) return;
 #if defined(MXQ_HAVE_CUDA)
   if (b == Backend::cuda) return cuda::dequantize(p, q, y);
@@ -236,6 +264,16 @@ void qdq(const Tensor& x, const Tensor& y, const QuantOptions& opt) {
     c.no_overlap();
   }
   const Backend b = choose("qdq", &opt, x, {{"x", x.data}, {"y", y.data}, {"workspace", opt.workspace}}, opt.backend);
+  if (opt.rotation != Rotation::none) {  // QDQ of the rotated fp32 tensor (exact in fp32), rounded to y's dtype
+    std::vector<float> rot;
+    const Tensor t = rotated_input(c, p, x, b, rot);
+    if (p.empty) return;
+    plan_tensor_scale(c, p, t, b, nullptr);
+    if (b == Backend::reference) ref::qdq(p, t, t);
+    else cpu::qdq(p, t, t);
+    cpu::store_rows(rot.data(), y);
+    return;
+  }
   plan_tensor_scale(c, p, x, b, nullptr);
   if (p.empty) return;
 #if defined(MXQ_HAVE_CUDA)
@@ -312,6 +350,8 @@ std::optional<Problem> fused_problem(const Checker& c, const QuantOptions* q, co
                                      void* stream) {
   if (!q) return std::nullopt;
   Problem p = core::make_problem(c, *q, y.rows, y.cols);
+  if (q->rotation != Rotation::none)
+    c.unsupported("option 'rotation': the fused producer ops do not rotate (produce the tensor, then qdq())");
   if (p.stochastic)
     c.unsupported("option 'rounding': the fused producer ops round to nearest even only (stochastic rounding: "
                   "produce the tensor, then qdq())");

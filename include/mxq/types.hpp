@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace mxq {
 
@@ -35,6 +36,10 @@ enum class ScaleRule : std::uint8_t {
 };
 
 enum class Rounding : std::uint8_t { nearest_even, stochastic };
+
+// A rotation applied to each group of rotation_size elements before quantization (docs/numerics.md,
+// "Rotation"): the normalised Hadamard transform, or the randomised one (random signs from a seed).
+enum class Rotation : std::uint8_t { none, hadamard, random_hadamard };
 
 // Scale tensor layout: linear [rows, ceil(K/g)] row-major, or the 128x4 swizzled layout of
 // cuBLAS / CUTLASS block-scaled GEMMs (rows padded to 128, columns padded to 4, padding zero).
@@ -100,6 +105,12 @@ struct QuantOptions {
   // hardware stochastic-rounding converts take few bits). docs/numerics.md defines each.
   int random_bits = 32;
   ScaleLayout scale_layout = ScaleLayout::linear;
+  // Rotation before quantize and qdq, and its inverse after dequantize (CPU backends; the CUDA backend
+  // refuses it in this version): rotation_size 16, 32, 64, 128 or 256, dividing K; rotation_seed
+  // draws the signs of random_hadamard.
+  Rotation rotation = Rotation::none;
+  int rotation_size = 0;
+  std::uint64_t rotation_seed = 0;
   // NVFP4 only: the tensor ENCODE scale S (448 * 6 / amax). When absent, quantize computes it from
   // the tensor's amax; dequantize requires it.
   std::optional<float> tensor_scale;
@@ -132,6 +143,7 @@ struct QuantOptions {
 std::string_view to_string(Format);
 std::string_view to_string(ScaleRule);
 std::string_view to_string(Rounding);
+std::string_view to_string(Rotation);
 std::string_view to_string(ScaleLayout);
 std::string_view to_string(DType);
 std::string_view to_string(Backend);
@@ -141,5 +153,7 @@ Format parse_format(std::string_view);
 ScaleRule parse_rule(std::string_view);
 DType parse_dtype(std::string_view);
 Backend parse_backend(std::string_view);
+// "none", "had<RS>" (e.g. had128) or "rhad<RS>": the rotation and its size.
+std::pair<Rotation, int> parse_rotation(std::string_view);
 
 }  // namespace mxq

@@ -71,6 +71,25 @@ std::string_view to_string(ScaleRule r) {
   return "?";
 }
 std::string_view to_string(Rounding r) { return r == Rounding::nearest_even ? "rne" : "stochastic"; }
+std::string_view to_string(Rotation r) {
+  return r == Rotation::none ? "none" : r == Rotation::hadamard ? "hadamard" : "random_hadamard";
+}
+std::pair<Rotation, int> parse_rotation(std::string_view s) {
+  const auto bad = [&]() -> std::pair<Rotation, int> {
+    throw Error(Error::Code::invalid_argument, "mxq: rotation '" + std::string(s) +
+                                                   "': expected none, had<RS> or rhad<RS> with RS 16, 32, 64, 128 or 256");
+  };
+  if (s == "none") return {Rotation::none, 0};
+  Rotation r = Rotation::hadamard;
+  std::string_view n;
+  if (s.starts_with("rhad")) r = Rotation::random_hadamard, n = s.substr(4);
+  else if (s.starts_with("had")) n = s.substr(3);
+  else return bad();
+  if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != std::string_view::npos) return bad();
+  const int rs = std::stoi(std::string(n));
+  if (rs < 16 || rs > 256 || (rs & (rs - 1))) return bad();
+  return {r, rs};
+}
 std::string_view to_string(ScaleLayout l) { return l == ScaleLayout::linear ? "linear" : "swizzled"; }
 std::string_view to_string(DType t) {
   switch (t) {

@@ -113,6 +113,18 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
     if (!(s > 0.0f) || !is_finite_bits(f2u(s)))
       c.fail("option 'tensor_scale': " + std::to_string(s) + ", expected a finite value > 0 (the encode scale 448*6/amax)");
   }
+  if (static_cast<unsigned>(opt.rotation) > static_cast<unsigned>(Rotation::random_hadamard))
+    c.fail("option 'rotation': invalid value " + std::to_string(int(opt.rotation)));
+  if (opt.rotation == Rotation::none) {
+    if (opt.rotation_size != 0)
+      c.fail("option 'rotation_size': " + std::to_string(opt.rotation_size) + " without a rotation (set option 'rotation')");
+  } else {
+    if (opt.rotation_size < 16 || opt.rotation_size > 256 || (opt.rotation_size & (opt.rotation_size - 1)))
+      c.fail("option 'rotation_size': " + std::to_string(opt.rotation_size) + ", expected 16, 32, 64, 128 or 256");
+    if (K % opt.rotation_size != 0)
+      c.fail("option 'rotation_size': " + std::to_string(opt.rotation_size) + " does not divide K = " + std::to_string(K) +
+             " (each group of rotation_size elements of a row is rotated)");
+  }
   p.rows = rows;
   p.K = K;
   p.g = g;
