@@ -209,8 +209,8 @@ def _within_an_ulp(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     eps = torch.finfo(b.dtype).eps * (4 if b.dtype == torch.float32 else 1)
-    a, b = a.float(), b.float()
     tiny = torch.finfo(b.dtype).tiny
+    a, b = a.float(), b.float()
     return bool(torch.all((a - b).abs() <= 2 * eps * b.abs() + tiny).item())
 
 
@@ -274,12 +274,12 @@ def _rms_norm_like(norm: nn.Module) -> bool:
     if w.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
     with torch.no_grad():
-        x = _probe(norm, w.shape[0])
         try:
+            x = _probe(norm, w.shape[0])
             ref = norm(x)
-        except Exception:  # noqa: BLE001  (a module this probe cannot call is not fused)
+            return ref.dtype == w.dtype and _within_an_ulp(_ops.rms_norm(x, w, eps), ref)
+        except Exception:  # noqa: BLE001  (a module this probe cannot run, e.g. meta weights, is not fused)
             return False
-        return ref.dtype == w.dtype and _within_an_ulp(_ops.rms_norm(x, w, eps), ref)
 
 
 def _silu_mlp_like(mlp: nn.Module) -> bool:
@@ -297,11 +297,22 @@ def _silu_mlp_like(mlp: nn.Module) -> bool:
             return False
 
 
+# Decoder layers whose dataflow is Llama's: input_layernorm feeds q/k/v only, post_attention_layernorm
+# feeds the MLP only. The probes check the modules' arithmetic, not where tensors flow: OLMo-2, for one,
+# has the same attribute names with post_attention_layernorm applied to the attention's output, where
+# fusing would quantize the wrong tensor. Only these classes are fused.
+FUSABLE_LAYERS: frozenset = frozenset({
+    "LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer", "Qwen2MoeDecoderLayer",
+    "Qwen3MoeDecoderLayer", "MixtralDecoderLayer"})
+
+
 def _fuse(model: nn.Module, handle: "EmulationHandle", spec: Optional[dict]) -> int:
-    """Fuse the activation QDQs of Llama-style decoder layers into the RMSNorm and SiLU-and-multiply
-    that produce them. Returns the number of producers fused."""
+    """Fuse the activation QDQs of Llama-style decoder layers (FUSABLE_LAYERS) into the RMSNorm and
+    SiLU-and-multiply that produce them. Returns the number of producers fused."""
     fused = 0
     for name, layer in list(model.named_modules()):
+        if type(layer).__name__ not in FUSABLE_LAYERS:
+            continue
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         # input_layernorm -> q/k/v only
         norm = getattr(layer, "input_layernorm", None)
@@ -400,7 +411,8 @@ def emulate(
              input_layernorm -> q/k/v and post_attention_layernorm -> gate/up become mxq.rms_norm(...,
              format=...), act_fn(gate) * up -> down becomes mxq.silu_mul(..., format=...): no separate QDQ
              kernel is left in such a layer. Each norm and MLP is probed first (it must compute what the
-             fused op computes, within an ulp) and left unfused otherwise; a MoE block is not fused.
+             fused op computes, within a few ulp) and left unfused otherwise; only decoder layers of the
+             classes in FUSABLE_LAYERS (Llama's dataflow) are fused; a MoE block is not fused.
              The norms' and SiLU's arithmetic is mxq's (docs/numerics.md section 8), within an ulp of
              transformers': logits are close to, not bit-identical with, fuse=False. Needs an mxq
              activation format with round to nearest even (NVFP4: with its tensor_scale), or None:
@@ -437,7 +449,11 @@ def emulate(
         setattr(parent, attr, new)
         handle.swaps.append((name, parent, attr, module, new))
     if fuse:
-        handle.fused = _fuse(model, handle, a)
+        try:
+            handle.fused = _fuse(model, handle, a)
+        except BaseException:
+            handle.restore()  # nothing half-swapped is left behind
+            raise
     model._mxq_emulation = handle
     return handle
 

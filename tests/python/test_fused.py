@@ -185,3 +185,17 @@ def test_no_gradient_is_refused_not_silently_cut():
         mxq.silu_mul(gate, up.requires_grad_())
     with torch.no_grad():
         assert mxq.rms_norm(x, w).shape == x.shape
+
+
+def test_emulate_fuse_only_layers_with_llamas_dataflow(monkeypatch):
+    """The attribute names alone do not say where tensors flow (OLMo-2 applies post_attention_layernorm
+    to the attention's output): only the decoder-layer classes in FUSABLE_LAYERS are fused."""
+    import sys
+
+    model = _tiny_llama()
+    monkeypatch.setattr(sys.modules["mxq.emulate"], "FUSABLE_LAYERS", frozenset())
+    with torch.no_grad():
+        h = mxq.emulate(model, weights="mxfp4", activations={"format": "mxfp4", "rule": "even"}, fuse=True)
+    assert h.fused == 0
+    assert all(m.activation_spec is not None for m in model.modules() if isinstance(m, mxq.QDQLinear))
+    h.restore()

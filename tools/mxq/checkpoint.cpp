@@ -27,6 +27,8 @@
 
 #include <mxq/mxq.hpp>
 
+#include <mxq/version.hpp>
+
 #include "checkpoint_read.hpp"
 #include "commands.hpp"
 #include "convert.hpp"
@@ -307,10 +309,29 @@ Part parse_part(const std::string& s) {
   return p;
 }
 
-fs::path part_dir(const fs::path& out, const Part& p) {
-  fs::path o = out;
+// OUT as an absolute, normal path without a trailing separator; "." or ".." as its last component is
+// refused (the parts are OUT's siblings: OUT must name a directory of its own).
+fs::path normal_out(const fs::path& out) {
+  fs::path o = fs::absolute(out).lexically_normal();
   if (!o.has_filename()) o = o.parent_path();  // OUT/ -> OUT
+  const std::string last = o.filename().string();
+  if (last.empty() || last == "." || last == ".." || o == o.root_path())
+    fail("output '" + out.string() + "': with --part and merge it must name a directory of its own (not ., .. or /)");
+  return o;
+}
+
+fs::path part_dir(const fs::path& out, const Part& p) {
+  const fs::path o = normal_out(out);
   return o.parent_path() / (o.filename().string() + ".part-" + std::to_string(p.i) + "-of-" + std::to_string(p.n));
+}
+
+// What identifies an input shard for merge: its size and modification time.
+json shard_fingerprints(const Checkpoint& c) {
+  json f = json::object();
+  for (const std::string& sh : c.shards)
+    f[sh] = {{"bytes", std::uint64_t(fs::file_size(c.dir / sh))},
+             {"mtime", std::int64_t(fs::last_write_time(c.dir / sh).time_since_epoch().count())}};
+  return f;
 }
 
 constexpr const char* kManifest = "mxq-part.json";
@@ -343,13 +364,12 @@ void write_finish(const Checkpoint& c, const fs::path& out, const Finish& fin, c
 // every part came from the same input and options), published as OUT.part-I-of-N.
 int finish_part(const QuantizeArgs& a, const Part& part, const Checkpoint& c, Staging& stage, const Finish& fin,
                 const json& weight_map, double bytes_out, std::int64_t n_quant, std::int64_t n_copy) {
-  json shard_sizes = json::object();
-  for (const std::string& sh : c.shards) shard_sizes[sh] = std::uint64_t(fs::file_size(c.dir / sh));
   json m = {{"mxq_part", part.i},
+            {"mxq_version", MXQ_VERSION_STRING},
             {"of", part.n},
             {"input", fs::absolute(fs::path(a.in)).lexically_normal().string()},
             {"input_dir", fs::absolute(c.dir).lexically_normal().string()},
-            {"input_shards", shard_sizes},
+            {"input_shards", shard_fingerprints(c)},
             {"command", a.fake ? "qdq" : "quantize"},
             {"format", a.format},
             {"rule", a.rule},
@@ -736,9 +756,8 @@ int run_quantize(const QuantizeArgs& a) {
 }
 
 int run_merge(const MergeArgs& a) {
-  fs::path out = a.out;
-  if (!out.has_filename()) out = out.parent_path();
-  const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+  const fs::path out = normal_out(a.out);
+  const fs::path parent = out.parent_path();
   const std::string stem = out.filename().string() + ".part-";
   // OUT.part-I-of-N directories
   std::map<int, fs::path> parts;
@@ -776,7 +795,7 @@ int run_merge(const MergeArgs& a) {
       fail((dir / kManifest).string() + ": not the manifest of part " + std::to_string(i) + " of " + std::to_string(n));
     man.push_back(std::move(m));
   }
-  for (const char* k : {"input", "input_dir", "input_shards", "command", "format", "rule", "include", "exclude", "index",
+  for (const char* k : {"mxq_version", "input", "input_dir", "input_shards", "command", "format", "rule", "include", "exclude", "index",
                         "config_name", "config_text", "side_files"})
     for (std::size_t j = 1; j < man.size(); ++j)
       if (man[j].value(k, json()) != man[0].value(k, json()))
@@ -794,12 +813,11 @@ int run_merge(const MergeArgs& a) {
   }
   // The input is read again (side files): it must be the one the parts read, shard for shard.
   const Checkpoint c = open_checkpoint(m0["input"].get<std::string>());
-  const json& sizes = m0["input_shards"];
-  if (sizes.size() != c.shards.size())
-    fail(m0["input"].get<std::string>() + ": its shards changed since the parts were converted");
-  for (const std::string& sh : c.shards)
-    if (!sizes.contains(sh) || sizes[sh].get<std::uint64_t>() != std::uint64_t(fs::file_size(c.dir / sh)))
-      fail(m0["input"].get<std::string>() + ": shard '" + sh + "' changed since the parts were converted");
+  if (m0.value("mxq_version", "") != MXQ_VERSION_STRING)
+    fail(parts[1].string() + ": written by mxq " + m0.value("mxq_version", std::string("?")) + ", this is mxq " +
+         MXQ_VERSION_STRING + ": convert the parts and merge them with one version");
+  if (shard_fingerprints(c) != m0["input_shards"])
+    fail(m0["input"].get<std::string>() + ": its shards changed (size or modification time) since the parts were converted");
   check_output(fs::path(m0["input"].get<std::string>()), out, a.overwrite);
   Staging stage{out, a.overwrite};
   // Shard i was converted by part i % N + 1 (run_quantize's assignment). Hard links: no copy of the

@@ -1,5 +1,6 @@
 // mxq quantize / dequantize on a two-shard checkpoint this test writes: the files vLLM reads (names,
 // dtypes, shapes, index, config) and the numbers, checked against the library's own quantize and qdq.
+#include <chrono>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -1219,4 +1220,18 @@ TEST(CheckpointParts, RefusesMissingOrMismatchedParts) {
   EXPECT_NE(merge_failure().find("differs from part 1"), std::string::npos);
   EXPECT_FALSE(fs::exists(qa.out)) << "a refused merge writes nothing";
   EXPECT_TRUE(fs::exists(qa.out + ".part-1-of-2")) << "and keeps the parts";
+  // both parts alike again, then an input shard touched after the parts were written
+  qa.format = "mxfp4";
+  qa.overwrite = true;
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  const fs::path shard = root / "in" / "model-00001-of-00002.safetensors";
+  fs::last_write_time(shard, fs::last_write_time(shard) + std::chrono::seconds(5));
+  EXPECT_NE(merge_failure().find("changed"), std::string::npos);
+  // OUT is normalised first: "q2/." is q2, whose parts are its siblings (not inside it)
+  qa.out = (root / "q2" / ".").string();
+  qa.part = "1/2";
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  EXPECT_TRUE(fs::exists(root / "q2.part-1-of-2" / "mxq-part.json"));
+  qa.out = "/";
+  EXPECT_NE(quantize_failure(qa, "--part with OUT = /").find("of its own"), std::string::npos);
 }

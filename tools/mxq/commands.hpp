@@ -32,7 +32,7 @@ int run_quantize(const QuantizeArgs& args);
 struct MergeArgs {
   std::string out;         // OUT: the parts are OUT.part-I-of-N
   bool overwrite = false;  // replace a non-empty OUT
-  bool keep_parts = false; // leave the part directories (their shards are moved out in any case)
+  bool keep_parts = false; // leave the part directories (OUT's shards are hard links to, or copies of, theirs)
 };
 int run_merge(const MergeArgs& args);
 
