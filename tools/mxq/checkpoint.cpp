@@ -420,8 +420,18 @@ int run_quantize(const QuantizeArgs& a) {
 
   const Part part = parse_part(a.part);
   const fs::path out_dir = part.n ? part_dir(fs::path(a.out), part) : fs::path(a.out);
+  std::pair<Rotation, int> rot{Rotation::none, 0};
+  if (!a.rotate.empty()) {
+    if (!a.fake) fail("--rotate: only `mxq qdq` rotates in this version (a rotated checkpoint needs the loader's transform_config)");
+    try {
+      rot = parse_rotation(a.rotate);
+    } catch (const std::exception& e) {
+      fail(std::string("--rotate: ") + e.what());
+    }
+    if (a.device == "cuda") fail("--rotate: rotations run on the CPU in this version (use --device cpu or auto)");
+  }
 
-  Engine eng(a.device);
+  Engine eng(rot.first != Rotation::none ? std::string("cpu") : a.device);
   const Checkpoint c = open_checkpoint(a.in);
   std::optional<json> config = read_config(c, a.in);
   check_output(fs::path(a.in), out_dir, a.overwrite);
@@ -474,6 +484,10 @@ int run_quantize(const QuantizeArgs& a) {
       } else if (!a.fake && module.size() + std::strlen(".weight_global_scale") > st::kMaxNameBytes) {
         // its quantized tensors' names would be longer than a reader accepts
         p.why = fmt::format("name too long for its quantized tensors (limit {} bytes)", st::kMaxNameBytes);
+        ignored_modules.push_back(module);
+        unfit.push_back(t.name);
+      } else if (rot.second && t.shape[1] % rot.second != 0) {
+        p.why = fmt::format("K = {} is not a multiple of the rotation size {}", t.shape[1], rot.second);
         ignored_modules.push_back(module);
         unfit.push_back(t.name);
       } else if (t.shape[0] == 0 || t.shape[1] == 0) {
@@ -624,7 +638,26 @@ int run_quantize(const QuantizeArgs& a) {
       if (a.fake) {
         std::vector<std::uint8_t> yq(src.size());
         try {
-          eng.qdq(xt, Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K), o);
+          if (rot.first != Rotation::none) {  // rotate, quantize, dequantize, rotate back
+            o.rotation = rot.first;
+            o.rotation_size = rot.second;
+            o.rotation_seed = a.rotate_seed;
+            // NVFP4: the tensor scale of the rotated weight (per tensor; the planning amax is the unrotated one)
+            o.tensor_scale.reset();
+            const Shape2 ss = scale_shape(o, N, K);
+            std::vector<std::uint8_t> codes(N * code_cols(format, K)), scales(ss.rows * ss.cols);
+            QuantizedOut q;
+            q.codes = Tensor::of(codes.data(), DType::u8, N, code_cols(format, K));
+            q.scales = Tensor::of(scales.data(), DType::u8, ss.rows, ss.cols);
+            float S = 1.0f;
+            q.tensor_scale = format == Format::nvfp4 ? &S : nullptr;
+            eng.quantize(xt, q, o);
+            QuantOptions od = o;
+            if (format == Format::nvfp4) od.tensor_scale = S;
+            eng.dequantize(QuantizedIn{q.codes, q.scales}, Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K), od);
+          } else {
+            eng.qdq(xt, Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K), o);
+          }
         } catch (const std::exception& e) {
           fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
         }
@@ -633,7 +666,7 @@ int run_quantize(const QuantizeArgs& a) {
         for (std::int64_t i = 0; i < N * K; ++i) err.add(load_f32(xp + i * es, xty), load_f32(yq.data() + i * es, xty));
         w.write(t.name, yq);
         bytes_out += double(yq.size());
-        finish_tensor(t, xp, "qdq " + a.format, err);
+        finish_tensor(t, xp, "qdq " + a.format + (a.rotate.empty() ? std::string() : " " + a.rotate), err);
         continue;
       }
       const Shape2 ss = scale_shape(o, N, K);
@@ -687,7 +720,7 @@ int run_quantize(const QuantizeArgs& a) {
     stage.publish();
     fmt::print("fake-quantized {} tensors ({}), copied {} unchanged; peak memory {} MiB\n", n_quant, a.format, n_copy,
                peak_rss_mib());
-    for (const std::string& u : unfit) fmt::print("left unchanged (empty, or stored transposed): {}\n", u);
+    for (const std::string& u : unfit) fmt::print("left unchanged (empty, stored transposed, or K not a multiple of --rotate's size): {}\n", u);
     report_not_finite(not_finite);
     return 0;
   }

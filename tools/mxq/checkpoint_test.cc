@@ -1235,3 +1235,40 @@ TEST(CheckpointParts, RefusesMissingOrMismatchedParts) {
   qa.out = "/";
   EXPECT_NE(quantize_failure(qa, "--part with OUT = /").find("of its own"), std::string::npos);
 }
+
+// mxq qdq --rotate: each weight rotated, quantized, dequantized and rotated back, as the library's
+// quantize + dequantize with the rotation compute it; weights whose K the size does not divide unchanged.
+TEST(CheckpointQdq, RotateIsQuantizeDequantizeWithTheRotation) {
+  const fs::path root = scratch("qdq_rotate");
+  const auto data = make_checkpoint(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  qa.fake = true;
+  qa.format = "mxfp4";
+  qa.rotate = "rhad64";
+  qa.rotate_seed = 9;
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  const std::string name = "model.layers.0.self_attn.q_proj.weight";
+  const std::vector<std::uint8_t> got = load(qa.out, name, "BF16", {64, 128});
+  mxq::QuantOptions o = mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::even);
+  o.rotation = mxq::Rotation::random_hadamard;
+  o.rotation_size = 64;
+  o.rotation_seed = 9;
+  const auto& x = data.at(name);
+  std::vector<std::uint8_t> codes(64 * 64), scales(64 * 4);
+  mxq::QuantizedOut q;
+  q.codes = mxq::Tensor::of(codes.data(), mxq::DType::u8, 64, 64);
+  q.scales = mxq::Tensor::of(scales.data(), mxq::DType::u8, 64, 4);
+  mxq::quantize(mxq::Tensor::of(x.data(), mxq::DType::bf16, 64, 128), q, o);
+  std::vector<std::uint16_t> y(64 * 128);
+  mxq::dequantize(mxq::QuantizedIn{q.codes, q.scales}, mxq::Tensor::of(y.data(), mxq::DType::bf16, 64, 128), o);
+  ASSERT_EQ(got.size(), y.size() * 2);
+  EXPECT_EQ(std::memcmp(got.data(), y.data(), got.size()), 0) << "rotated qdq of " << name;
+  // K = 40 (odd_proj) is not a multiple of 64: copied unchanged
+  const std::vector<std::uint8_t> odd = load(qa.out, "model.layers.0.mlp.odd_proj.weight", "BF16", {8, 40});
+  EXPECT_EQ(std::memcmp(odd.data(), data.at("model.layers.0.mlp.odd_proj.weight").data(), odd.size()), 0);
+  qa.out = (root / "q2").string();
+  qa.rotate = "had100";
+  EXPECT_NE(quantize_failure(qa, "--rotate had100").find("--rotate"), std::string::npos);
+}

@@ -26,6 +26,10 @@ struct QuantizeArgs {
   // "I/N" (1 <= I <= N): convert only shards i with i % N == I - 1 (in the index's order) into the
   // directory OUT.part-I-of-N, with a manifest; `mxq merge OUT` assembles the parts (docs/cli.md).
   std::string part;
+  // mxq qdq only: "had<RS>" or "rhad<RS>": each weight is rotated, quantized, dequantized and rotated
+  // back (the error a rotated quantized weight carries, in the model's own domain); CPU only for now.
+  std::string rotate;
+  std::uint64_t rotate_seed = 0;
 };
 int run_quantize(const QuantizeArgs& args);
 

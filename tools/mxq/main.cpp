@@ -61,6 +61,11 @@ int main(int argc, char** argv) {
   c_qdq->add_option("--include", fq.include, "fake-quantize only weights whose name matches this regex (repeatable)");
   c_qdq->add_option("--exclude", fq.exclude, "leave weights whose name matches this regex (repeatable)");
   c_qdq->add_option("--device", fq.device, "cpu, cuda or auto")->capture_default_str();
+  c_qdq->add_option("--rotate", fq.rotate,
+                    "had<RS> or rhad<RS> (RS 16..256): rotate each weight's groups of RS before quantizing and rotate back "
+                    "after (the weights stay in the model's domain); weights whose K is not a multiple of RS are left "
+                    "unchanged; CPU only for now");
+  c_qdq->add_option("--rotate-seed", fq.rotate_seed, "the seed of rhad's random signs")->capture_default_str();
   c_qdq->add_option("--part", fq.part, "I/N: one part of the conversion, as for quantize (then `mxq merge OUTPUT`)");
 
   mxq::cli::MergeArgs merge;
