@@ -74,6 +74,21 @@ mxq::QuantOptions make_options(const char* op, std::string_view format, std::str
   return o;
 }
 
+// The options every op schema carries after its own: random bits of stochastic rounding (32, 16, 8), and
+// the rotation ("none", "had<RS>", "rhad<RS>") with the seed of its random signs.
+void set_extra(mxq::QuantOptions& o, int64_t random_bits, std::string_view rotation, int64_t rotation_seed) {
+  TORCH_CHECK_VALUE(random_bits == 32 || random_bits == 16 || random_bits == 8, "mxq: argument 'random_bits': ",
+                    std::to_string(random_bits), ", expected 32, 16 or 8");
+  o.random_bits = static_cast<int>(random_bits);
+  guarded([&] {
+    const auto [r, rs] = mxq::parse_rotation(rotation);
+    o.rotation = r;
+    o.rotation_size = rs;
+    return 0;
+  });
+  o.rotation_seed = static_cast<std::uint64_t>(rotation_seed);
+}
+
 // ---- views ----------------------------------------------------------------------------------------
 mxq::DType dtype_of(const at::Tensor& t, const char* op, const char* arg, bool u8) {
   switch (t.scalar_type()) {
@@ -203,8 +218,9 @@ void qdq_into(const Rows& x, mxq::DType dt, const mxq::Tensor& y, mxq::QuantOpti
 }
 
 at::Tensor qdq(const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size,
-               bool stochastic, int64_t seed, int64_t offset, std::optional<double> tensor_scale) {
+               bool stochastic, int64_t seed, int64_t offset, std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
   mxq::QuantOptions o = make_options("qdq", format, rule, group_size, stochastic, seed, offset, tensor_scale);
+  set_extra(o, random_bits, rotation, rotation_seed);
   const mxq::DType dt = dtype_of(x, "qdq", "x", false);
   const Rows xr = as_rows(x, "qdq", "x");
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
@@ -213,8 +229,9 @@ at::Tensor qdq(const at::Tensor& x, c10::string_view format, c10::string_view ru
 }
 
 void qdq_(const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size, bool stochastic,
-          int64_t seed, int64_t offset, std::optional<double> tensor_scale) {
+          int64_t seed, int64_t offset, std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
   mxq::QuantOptions o = make_options("qdq_", format, rule, group_size, stochastic, seed, offset, tensor_scale);
+  set_extra(o, random_bits, rotation, rotation_seed);
   const mxq::DType dt = dtype_of(x, "qdq_", "x", false);
   const Rows xr = as_rows(x, "qdq_", "x");
   qdq_into(xr, dt, view(xr, dt), o, x);
@@ -280,9 +297,11 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, std::optional<
 // linear layout written into a zero-padded [ceil(rows/128)*128, ceil(G/4)*4] buffer: QuTLASS's output).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
     const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size, bool stochastic,
-    int64_t seed, int64_t offset, c10::string_view layout, std::optional<double> tensor_scale, bool clip_mask) {
+    int64_t seed, int64_t offset, c10::string_view layout, std::optional<double> tensor_scale, bool clip_mask,
+    int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
   mxq::QuantOptions o =
       make_options("quantize", format, rule, group_size, stochastic, seed, offset, tensor_scale);
+  set_extra(o, random_bits, rotation, rotation_seed);
   const bool swizzled = layout == "swizzled", padded = layout == "padded";
   TORCH_CHECK_VALUE(swizzled || padded || layout == "linear", "mxq.quantize: argument 'layout': '",
                     std::string(layout), "', expected one of: linear, swizzled, padded");
@@ -342,8 +361,10 @@ std::optional<float> host_tensor_scale(const std::optional<double>& f, const std
 
 at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t cols, c10::string_view format,
                       int64_t group_size, c10::string_view layout, std::optional<double> tensor_scale,
-                      const std::optional<at::Tensor>& tensor_scale_tensor, at::ScalarType dtype) {
+                      const std::optional<at::Tensor>& tensor_scale_tensor, at::ScalarType dtype,
+                      c10::string_view rotation, int64_t rotation_seed) {
   mxq::QuantOptions o = make_options("dequantize", format, "", group_size, false, 0, 0, std::nullopt);
+  set_extra(o, 32, rotation, rotation_seed);
   const bool swizzled = layout == "swizzled", padded = layout == "padded";
   TORCH_CHECK_VALUE(swizzled || padded || layout == "linear", "mxq.dequantize: argument 'layout': '",
                     std::string(layout), "', expected one of: linear, swizzled, padded");
@@ -429,15 +450,15 @@ c10::TypedOperatorHandle<Fn> typed_op(const char* name) {
 }
 
 using QdqFn = at::Tensor(const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t,
-                         std::optional<double>);
+                         std::optional<double>, int64_t, c10::string_view, int64_t);
 using QdqInplaceFn = void(const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t,
-                          std::optional<double>);
+                          std::optional<double>, int64_t, c10::string_view, int64_t);
 using QuantizeFn = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t, c10::string_view,
-    std::optional<double>, bool);
+    std::optional<double>, bool, int64_t, c10::string_view, int64_t);
 using DequantizeFn = at::Tensor(const at::Tensor&, const at::Tensor&, c10::SymInt, c10::string_view, int64_t,
                                 c10::string_view, std::optional<double>, const std::optional<at::Tensor>&,
-                                at::ScalarType);
+                                at::ScalarType, c10::string_view, int64_t);
 using SwizzleFn = at::Tensor(const at::Tensor&);
 using UnswizzleFn = at::Tensor(const at::Tensor&, c10::SymInt, c10::SymInt);
 
@@ -446,25 +467,25 @@ bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad() &
 struct QdqStraightThrough : public torch::autograd::Function<QdqStraightThrough> {
   static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x, c10::string_view format,
                             c10::string_view rule, int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                            std::optional<double> tensor_scale) {
+                            std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
     static const auto op = typed_op<QdqFn>("mxq::qdq");
     at::AutoDispatchBelowADInplaceOrView below;
-    return op.call(x, format, rule, group_size, stochastic, seed, offset, tensor_scale);
+    return op.call(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
                                                  torch::autograd::variable_list grad) {
-    return {grad[0], {}, {}, {}, {}, {}, {}, {}};  // one per forward argument; only x has a gradient
+    return {grad[0], {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};  // one per forward argument; only x has a gradient
   }
 };
 
 at::Tensor qdq_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
                         int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                        std::optional<double> tensor_scale) {
+                        std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
   if (needs_grad(x))
-    return QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale);
+    return QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed);
   static const auto op = typed_op<QdqFn>("mxq::qdq");
   return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
-                       tensor_scale);
+                       tensor_scale, random_bits, rotation, rotation_seed);
 }
 
 // In place, as torch's in-place ops: refused on a leaf that requires grad (and on a view of one);
@@ -473,27 +494,28 @@ at::Tensor qdq_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string
 // backward that saved x fails loudly.
 void qdq_inplace_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
                           int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                          std::optional<double> tensor_scale) {
+                          std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
   if (needs_grad(x)) {
     TORCH_CHECK(!x.is_leaf(), "mxq.qdq_: a leaf Variable that requires grad is being used in an in-place operation "
                 "(use mxq.qdq, or overwrite it under torch.no_grad())");
-    x.copy_(QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale));
+    x.copy_(QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed));
     return;
   }
   static const auto op = typed_op<QdqInplaceFn>("mxq::qdq_");
-  op.redispatch(ks & c10::after_autograd_keyset, x, format, rule, group_size, stochastic, seed, offset, tensor_scale);
+  op.redispatch(ks & c10::after_autograd_keyset, x, format, rule, group_size, stochastic, seed, offset, tensor_scale,
+                random_bits, rotation, rotation_seed);
 }
 
 // The ADInplaceOrView kernel of qdq_, as torch's generated ones for its in-place ops: the version
 // counter moves after the write, also under torch.inference_mode() (which skips the Autograd key).
 void qdq_inplace_version(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
                          int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                         std::optional<double> tensor_scale) {
+                         std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
   static const auto op = typed_op<QdqInplaceFn>("mxq::qdq_");
   {
     at::AutoDispatchBelowADInplaceOrView below;
     op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
-                  tensor_scale);
+                  tensor_scale, random_bits, rotation, rotation_seed);
   }
   torch::autograd::impl::bump_version(x);
 }
@@ -501,25 +523,26 @@ void qdq_inplace_version(c10::DispatchKeySet ks, const at::Tensor& x, c10::strin
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_autograd(
     c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size,
     bool stochastic, int64_t seed, int64_t offset, c10::string_view layout, std::optional<double> tensor_scale,
-    bool clip_mask) {
+    bool clip_mask, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
   TORCH_CHECK(!needs_grad(x), "mxq.quantize is not differentiable: argument 'x' requires grad, and its integer codes "
               "cannot carry a gradient back to it. Call it under torch.no_grad() or on x.detach(); for "
               "quantization-aware training use mxq.qdq (its gradient is the straight-through estimator)");
   static const auto op = typed_op<QuantizeFn>("mxq::quantize");
   return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
-                       layout, tensor_scale, clip_mask);
+                       layout, tensor_scale, clip_mask, random_bits, rotation, rotation_seed);
 }
 
 at::Tensor dequantize_autograd(c10::DispatchKeySet ks, const at::Tensor& codes, const at::Tensor& scales,
                                c10::SymInt cols, c10::string_view format, int64_t group_size, c10::string_view layout,
                                std::optional<double> tensor_scale,
-                               const std::optional<at::Tensor>& tensor_scale_tensor, at::ScalarType dtype) {
+                               const std::optional<at::Tensor>& tensor_scale_tensor, at::ScalarType dtype,
+                               c10::string_view rotation, int64_t rotation_seed) {
   TORCH_CHECK(!(tensor_scale_tensor && needs_grad(*tensor_scale_tensor)),
               "mxq.dequantize is not differentiable: argument 'tensor_scale' requires grad. Pass it detached "
               "(tensor_scale.detach()) or call under torch.no_grad(); for quantization-aware training use mxq.qdq");
   static const auto op = typed_op<DequantizeFn>("mxq::dequantize");
   return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, codes, scales, std::move(cols), format, group_size,
-                       layout, tensor_scale, tensor_scale_tensor, dtype);
+                       layout, tensor_scale, tensor_scale_tensor, dtype, rotation, rotation_seed);
 }
 
 // uint8 in, uint8 out: nothing can require grad; registered so that no call takes torch's boxed fallback.
@@ -564,14 +587,15 @@ at::Tensor silu_mul_autograd(c10::DispatchKeySet ks, const at::Tensor& gate, con
 
 TORCH_LIBRARY(mxq, m) {
   m.def("qdq(Tensor x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
-        "float? tensor_scale) -> Tensor");
+        "float? tensor_scale, int random_bits=32, str rotation=\"none\", int rotation_seed=0) -> Tensor");
   m.def("qdq_(Tensor(a!) x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
-        "float? tensor_scale) -> ()");
+        "float? tensor_scale, int random_bits=32, str rotation=\"none\", int rotation_seed=0) -> ()");
   m.def("quantize(Tensor x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
-        "str layout, float? tensor_scale, bool clip_mask) -> (Tensor codes, Tensor scales, Tensor tensor_scale, "
+        "str layout, float? tensor_scale, bool clip_mask, int random_bits=32, str rotation=\"none\", int rotation_seed=0) -> (Tensor codes, Tensor scales, Tensor tensor_scale, "
         "Tensor clip_mask)");
   m.def("dequantize(Tensor codes, Tensor scales, SymInt cols, str format, int group_size, str layout, "
-        "float? tensor_scale, Tensor? tensor_scale_tensor, ScalarType dtype) -> Tensor");
+        "float? tensor_scale, Tensor? tensor_scale_tensor, ScalarType dtype, str rotation=\"none\", "
+        "int rotation_seed=0) -> Tensor");
   m.def("swizzle_scales(Tensor linear) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps, str? format, str rule, int group_size, float? tensor_scale) -> Tensor");
   m.def("silu_mul(Tensor gate, Tensor up, str? format, str rule, int group_size, float? tensor_scale) -> Tensor");

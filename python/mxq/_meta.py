@@ -35,7 +35,7 @@ def _check_layout_group(op: str, layout: Optional[str], group_size: int) -> None
 
 @torch.library.register_fake("mxq::qdq")
 def _qdq_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
-              tensor_scale: Optional[float]):
+              tensor_scale: Optional[float], random_bits: int = 32, rotation: str = "none", rotation_seed: int = 0):
     _check_float(x, "qdq", "x")
     F.canonical_format(format)
     _check_layout_group("qdq", None, group_size)
@@ -44,7 +44,8 @@ def _qdq_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed
 
 @torch.library.register_fake("mxq::qdq_")
 def _qdq_inplace_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
-                      tensor_scale: Optional[float]):
+                      tensor_scale: Optional[float], random_bits: int = 32, rotation: str = "none",
+                      rotation_seed: int = 0):
     _check_float(x, "qdq_", "x")
     F.canonical_format(format)
     _check_layout_group("qdq_", None, group_size)
@@ -53,7 +54,8 @@ def _qdq_inplace_fake(x, format: str, rule: str, group_size: int, stochastic: bo
 
 @torch.library.register_fake("mxq::quantize")
 def _quantize_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
-                   layout: str, tensor_scale: Optional[float], clip_mask: bool):
+                   layout: str, tensor_scale: Optional[float], clip_mask: bool, random_bits: int = 32,
+                   rotation: str = "none", rotation_seed: int = 0):
     _check_float(x, "quantize", "x")
     fmt = F.canonical_format(format)
     _check_layout_group("quantize", layout, group_size)
@@ -72,7 +74,8 @@ def _quantize_fake(x, format: str, rule: str, group_size: int, stochastic: bool,
 
 @torch.library.register_fake("mxq::dequantize")
 def _dequantize_fake(codes, scales, cols: int, format: str, group_size: int, layout: str,
-                     tensor_scale: Optional[float], tensor_scale_tensor, dtype: torch.dtype):
+                     tensor_scale: Optional[float], tensor_scale_tensor, dtype: torch.dtype, rotation: str = "none",
+                     rotation_seed: int = 0):
     F.canonical_format(format)
     _check_layout_group("dequantize", layout, group_size)
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):

@@ -113,6 +113,16 @@ _QDQ = torch.ops.mxq.qdq.default
 _QDQ_INPLACE = torch.ops.mxq.qdq_.default
 
 
+def _rotation(rotation: Optional[str]) -> str:
+    """None -> "none"; else "had<RS>" / "rhad<RS>" (RS 16, 32, 64, 128, 256), checked by the op."""
+    if rotation is None:
+        return "none"
+    if not isinstance(rotation, str):
+        raise TypeError(f"mxq: argument 'rotation': expected a str ('had128', 'rhad64', ...) or None, "
+                        f"got {type(rotation).__name__}")
+    return rotation
+
+
 def _check_layout(layout: str) -> str:
     if layout not in _LAYOUTS:
         raise ValueError(f"mxq: argument 'layout': '{layout}', expected one of: {', '.join(_LAYOUTS)}")
@@ -147,6 +157,10 @@ class QuantizedTensor:
     clip_mask: Optional[torch.Tensor] = None
     # The encode scale as a host float when the caller gave one (dequantize then needs no read-back).
     tensor_scale_value: Optional[float] = field(default=None, repr=False)
+    # The rotation applied before quantizing ("none", "had<RS>", "rhad<RS>") and its seed: dequantize
+    # rotates back.
+    rotation: str = "none"
+    rotation_seed: int = 0
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """Decode to `dtype` (default: the dtype that was quantized), shape `self.shape`.
@@ -176,6 +190,9 @@ def quantize(
     offset: int = 0,
     tensor_scale: ScaleLike = None,
     clip_mask: bool = False,
+    random_bits: int = 32,
+    rotation: Optional[str] = None,
+    rotation_seed: int = 0,
 ) -> QuantizedTensor:
     """Quantize `x` (float32, float16 or bfloat16, any rank) along its last dimension.
 
@@ -190,6 +207,12 @@ def quantize(
     tensor_scale: NVFP4 only: the encode scale S (448*6/amax of a calibration); None computes it
                   from x (one extra pass, no synchronisation).
     clip_mask:    also return the 1-bit clip mask.
+    random_bits:  stochastic rounding: 32 (exact probabilities), 16 or 8 random bits per element
+                  (docs/numerics.md; fewer bits, faster kernels).
+    rotation:     None, or "had<RS>" / "rhad<RS>" (RS 16, 32, 64, 128, 256, dividing K): each group of RS
+                  elements is rotated by the normalised (or randomised, signs from `rotation_seed`)
+                  Hadamard transform before quantizing; the result's dequantize rotates back. CPU
+                  tensors only in this version (the CUDA kernels raise NotImplementedError).
 
     Not differentiable (the codes are integers): raises RuntimeError if x requires grad while grad
     mode is on; call it under torch.no_grad() or on x.detach(), or train with :func:`qdq`.
@@ -200,10 +223,12 @@ def quantize(
     codes, scales, tsc, mask = torch.ops.mxq.quantize.default(
         x, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
         seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
-        offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"), layout, ts, bool(clip_mask))
+        offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"), layout, ts, bool(clip_mask),
+        int(random_bits), _rotation(rotation), _u64(rotation_seed, "rotation_seed"))
     fields = dict(codes=codes, scales=scales, tensor_scale=tsc if fmt == "nvfp4" else None, format=fmt, rule=r,
                   layout=layout, group_size=F.group_of(fmt, group_size), shape=x.shape, dtype=x.dtype,
-                  clip_mask=mask if clip_mask else None, tensor_scale_value=ts)
+                  clip_mask=mask if clip_mask else None, tensor_scale_value=ts, rotation=_rotation(rotation),
+                  rotation_seed=_u64(rotation_seed, "rotation_seed"))
     if torch.compiler.is_compiling():
         return QuantizedTensor(**fields)
     # NOTE: a frozen dataclass's __init__ sets each of its 11 fields through object.__setattr__: 1-2 us
@@ -224,6 +249,8 @@ def dequantize(
     group_size: Optional[int] = None,
     tensor_scale: ScaleLike = None,
     dtype: Optional[torch.dtype] = None,
+    rotation: Optional[str] = None,
+    rotation_seed: int = 0,
 ) -> torch.Tensor:
     """Decode quantized data to float32, float16 or bfloat16 (rounded once, saturating).
 
@@ -232,6 +259,8 @@ def dequantize(
     dtype=torch.float32): raw codes and scales as quantize writes them; `cols` is the number of
     elements per row (FP4 packs two per byte, so it cannot be inferred for odd K); NVFP4 needs the
     encode scale S (a float, or a 1-element tensor: a GPU tensor is read back, a synchronisation).
+    rotation, rotation_seed: raw codes of a rotated quantize are rotated back (a QuantizedTensor carries
+    its own).
     """
     if isinstance(q, QuantizedTensor):
         if scales is not None or format is not None or cols is not None:
@@ -239,8 +268,10 @@ def dequantize(
         out_dtype = q.dtype if dtype is None else dtype
         ts_f = q.tensor_scale_value
         ts_t = q.tensor_scale if (q.format == "nvfp4" and ts_f is None) else None
+        if rotation is not None:
+            raise TypeError("mxq.dequantize: given a QuantizedTensor, pass only dtype= (it carries its rotation)")
         return torch.ops.mxq.dequantize.default(q.codes, q.scales, q.shape[-1], q.format, q.group_size, q.layout,
-                                                ts_f, ts_t, out_dtype)
+                                                ts_f, ts_t, out_dtype, q.rotation, q.rotation_seed)
     if scales is None or format is None or cols is None:
         raise TypeError("mxq.dequantize: with raw codes, pass scales, format= and cols=")
     scales = _bytes(scales, "scales")  # uint8, or the float8 view of the scales (QuTLASS's outputs)
@@ -255,7 +286,8 @@ def dequantize(
     else:
         ts_f = _scale_value(tensor_scale)
     return torch.ops.mxq.dequantize.default(q, scales, _size(cols, "cols"), fmt, _group(group_size), layout, ts_f,
-                                            ts_t, torch.float32 if dtype is None else dtype)
+                                            ts_t, torch.float32 if dtype is None else dtype, _rotation(rotation),
+                                            _u64(rotation_seed, "rotation_seed"))
 
 
 def qdq(
@@ -268,10 +300,15 @@ def qdq(
     seed: int = 0,
     offset: int = 0,
     tensor_scale: ScaleLike = None,
+    random_bits: int = 32,
+    rotation: Optional[str] = None,
+    rotation_seed: int = 0,
 ) -> torch.Tensor:
     """Fake-quantize: quantize and dequantize in one pass; the result has x's shape and dtype
     (contiguous). Arguments as in :func:`quantize`. NVFP4 without `tensor_scale` computes the
-    tensor scale from x (an extra pass; on a GPU, in a 4-byte buffer: no synchronisation).
+    tensor scale from x (an extra pass; on a GPU, in a 4-byte buffer: no synchronisation). With a
+    `rotation`, the result is the QDQ of the rotated tensor (it stays in the rotated domain, as a rotated
+    activation meets a rotated weight).
 
     Differentiable with the straight-through estimator: the gradient with respect to x is the
     gradient of the result, unchanged (grad_x = grad_y), as quantization-aware training expects."""
@@ -281,11 +318,13 @@ def qdq(
         fmt, r = _NAMES[format, rule]
     except (KeyError, TypeError):
         fmt, r = _names(format, rule)
-    return _QDQ(
-        x, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
-        seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
-        offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"),
-        None if tensor_scale is None else _scale_value(tensor_scale))
+    args = (x, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
+            seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
+            offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"),
+            None if tensor_scale is None else _scale_value(tensor_scale))
+    if random_bits != 32 or rotation is not None or rotation_seed != 0:  # the schema's defaults otherwise
+        args += (int(random_bits), _rotation(rotation), _u64(rotation_seed, "rotation_seed"))
+    return _QDQ(*args)
 
 
 def qdq_(
@@ -298,6 +337,9 @@ def qdq_(
     seed: int = 0,
     offset: int = 0,
     tensor_scale: ScaleLike = None,
+    random_bits: int = 32,
+    rotation: Optional[str] = None,
+    rotation_seed: int = 0,
 ) -> torch.Tensor:
     """In-place :func:`qdq`: overwrites x and returns it. A non-contiguous x whose rows cannot be
     addressed with one row stride is computed in a temporary and copied back.
@@ -308,11 +350,13 @@ def qdq_(
         fmt, r = _NAMES[format, rule]
     except (KeyError, TypeError):
         fmt, r = _names(format, rule)
-    _QDQ_INPLACE(
-        x, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
-        seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
-        offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"),
-        None if tensor_scale is None else _scale_value(tensor_scale))
+    args = (x, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
+            seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
+            offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"),
+            None if tensor_scale is None else _scale_value(tensor_scale))
+    if random_bits != 32 or rotation is not None or rotation_seed != 0:  # the schema's defaults otherwise
+        args += (int(random_bits), _rotation(rotation), _u64(rotation_seed, "rotation_seed"))
+    _QDQ_INPLACE(*args)
     return x
 
 

@@ -415,3 +415,31 @@ def test_errors_are_python_exceptions_with_mxqs_message():
     with pytest.raises(ValueError):
         mxq.qdq_(y, "mxfp4", group_size=3)
     assert torch.equal(y, x)
+
+
+def test_random_bits_and_rotation_reach_the_library():
+    """random_bits (16, 8) and rotation ("had<RS>", "rhad<RS>") as the C++ API computes them: the 8-bit
+    mode differs from the 32-bit one; a rotated quantize dequantizes back near x; qdq with a rotation
+    equals qdq of the rotated tensor (checked through quantize + the rotation's own orthogonality)."""
+    x = llm_like(8, 256, torch.float32, 1)
+    a = mxq.qdq(x, "mxfp4", stochastic=True, seed=3)
+    b = mxq.qdq(x, "mxfp4", stochastic=True, seed=3, random_bits=8)
+    assert not torch.equal(a, b)
+    assert torch.equal(b, mxq.qdq(x, "mxfp4", stochastic=True, seed=3, random_bits=8))
+    with pytest.raises(ValueError, match="random_bits"):
+        mxq.qdq(x, "mxfp4", random_bits=4)
+    for rot in ("had32", "rhad128"):
+        q = mxq.quantize(x, "mxfp4", rule="even", rotation=rot, rotation_seed=5)
+        assert q.rotation == rot
+        y = q.dequantize()
+        err = ((y - x).norm() / x.norm()).item()
+        assert err < 0.2, (rot, err)
+        # without rotating back the values are in the rotated domain: far from x
+        y_rot = mxq.dequantize(q.codes, q.scales, format="mxfp4", cols=256)
+        assert ((y_rot - x).norm() / x.norm()).item() > 0.5
+        yq = mxq.qdq(x, "mxfp4", rule="even", rotation=rot, rotation_seed=5)
+        assert torch.equal(yq, y_rot)
+    with pytest.raises(ValueError, match="rotation"):
+        mxq.qdq(x, "mxfp4", rotation="had100")
+    with pytest.raises(ValueError, match="divide"):
+        mxq.qdq(x[:, :96], "mxfp4", rotation="had64")
