@@ -161,14 +161,24 @@ void plan_tensor_scale(const Checker& c, Problem& p, const Tensor& x, Backend b,
 
 // The input the backend quantizes: x itself, or (a rotation) x rotated into buf (fp32). The rotations run
 // on the CPU backends only in this version.
-Tensor rotated_input(const Checker& c, const Problem& p, const Tensor& x, Backend b, std::vector<float>& buf) {
-  if (p.opt.rotation == Rotation::none) return x;
+void refuse_rotation_on_cuda(const Checker& c, Backend b) {
   if (b == Backend::cuda)
     c.unsupported("option 'rotation': rotations run on the CPU backends in this version (data on the GPU)");
+}
+
+Tensor rotated_input(const Checker& c, const Problem& p, const Tensor& x, Backend b, std::vector<float>& buf) {
+  if (p.opt.rotation == Rotation::none) return x;
+  refuse_rotation_on_cuda(c, b);
   if (p.empty) return x;
   buf.resize(std::size_t(p.rows * p.K));
   cpu::rotate_rows(x, buf.data(), p.opt, false);
   return Tensor::of(buf.data(), DType::f32, p.rows, p.K);
+}
+
+// qdq in place on a CPU backend (y is both input and output).
+void qdq_in_place(Backend b, const Problem& p, const Tensor& y) {
+  if (b == Backend::reference) ref::qdq(p, y, y);
+  else cpu::qdq(p, y, y);
 }
 
 }  // namespace
@@ -230,8 +240,7 @@ void dequantize(const QuantizedIn& q, const Tensor& y, const QuantOptions& opt) 
   c.no_overlap();
   const Backend b = choose("dequantize", &opt, y, {{"codes", q.codes.data}, {"scales", q.scales.data}, {"y", y.data}}, opt.backend);
   if (opt.rotation != Rotation::none) {  // dequantize into fp32, un-rotate, round to y's dtype
-    if (b == Backend::cuda)
-      c.unsupported("option 'rotation': rotations run on the CPU backends in this version (data on the GPU)");
+    refuse_rotation_on_cuda(c, b);
     if (p.empty) return;
     std::vector<float> buf(std::size_t(p.rows * p.K));
     const Tensor t = Tensor::of(buf.data(), DType::f32, p.rows, p.K);
@@ -269,8 +278,7 @@ void qdq(const Tensor& x, const Tensor& y, const QuantOptions& opt) {
     const Tensor t = rotated_input(c, p, x, b, rot);
     if (p.empty) return;
     plan_tensor_scale(c, p, t, b, nullptr);
-    if (b == Backend::reference) ref::qdq(p, t, t);
-    else cpu::qdq(p, t, t);
+    qdq_in_place(b, p, t);
     cpu::store_rows(rot.data(), y);
     return;
   }
@@ -374,11 +382,6 @@ void check_cols(const Checker& c, const Tensor& x) {
     c.fail("argument 'x': " + std::to_string(x.cols) + " columns, expected fewer than 2^24");
 }
 
-// The QDQ of the producer's output in place, on a CPU backend.
-void qdq_in_place(Backend b, const Problem& p, const Tensor& y) {
-  if (b == Backend::reference) ref::qdq(p, y, y);
-  else cpu::qdq(p, y, y);
-}
 }  // namespace
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const QuantOptions* qdq_opt,

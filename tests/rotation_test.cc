@@ -43,7 +43,7 @@ TEST(Rotation, ButterflyIsTheNormalisedHadamardProduct) {
     std::vector<float> x(rs);
     for (float& v : x) v = nd(rng);
     std::vector<float> y = x;
-    core::rotate_group(y.data(), rs, Rotation::hadamard, 0, false);
+    core::rotate_group(y.data(), rs, Rotation::hadamard, core::RotationSigns{}, false);
     double norm2 = 0;
     for (float v : x) norm2 += double(v) * v;
     for (int j = 0; j < rs; ++j) {
@@ -54,7 +54,7 @@ TEST(Rotation, ButterflyIsTheNormalisedHadamardProduct) {
     }
     EXPECT_EQ(core::hadamard_normalizer(rs), static_cast<float>(1.0 / std::sqrt(double(rs)))) << rs;
     // the inverse brings x back (orthogonal), within rounding
-    core::rotate_group(y.data(), rs, Rotation::hadamard, 0, true);
+    core::rotate_group(y.data(), rs, Rotation::hadamard, core::RotationSigns{}, true);
     for (int i = 0; i < rs; ++i) EXPECT_NEAR(y[i], x[i], 1e-6 * std::sqrt(norm2)) << rs;
   }
 }

@@ -290,6 +290,24 @@ def dequantize(
                                             _u64(rotation_seed, "rotation_seed"))
 
 
+def _qdq_args(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
+              rotation_seed) -> tuple:
+    """The op arguments of qdq and qdq_, checked. The common ones take inline fast paths (a dict lookup for
+    the names, type checks for the ints): this is part of every call's host overhead
+    (bench/torch_ops_bench.py). The trailing arguments are passed only when not the schema's defaults."""
+    try:
+        fmt, r = _NAMES[format, rule]
+    except (KeyError, TypeError):
+        fmt, r = _names(format, rule)
+    args = (x, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
+            seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
+            offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"),
+            None if tensor_scale is None else _scale_value(tensor_scale))
+    if random_bits != 32 or rotation is not None or rotation_seed != 0:
+        args += (int(random_bits), _rotation(rotation), _u64(rotation_seed, "rotation_seed"))
+    return args
+
+
 def qdq(
     x: torch.Tensor,
     format: str,
@@ -312,18 +330,8 @@ def qdq(
 
     Differentiable with the straight-through estimator: the gradient with respect to x is the
     gradient of the result, unchanged (grad_x = grad_y), as quantization-aware training expects."""
-    # NOTE: the common arguments take inline fast paths (a dict lookup for the names, type checks for
-    # the ints): this wrapper's own cost is part of every call's host overhead (bench/torch_ops_bench.py).
-    try:
-        fmt, r = _NAMES[format, rule]
-    except (KeyError, TypeError):
-        fmt, r = _names(format, rule)
-    args = (x, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
-            seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
-            offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"),
-            None if tensor_scale is None else _scale_value(tensor_scale))
-    if random_bits != 32 or rotation is not None or rotation_seed != 0:  # the schema's defaults otherwise
-        args += (int(random_bits), _rotation(rotation), _u64(rotation_seed, "rotation_seed"))
+    args = _qdq_args(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
+                     rotation_seed)
     return _QDQ(*args)
 
 
@@ -346,16 +354,8 @@ def qdq_(
 
     As torch's in-place ops: refused (RuntimeError) on a leaf tensor that requires grad unless under
     torch.no_grad(); on other tensors that require grad the gradient passes straight through."""
-    try:
-        fmt, r = _NAMES[format, rule]
-    except (KeyError, TypeError):
-        fmt, r = _names(format, rule)
-    args = (x, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
-            seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
-            offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"),
-            None if tensor_scale is None else _scale_value(tensor_scale))
-    if random_bits != 32 or rotation is not None or rotation_seed != 0:  # the schema's defaults otherwise
-        args += (int(random_bits), _rotation(rotation), _u64(rotation_seed, "rotation_seed"))
+    args = _qdq_args(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
+                     rotation_seed)
     _QDQ_INPLACE(*args)
     return x
 

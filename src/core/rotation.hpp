@@ -26,12 +26,20 @@ MXQ_HD float hadamard_normalizer(int rs) {
   }
 }
 
-// Sign i (0 <= i < 256) of the randomised Hadamard transform: bit i of the 256-bit string made of
-// Philox4x32-10 blocks 0 and 1 under key `seed` (word w = i / 32 is block w / 4, lane w % 4); set
-// means -1. The same signs for every group of every row.
-MXQ_HD bool rotation_sign(std::uint64_t seed, int i) {
-  const U32x4 r = philox_block(seed, std::uint64_t(i / 128));
-  return (r.v[(i / 32) % 4] >> (i % 32)) & 1u;
+// The signs of the randomised Hadamard transform: sign i (0 <= i < 256) is bit i of the 256-bit string
+// made of Philox4x32-10 blocks 0 and 1 under key `seed` (word w = i / 32 is block w / 4, lane w % 4);
+// set means -1. The same signs for every group of every row: drawn once per operation.
+struct RotationSigns {
+  std::uint32_t w[8];
+  MXQ_HD bool negative(int i) const { return (w[i / 32] >> (i % 32)) & 1u; }
+};
+MXQ_HD RotationSigns rotation_signs(std::uint64_t seed) {
+  RotationSigns s{};
+  for (int b = 0; b < 2; ++b) {
+    const U32x4 r = philox_block(seed, std::uint64_t(b));
+    for (int k = 0; k < 4; ++k) s.w[4 * b + k] = r.v[k];
+  }
+  return s;
 }
 
 // The butterfly in place: v <- H v (H symmetric: x @ H), unnormalised.
@@ -46,17 +54,18 @@ MXQ_HD void hadamard_butterfly(float* v, int rs) {
 }
 
 // y = x @ R (forward) or x = y @ R^-1 = butterfly(y) * norm, then the signs (inverse), in place.
-MXQ_HD void rotate_group(float* v, int rs, Rotation kind, std::uint64_t seed, bool inverse) {
+// `signs` is read only for Rotation::random_hadamard.
+MXQ_HD void rotate_group(float* v, int rs, Rotation kind, const RotationSigns& signs, bool inverse) {
   const bool random = kind == Rotation::random_hadamard;
   if (random && !inverse)
     for (int i = 0; i < rs; ++i)
-      if (rotation_sign(seed, i)) v[i] = -v[i];
+      if (signs.negative(i)) v[i] = -v[i];
   hadamard_butterfly(v, rs);
   const float n = hadamard_normalizer(rs);
   for (int i = 0; i < rs; ++i) v[i] = mul_rn(v[i], n);
   if (random && inverse)
     for (int i = 0; i < rs; ++i)
-      if (rotation_sign(seed, i)) v[i] = -v[i];
+      if (signs.negative(i)) v[i] = -v[i];
 }
 
 }  // namespace mxq::core

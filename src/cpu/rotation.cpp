@@ -11,6 +11,7 @@ namespace mxq::cpu {
 void rotate_rows(const Tensor& x, float* out, const QuantOptions& opt, bool inverse) {
   const std::int64_t K = x.cols;
   const int rs = opt.rotation_size;
+  const core::RotationSigns signs = core::rotation_signs(opt.rotation_seed);
 #if defined(MXQ_HAVE_OPENMP)
 #pragma omp parallel for schedule(static) if (x.rows > 1)
 #endif
@@ -18,7 +19,7 @@ void rotate_rows(const Tensor& x, float* out, const QuantOptions& opt, bool inve
     float v[256];
     for (std::int64_t k0 = 0; k0 < K; k0 += rs) {
       for (int i = 0; i < rs; ++i) v[i] = core::load_f32(x, r, k0 + i);
-      core::rotate_group(v, rs, opt.rotation, opt.rotation_seed, inverse);
+      core::rotate_group(v, rs, opt.rotation, signs, inverse);
       std::memcpy(out + r * K + k0, v, sizeof(float) * std::size_t(rs));
     }
   }
