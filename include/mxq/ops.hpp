@@ -67,7 +67,7 @@ void qdq(const Tensor& x, const Tensor& y, const QuantOptions& opt);
 
 // ---- fused producer + QDQ (activation emulation where a model's own kernel produces the tensor) -------
 // The producer's output y (x's dtype and shape), QDQ'd in the same pass when `qdq` is given: the same
-// bytes as qdq() of the unfused output (docs/numerics.md section 8 defines the producers' arithmetic:
+// bytes as qdq() of the unfused output (docs/numerics.md, "Fused producers" defines the producers' arithmetic:
 // bit-exact across backends, within an ulp of transformers' modules). `qdq`: an MX format with any
 // rule, or NVFP4 with opt.tensor_scale given; round to nearest even only; its backend and stream
 // fields must be left default or equal the arguments. y may be the first input itself (in place).

@@ -266,7 +266,7 @@ def _probe(m: nn.Module, k: int) -> torch.Tensor:
 
 
 def _rms_norm_like(norm: nn.Module) -> bool:
-    """norm computes mxq.rms_norm (within an ulp, checked on a probe): a 1-D weight, an eps, and the
+    """norm computes mxq.rms_norm (within an ulp in bf16/fp16, a few in fp32, checked on a probe): a 1-D weight, an eps, and the
     LlamaRMSNorm arithmetic (Gemma's (1 + weight) or a norm with a bias fails the probe)."""
     w, eps = getattr(norm, "weight", None), _norm_eps(norm)
     if not isinstance(w, torch.Tensor) or w.dim() != 1 or eps is None or getattr(norm, "bias", None) is not None:
@@ -413,7 +413,7 @@ def emulate(
              kernel is left in such a layer. Each norm and MLP is probed first (it must compute what the
              fused op computes, within a few ulp) and left unfused otherwise; only decoder layers of the
              classes in FUSABLE_LAYERS (Llama's dataflow) are fused; a MoE block is not fused.
-             The norms' and SiLU's arithmetic is mxq's (docs/numerics.md section 8), within an ulp of
+             The norms' and SiLU's arithmetic is mxq's (docs/numerics.md, "Fused producers"), within an ulp (a few in fp32) of
              transformers': logits are close to, not bit-identical with, fuse=False. Needs an mxq
              activation format with round to nearest even (NVFP4: with its tensor_scale), or None:
              then mxq's producers run without QDQ (the baseline to measure the fused emulation against).

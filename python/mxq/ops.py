@@ -414,7 +414,7 @@ def rms_norm(
     result in the same kernel: ``rms_norm(x, w, eps, format="mxfp4")`` is bit-identical to
     ``qdq(rms_norm(x, w, eps), "mxfp4")`` with one pass over memory instead of two.
 
-    weight: [K] in x's dtype. The arithmetic is fixed (docs/numerics.md, section 8): bit-exact across
+    weight: [K] in x's dtype. The arithmetic is fixed (docs/numerics.md, "Fused producers"): bit-exact across
     mxq's CPU and CUDA backends; against torch's own RMSNorm it differs by at most one unit in the
     last place of x's dtype on a small fraction of elements (the order of the sum of squares, the
     correctly rounded 1/sqrt). The QDQ: an MX format with any rule, or "nvfp4" with `tensor_scale`
@@ -437,7 +437,7 @@ def silu_mul(
     the same kernel (bit-identical to ``qdq(silu_mul(gate, up), format)``). gate and up: one shape and
     dtype; the halves of a concatenated gate_up tensor (``gu.chunk(2, -1)``) are read in place.
 
-    SiLU uses mxq's own exp (within 2 ulp in fp32; docs/numerics.md, section 8), so results are
+    SiLU uses mxq's own exp (within 2 ulp in fp32; docs/numerics.md, "Fused producers"), so results are
     bit-exact across mxq's backends and within one unit in the last place of torch's. The QDQ as in
     :func:`rms_norm`. No gradient."""
     fmt, r, g, ts = _fused_qdq_args(format, rule, group_size, tensor_scale)

@@ -1,5 +1,5 @@
 #pragma once
-// The arithmetic of the fused producer ops (rms_norm, silu_mul; docs/numerics.md section 8), shared by
+// The arithmetic of the fused producer ops (rms_norm, silu_mul; docs/numerics.md, "Fused producers"), shared by
 // the CPU and CUDA backends so that both produce the same bytes: every operation is one correctly
 // rounded fp32 operation written out (codec.hpp's *_rn), sums in one fixed order, exp without any
 // library function.

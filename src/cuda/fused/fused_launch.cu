@@ -1,5 +1,5 @@
 // The fused producer ops: RMSNorm and SiLU-and-multiply, each optionally followed by a QDQ of its
-// output in the same kernel (docs/numerics.md section 8). One 256-thread block per row; thread t owns
+// output in the same kernel (docs/numerics.md, "Fused producers"). One 256-thread block per row; thread t owns
 // the 8-element chunks t, t + 256, ... of the row (the order core/fused_math.hpp defines the RMSNorm
 // sum in), and the g / 8 lanes of a QDQ group are adjacent lanes of one warp.
 #include <string>
