@@ -208,6 +208,27 @@ int run(int argc, char** argv) {
     quant_row("mxfp4", mxfp4, "even, swizzled");
     quant_row("mxfp8_e4m3", mxfp8, "floor, swizzled");
     quant_row("nvfp4", nv_given, "given S, swizzled");
+
+    // Rotation before quantization (issue 15): the same byte model (the rotation moves no extra bytes).
+    auto rot = [](mxq::QuantOptions o, mxq::Rotation r, int rs) {
+      o.rotation = r;
+      o.rotation_size = rs;
+      o.rotation_seed = 5;
+      return o;
+    };
+    const mxq::Rotation had = mxq::Rotation::hadamard, rhad = mxq::Rotation::random_hadamard;
+    qdq_row("mxfp4", rot(mxfp4, had, 32), "even, had32");
+    qdq_row("mxfp4", rot(mxfp4, had, 128), "even, had128");
+    qdq_row("mxfp4", rot(mxfp4, rhad, 128), "even, rhad128");
+    qdq_row("mxfp4", rot(mxfp4, had, 256), "even, had256");
+    qdq_row("mxfp4", rot(opts(mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::quest)), had, 128), "quest, had128");
+    qdq_row("nvfp4", rot(nv_given, had, 128), "given S, had128");
+    qdq_row("nvfp4", rot(nv_auto, had, 128), "computed S, had128");
+    quant_row("mxfp4", rot(mxfp4, had, 32), "even, swizzled, had32");
+    quant_row("mxfp4", rot(mxfp4, had, 128), "even, swizzled, had128");
+    quant_row("mxfp4", rot(mxfp4, had, 256), "even, swizzled, had256");
+    quant_row("nvfp4", rot(nv_given, had, 32), "given S, swizzled, had32");
+    quant_row("nvfp4", rot(nv_given, had, 128), "given S, swizzled, had128");
   }
 
   // The vllm-qdq-plugin's benchmark shape (its CuTe kernel: 88 us for MXFP4 QDQ of [1024, 4096] bf16
@@ -249,8 +270,11 @@ int run(int argc, char** argv) {
     const auto mxfp8 = opts(mxq::QuantOptions::mx(mxq::Format::mxfp8_e4m3, mxq::ScaleRule::floor));
     const auto nv_given = opts(mxq::QuantOptions::nvfp4(100.0f));
     const auto nv_auto = opts(mxq::QuantOptions::nvfp4());
+    mxq::QuantOptions mxfp4_h128 = mxfp4, nv_h128 = nv_given;
+    for (mxq::QuantOptions* o : {&mxfp4_h128, &nv_h128}) o->rotation = mxq::Rotation::hadamard, o->rotation_size = 128;
     for (auto [fmt, o, mode] : {std::tuple{"mxfp4", mxfp4, "even, graph"}, std::tuple{"mxfp8_e4m3", mxfp8, "floor, graph"},
-                                std::tuple{"nvfp4", nv_given, "given S, graph"}, std::tuple{"nvfp4", nv_auto, "computed S, graph"}})
+                                std::tuple{"nvfp4", nv_given, "given S, graph"}, std::tuple{"nvfp4", nv_auto, "computed S, graph"},
+                                std::tuple{"mxfp4", mxfp4_h128, "even, had128, graph"}, std::tuple{"nvfp4", nv_h128, "given S, had128, graph"}})
       if (selected(only, "qdq", fmt, mode)) rows.push_back({"qdq", fmt, shape, mode, time_graph([&] { mxq::qdq(xt, yt, o); }, 64, reps), 4.0 * n});
     mxq::QuantOptions q = mxfp4;
     q.scale_layout = mxq::ScaleLayout::swizzled;

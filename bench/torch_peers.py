@@ -96,6 +96,23 @@ def quantize_mxfp4_swizzled(x):
     return packed, to_blocked((e + 127).to(torch.uint8).view(R, K // 32))
 
 
+_HAD = {}
+
+
+def hadamard(x, rs):
+    """x @ (H / sqrt(RS)) per group of RS elements of a row (the rotation mxq fuses), in fp32."""
+    key = (rs, x.device)
+    if key not in _HAD:
+        i = torch.arange(rs, device=x.device)
+        bits = torch.bitwise_and(i[:, None], i[None, :])
+        par = torch.zeros_like(bits)
+        for k in range(8):
+            par ^= (bits >> k) & 1
+        _HAD[key] = (1.0 - 2.0 * par.float()) / rs ** 0.5
+    R, K = x.shape
+    return (x.float().view(R, K // rs, rs) @ _HAD[key]).view(R, K)
+
+
 PEERS = {
     ("qdq", "mxfp4", "even"): lambda x, S: qdq_mxfp4_even(x),
     ("qdq", "mxfp8_e4m3", "floor"): lambda x, S: qdq_mxfp8_floor(x),
@@ -105,6 +122,13 @@ PEERS = {
     ("quantize", "mxfp4", "even, swizzled"): lambda x, S: quantize_mxfp4_swizzled(x),
     ("qdq", "mxfp4", "even, graph"): lambda x, S: qdq_mxfp4_even(x),
     ("qdq", "nvfp4", "computed S, graph"): lambda x, S: qdq_nvfp4(x),
+    # rotate, then QDQ / quantize (the rotated fp32 tensor; mxq rounds only the QDQ output to bf16)
+    ("qdq", "mxfp4", "even, had32"): lambda x, S: qdq_mxfp4_even(hadamard(x, 32)).to(x.dtype),
+    ("qdq", "mxfp4", "even, had128"): lambda x, S: qdq_mxfp4_even(hadamard(x, 128)).to(x.dtype),
+    ("qdq", "mxfp4", "even, had256"): lambda x, S: qdq_mxfp4_even(hadamard(x, 256)).to(x.dtype),
+    ("qdq", "nvfp4", "given S, had128"): lambda x, S: qdq_nvfp4(hadamard(x, 128), S).to(x.dtype),
+    ("quantize", "mxfp4", "even, swizzled, had128"): lambda x, S: quantize_mxfp4_swizzled(hadamard(x, 128)),
+    ("qdq", "mxfp4", "even, had128, graph"): lambda x, S: qdq_mxfp4_even(hadamard(x, 128)).to(x.dtype),
 }
 
 

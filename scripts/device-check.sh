@@ -44,7 +44,7 @@ if ! skipped cpu-tests; then
 fi
 
 # The GPU suites: every op test's CUDA cases (named <op>/<backend>_...) and the CUDA-only tests.
-GPU_TESTS="quantize_test dequantize_test qdq_test layout_test fused_test cuda_test"
+GPU_TESTS="quantize_test dequantize_test qdq_test layout_test fused_test rotation_test cuda_test"
 GPU_FILTER='*cuda*:Cuda*'
 if ! skipped gpu-tests; then
   t0=$SECONDS; passed=0; failed=0; rc=0
@@ -76,7 +76,7 @@ fi
 if ! skipped sanitizer; then
   # A representative subset (every kernel: both chunk widths, shuffles up to 32 lanes, atomics,
   # the fused amax, swizzle, graph capture); the full grid is too slow under the tools.
-  FILTER='*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*:*Fused*cuda_rms_norm'
+  FILTER='*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*:*Fused*cuda_rms_norm:CudaRotation.SpecialValuesAndInPlace'
   for tool in memcheck racecheck synccheck initcheck; do
     errors=0; rc=0
     for t in $GPU_TESTS; do

@@ -159,17 +159,20 @@ void plan_tensor_scale(const Checker& c, Problem& p, const Tensor& x, Backend b,
   p.amax_acc = static_cast<std::uint32_t*>(acc);
 }
 
-// The input the backend quantizes: x itself, or (a rotation) x rotated into buf (fp32). The rotations run
-// on the CPU backends only in this version.
-void refuse_rotation_on_cuda(const Checker& c, Backend b) {
-  if (b == Backend::cuda)
-    c.unsupported("option 'rotation': rotations run on the CPU backends in this version (data on the GPU)");
+// The CUDA backend rotates in its kernels, a rotation group over at most 32 lanes of 8 or 16 elements:
+// groups of 2 and 4 elements (chunks of 2) are refused there.
+void check_rotation_on_cuda(const Checker& c, const Problem& p, Backend b) {
+  if (b == Backend::cuda && p.opt.rotation != Rotation::none && p.g < 8)
+    c.unsupported("option 'rotation' with group_size = " + std::to_string(p.g) +
+                  " on the CUDA backend: rotations there need groups of 8 or more elements (the CPU backends take any)");
 }
 
+// The input the backend quantizes: x itself, or (a rotation on a CPU backend) x rotated into buf
+// (fp32). The CUDA backend rotates in its kernels.
 Tensor rotated_input(const Checker& c, const Problem& p, const Tensor& x, Backend b, std::vector<float>& buf) {
   if (p.opt.rotation == Rotation::none) return x;
-  refuse_rotation_on_cuda(c, b);
-  if (p.empty) return x;
+  check_rotation_on_cuda(c, p, b);
+  if (p.empty || b == Backend::cuda) return x;
   buf.resize(std::size_t(p.rows * p.K));
   cpu::rotate_rows(x, buf.data(), p.opt, false);
   return Tensor::of(buf.data(), DType::f32, p.rows, p.K);
@@ -240,8 +243,11 @@ void dequantize(const QuantizedIn& q, const Tensor& y, const QuantOptions& opt) 
   c.no_overlap();
   const Backend b = choose("dequantize", &opt, y, {{"codes", q.codes.data}, {"scales", q.scales.data}, {"y", y.data}}, opt.backend);
   if (opt.rotation != Rotation::none) {  // dequantize into fp32, un-rotate, round to y's dtype
-    refuse_rotation_on_cuda(c, b);
+    check_rotation_on_cuda(c, p, b);
     if (p.empty) return;
+#if defined(MXQ_HAVE_CUDA)
+    if (b == Backend::cuda) return cuda::dequantize(p, q, y);
+#endif
     std::vector<float> buf(std::size_t(p.rows * p.K));
     const Tensor t = Tensor::of(buf.data(), DType::f32, p.rows, p.K);
     if (b == Backend::reference) ref::dequantize(p, q, t);
@@ -276,6 +282,13 @@ void qdq(const Tensor& x, const Tensor& y, const QuantOptions& opt) {
   if (opt.rotation != Rotation::none) {  // QDQ of the rotated fp32 tensor (exact in fp32), rounded to y's dtype
     std::vector<float> rot;
     const Tensor t = rotated_input(c, p, x, b, rot);
+    if (b == Backend::cuda) {  // rotated in the kernels (and the NVFP4 tensor amax of the rotated x)
+      plan_tensor_scale(c, p, x, b, nullptr);
+      if (p.empty) return;
+#if defined(MXQ_HAVE_CUDA)
+      return cuda::qdq(p, x, y);
+#endif
+    }
     if (p.empty) return;
     plan_tensor_scale(c, p, t, b, nullptr);
     qdq_in_place(b, p, t);

@@ -1,7 +1,7 @@
 // Rotation before quantization (Hadamard, randomised Hadamard) on the CPU backends: the butterfly
 // against float64 x @ H, an independent transcription of the documented order against the library's
 // bytes, the fast CPU path against the reference, the inverse, the SQNR it buys on outlier data, and
-// the refusals (the CUDA backend refuses rotations in this version).
+// the refusals; the CUDA backend's bytes against the reference.
 #include <cmath>
 #include <vector>
 
@@ -194,17 +194,137 @@ TEST(Rotation, RefusalsNameTheOption) {
   EXPECT_THROW(rms_norm(x.view(), w.view(), 1e-6f, y.view(), &rq), Error);
 }
 
-TEST(Rotation, CudaBackendRefusesRotationsForNow) {
+// The CUDA backend against the reference, bytes: quantize (codes, scales, clip mask, S), qdq and
+// dequantize + un-rotate, for every format, the scale rules and roundings, the three dtypes, every
+// rotation size and both modes; dense tensors (the flat launches: 16-element chunks for 2-byte dtypes)
+// and strided rows with groups of 8 (8-element chunks, the row-by-row launches).
+struct RotCase {
+  QuantOptions o;
+  const char* name;
+};
+std::vector<RotCase> cuda_rotation_cases() {
+  auto mx = [](Format f, ScaleRule r) { return QuantOptions::mx(f, r); };
+  auto sr = [](QuantOptions o, int bits) {
+    o.rounding = Rounding::stochastic;
+    o.seed = 1234;
+    o.offset = 77;
+    o.random_bits = bits;
+    return o;
+  };
+  return {{mx(Format::mxfp4, ScaleRule::even), "mxfp4 even"},
+          {mx(Format::mxfp4, ScaleRule::floor), "mxfp4 floor"},
+          {mx(Format::mxfp4, ScaleRule::quest), "mxfp4 quest"},
+          {mx(Format::mxfp4, ScaleRule::qutlass_absmax), "mxfp4 qutlass_absmax"},
+          {sr(mx(Format::mxfp4, ScaleRule::rceil), 16), "mxfp4 rceil sr16"},
+          {mx(Format::mxfp6_e2m3, ScaleRule::even), "mxfp6_e2m3 even"},
+          {sr(mx(Format::mxfp6_e3m2, ScaleRule::rceil), 32), "mxfp6_e3m2 rceil sr32"},
+          {mx(Format::mxfp8_e4m3, ScaleRule::floor), "mxfp8_e4m3 floor"},
+          {mx(Format::mxfp8_e5m2, ScaleRule::even), "mxfp8_e5m2 even"},
+          {mx(Format::mxint8, ScaleRule::floor), "mxint8 floor"},
+          {QuantOptions::nvfp4(), "nvfp4 computed S"},
+          {QuantOptions::nvfp4(2.5f), "nvfp4 S = 2.5"},
+          {sr(QuantOptions::nvfp4(), 8), "nvfp4 sr8"}};
+}
+
+TEST(CudaRotation, BytesEqualTheReference) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  int n = 0;
+  for (const RotCase& rc : cuda_rotation_cases())
+    for (DType dt : {DType::bf16, DType::f16, DType::f32})
+      for (int rs : kSizes)
+        for (Rotation r : {Rotation::hadamard, Rotation::random_hadamard})
+          for (bool strided : {false, true}) {
+            QuantOptions o = rotated(rc.o, r, rs, 7 + std::uint64_t(rs));
+            const std::int64_t R = strided ? 5 : 9, K = 512;
+            if (strided && o.format != Format::nvfp4) o.group_size = 8;
+            const std::string what = std::string(rc.name) + " " + std::string(to_string(dt)) + " " +
+                                     std::string(to_string(r)) + " RS " + std::to_string(rs) + (strided ? " strided g8" : " dense");
+            SCOPED_TRACE(what);
+            const th::HostTensor dense = th::llm_like(dt, R, K, 100 + n++);
+            th::HostTensor x(dt, R, K, strided ? K + 40 : 0);
+            for (std::int64_t row = 0; row < R; ++row)
+              for (std::int64_t k = 0; k < K; ++k) x.set(row, k, dense.get(row, k));
+            // quantize
+            QuantOptions ro = o;
+            ro.backend = Backend::reference;
+            th::Quantized qr(ro, R, K, true);
+            quantize(x.view(), qr.out(), ro);
+            th::Scalar ws(Backend::cuda);
+            const QuantOptions co = th::on(Backend::cuda, o, ws);
+            th::Placed xd(Backend::cuda, x);
+            th::PlacedQuantized qd(Backend::cuda, co, R, K);
+            quantize(xd.view(), qd.out(), co);
+            th::expect_same_bytes(qr.codes, qd.codes.get(), "codes");
+            th::expect_same_bytes(qr.scales, qd.scales.get(), "scales");
+            th::expect_same_bytes(qr.mask, qd.mask.get(), "clip mask");
+            if (o.format == Format::nvfp4) EXPECT_EQ(qr.S, qd.S.value());
+            // qdq (out of place)
+            th::HostTensor yr(dt, R, K, strided ? K + 8 : 0);
+            qdq(x.view(), yr.view(), ro);
+            th::Placed yd(Backend::cuda, yr);
+            qdq(xd.view(), yd.view(), co);
+            th::expect_same_bytes(yr, yd.get(), "qdq");
+            // dequantize + un-rotate of the reference's codes
+            QuantOptions dro = ro;
+            if (o.format == Format::nvfp4) dro.tensor_scale = qr.S;
+            QuantOptions dco = co;
+            dco.tensor_scale = dro.tensor_scale;
+            th::HostTensor zr(dt, R, K, strided ? K + 8 : 0);
+            dequantize(qr.in(), zr.view(), dro);
+            th::Placed cd(Backend::cuda, qr.codes), sd(Backend::cuda, qr.scales), zd(Backend::cuda, zr);
+            dequantize(QuantizedIn{cd.view(), sd.view()}, zd.view(), dco);
+            th::expect_same_bytes(zr, zd.get(), "dequantize");
+            if (testing::Test::HasFailure()) return;  // the first failing case is enough to read
+          }
+}
+
+// In place, a NaN and an infinity in the input, a NaN scale byte on dequantize: the same bytes.
+TEST(CudaRotation, SpecialValuesAndInPlace) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  const std::int64_t R = 4, K = 256;
+  for (const QuantOptions& base : {QuantOptions::mx(Format::mxfp4, ScaleRule::even), QuantOptions::nvfp4()})
+    for (DType dt : {DType::bf16, DType::f32}) {
+      th::HostTensor x = th::llm_like(dt, R, K, 9);
+      x.set(1, 3, std::nanf(""));
+      x.set(2, 200, INFINITY);
+      const QuantOptions o = rotated(base, Rotation::random_hadamard, 64, 3);
+      QuantOptions ro = o;
+      ro.backend = Backend::reference;
+      th::HostTensor yr = x;
+      qdq(yr.view(), yr.view(), ro);
+      th::Scalar ws(Backend::cuda);
+      const QuantOptions co = th::on(Backend::cuda, o, ws);
+      th::Placed yd(Backend::cuda, x);
+      qdq(yd.view(), yd.view(), co);
+      th::expect_same_bytes(yr, yd.get(), std::string("qdq in place ") + th::name_of(base) + " " + std::string(to_string(dt)));
+      th::Quantized q(ro, R, K);
+      quantize(x.view(), q.out(), ro);
+      q.scales.bytes[0] = o.format == Format::nvfp4 ? 0x7F : 0xFF;  // a NaN scale
+      QuantOptions dro = ro;
+      if (o.format == Format::nvfp4) dro.tensor_scale = q.S;
+      QuantOptions dco = co;
+      dco.tensor_scale = dro.tensor_scale;
+      th::HostTensor zr(dt, R, K);
+      dequantize(q.in(), zr.view(), dro);
+      th::Placed cd(Backend::cuda, q.codes), sd(Backend::cuda, q.scales), zd(Backend::cuda, zr);
+      dequantize(QuantizedIn{cd.view(), sd.view()}, zd.view(), dco);
+      th::expect_same_bytes(zr, zd.get(), "dequantize with a NaN scale");
+    }
+}
+
+TEST(CudaRotation, RefusesGroupsBelowEight) {
   TH_REQUIRE_BACKEND(Backend::cuda);
   const th::HostTensor x = th::llm_like(DType::bf16, 2, 128, 1);
   th::Placed xb(Backend::cuda, x), yb(Backend::cuda, x);
   QuantOptions o = rotated(QuantOptions::mx(Format::mxfp4, ScaleRule::even), Rotation::hadamard, 32);
   o.backend = Backend::cuda;
+  o.group_size = 4;
   try {
     qdq(xb.view(), yb.view(), o);
     ADD_FAILURE() << "accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Error::Code::unsupported);
+    EXPECT_NE(std::string(e.what()).find("group_size = 4"), std::string::npos) << e.what();
   }
 }
 

@@ -105,9 +105,9 @@ struct QuantOptions {
   // hardware stochastic-rounding converts take few bits). docs/numerics.md defines each.
   int random_bits = 32;
   ScaleLayout scale_layout = ScaleLayout::linear;
-  // Rotation before quantize and qdq, and its inverse after dequantize (CPU backends; the CUDA backend
-  // refuses it in this version): rotation_size 16, 32, 64, 128 or 256, dividing K; rotation_seed
-  // draws the signs of random_hadamard.
+  // Rotation before quantize and qdq, and its inverse after dequantize (every backend, the same bytes;
+  // the CUDA backend needs groups of 8 or more elements): rotation_size 16, 32, 64, 128 or 256,
+  // dividing K; rotation_seed draws the signs of random_hadamard.
   Rotation rotation = Rotation::none;
   int rotation_size = 0;
   std::uint64_t rotation_seed = 0;

@@ -211,8 +211,8 @@ def quantize(
                   (docs/numerics.md; fewer bits, faster kernels).
     rotation:     None, or "had<RS>" / "rhad<RS>" (RS 16, 32, 64, 128, 256, dividing K): each group of RS
                   elements is rotated by the normalised (or randomised, signs from `rotation_seed`)
-                  Hadamard transform before quantizing; the result's dequantize rotates back. CPU
-                  tensors only in this version (the CUDA kernels raise NotImplementedError).
+                  Hadamard transform before quantizing; the result's dequantize rotates back. The
+                  same bytes on CPU and CUDA (on CUDA, groups of 8 or more elements).
 
     Not differentiable (the codes are integers): raises RuntimeError if x requires grad while grad
     mode is on; call it under torch.no_grad() or on x.detach(), or train with :func:`qdq`.

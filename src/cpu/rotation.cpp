@@ -25,13 +25,19 @@ void rotate_rows(const Tensor& x, float* out, const QuantOptions& opt, bool inve
   }
 }
 
+namespace {
+// A NaN is stored as the dtype's canonical NaN (its payload and sign after the rotation's additions
+// are the hardware's choice), as the CUDA backend does.
+std::uint32_t store_value(float v, DType t) { return v != v ? core::nan_bits(t) : core::f32_to_dtype_bits(v, t); }
+}  // namespace
+
 void store_rows(const float* v, const Tensor& y) {
 #if defined(MXQ_HAVE_OPENMP)
 #pragma omp parallel for schedule(static) if (y.rows > 1)
 #endif
   for (std::int64_t r = 0; r < y.rows; ++r)
     for (std::int64_t k = 0; k < y.cols; ++k)
-      core::store_bits(y, r, k, core::f32_to_dtype_bits(v[r * y.cols + k], y.dtype));
+      core::store_bits(y, r, k, store_value(v[r * y.cols + k], y.dtype));
 }
 
 }  // namespace mxq::cpu

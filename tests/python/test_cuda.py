@@ -352,3 +352,41 @@ def test_cuda_fused_producers_graph_compile_and_emulate():
         gpu_logits = model(ids.cuda()).logits
     # the same fused ops on both devices; the matmuls differ (CPU vs cuBLAS), so close, not equal
     assert ((gpu_logits.float().cpu() - cpu_logits.float()).norm() / cpu_logits.float().norm()) < 0.05
+
+
+@pytest.mark.parametrize("rotation", ["had16", "had128", "rhad256", "rhad32"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("fmt,rule", [("mxfp4", "even"), ("mxfp4", "quest"), ("mxfp8_e4m3", "floor"), ("nvfp4", None)])
+def test_cuda_rotation_equals_cpu(fmt, rule, dtype, rotation):
+    x = _x((48, 512), dtype, seed=3)
+    xc = x.cuda()
+    kw = dict(rule=rule, rotation=rotation, rotation_seed=11)
+    assert_bytes_equal(mxq.qdq(xc, fmt, **kw), mxq.qdq(x, fmt, **kw), f"qdq {fmt} {rotation}")
+    qg, qc = mxq.quantize(xc, fmt, layout="swizzled", **kw), mxq.quantize(x, fmt, layout="swizzled", **kw)
+    assert_bytes_equal(qg.codes, qc.codes, "codes")
+    assert_bytes_equal(qg.scales, qc.scales, "scales")
+    if fmt == "nvfp4":
+        assert_bytes_equal(qg.tensor_scale, qc.tensor_scale, "tensor scale")
+    assert_bytes_equal(qg.dequantize(), qc.dequantize(), "dequantize + un-rotate")
+    sg = mxq.qdq(xc, fmt, stochastic=True, seed=5, random_bits=16, **kw)
+    assert_bytes_equal(sg, mxq.qdq(x, fmt, stochastic=True, seed=5, random_bits=16, **kw), "stochastic")
+
+
+def test_cuda_rotation_graph_and_compile():
+    x = _x((16, 1024)).cuda()
+    ref = mxq.qdq(x, "mxfp4", rule="even", rotation="had128")
+    f = torch.compile(lambda t: mxq.qdq(t, "mxfp4", rule="even", rotation="had128"), fullgraph=True)
+    assert_bytes_equal(f(x), ref, "compiled")
+    y = torch.empty_like(x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y.copy_(mxq.qdq(x, "mxfp4", rule="even", rotation="had128"))  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y.copy_(mxq.qdq(x, "mxfp4", rule="even", rotation="had128"))
+    y.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert_bytes_equal(y, ref, "graph replay")

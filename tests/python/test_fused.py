@@ -91,12 +91,11 @@ def test_nd_strided_and_concatenated_halves():
                        "halves of gate_up")
 
 
-# NOTE: on the H200 machine (torch 2.11+cu130) a failing check whose message streamed an integer crashed
-# the process (python/csrc/ops.cpp, shape_str); the messages now format numbers with std::to_string, which
-# has not run there yet: skipped where a GPU is present until it has (elsewhere the calls raise).
-@pytest.mark.skipif(torch.cuda.is_available(), reason="crash fix not yet verified on the GPU machine (see NOTE)")
-def test_errors_name_the_argument():
-    x, w, gate, up = _inputs((2, 64), torch.bfloat16)
+# On the H200 machine (torch 2.11+cu130) a failing check whose message streamed an integer once crashed
+# the process; the messages format numbers with std::to_string (python/csrc/ops.cpp). Run on every device.
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_errors_name_the_argument(device):
+    x, w, gate, up = (t.to(device) for t in _inputs((2, 64), torch.bfloat16))
     with pytest.raises(ValueError, match="'weight'"):
         mxq.rms_norm(x, w[:32])
     with pytest.raises(ValueError, match="'weight'"):

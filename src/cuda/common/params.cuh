@@ -68,6 +68,11 @@ struct Params {
   // Fused amax: the last l2_keep_iters iterations of every thread are read with normal L2 priority,
   // the earlier ones evict-first, so that what the reverse second pass reads first is still there.
   i64 l2_keep_iters = 0;
+  // Rotation before quantization (cuda/common/rotation.cuh): rot_size elements per group (0: none),
+  // the fp32 normalizer RN32(1/sqrt(rot_size)) and, for the randomised Hadamard, its 256 sign bits.
+  int rot_size = 0;
+  float rot_norm = 1.0f;
+  u32 rot_signs[8] = {};
   unsigned blocks = 0;  // the grid
 };
 

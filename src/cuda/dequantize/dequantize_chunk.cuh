@@ -33,13 +33,30 @@ __device__ __forceinline__ void load_codes(const Params& p, const Coord& c, u32 
   for (int i = 0; i < C; ++i) codes[i] = (w[i * kBits / 32] >> ((i * kBits) % 32)) & ((1u << kBits) - 1u);
 }
 
+// MX, the general form: the outputs (hi16 form) of C codes under scale byte sb.
+template <class Fmt, DType DT, int C>
+__device__ __forceinline__ void mx_dequant_values(const u32 (&codes)[C], std::uint8_t sb, u32 (&out)[C]) {
+  constexpr FloatSpec f = Fmt::spec;
+  constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
+  const float scale = pow2f(int(sb) - kE8M0Bias);
+#pragma unroll
+  for (int i = 0; i < C; ++i) {
+    u32 sign = 0, n = 0;
+    int pe = 0;
+    if (sb == kE8M0NaN || !decode_parts(codes[i], f, sign, n, pe)) {
+      out[i] = hi16<DT>(mx_dequant_bits(codes[i], sb, f, DT));
+    } else {
+      const float v = mul_rn(mul_rn(float(n), pow2f(pe)), scale);  // exact, or +Inf past FLT_MAX
+      out[i] = hi16<DT>(out_mag_bits<DT>(v) | (sign << kSignBit));
+    }
+  }
+}
+
 // MX: element value x 2^e, rounded once to DT (saturating); NaN scale or NaN/Inf codes as decoded.
 template <class Fmt, DType DT, int C>
 __device__ __forceinline__ void mx_dequant_chunk(const Params& p, const Coord& c, const u32 (&codes)[C], std::uint8_t sb,
                                                  const u32 (&cw)[code_words<Fmt, C>()]) {
   constexpr ElemType ET = Fmt::elem;
-  constexpr FloatSpec f = Fmt::spec;
-  constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
   if constexpr (ET == ElemType::e2m1 && DT == DType::bf16 && C % 8 == 0) {
     // MXFP4, a finite scale 2^e with e in [-125, 125]: every product is a normal bf16, so the table
     // is the eight magnitudes' bf16 bits with e added to the exponent field (0 stays 0; for e < 0
@@ -69,40 +86,16 @@ __device__ __forceinline__ void mx_dequant_chunk(const Params& p, const Coord& c
     }
   }
   u32 out[C];
-  const float scale = pow2f(int(sb) - kE8M0Bias);
-#pragma unroll
-  for (int i = 0; i < C; ++i) {
-    u32 sign = 0, n = 0;
-    int pe = 0;
-    if (sb == kE8M0NaN || !decode_parts(codes[i], f, sign, n, pe)) {
-      out[i] = hi16<DT>(mx_dequant_bits(codes[i], sb, f, DT));
-    } else {
-      const float v = mul_rn(mul_rn(float(n), pow2f(pe)), scale);  // exact, or +Inf past FLT_MAX
-      out[i] = hi16<DT>(out_mag_bits<DT>(v) | (sign << kSignBit));
-    }
-  }
+  mx_dequant_values<Fmt, DT, C>(codes, sb, out);
   store_chunk<DT, C>(p, c.row, c.k0, c.full, out, false);
 }
 
-// NVFP4: (E2M1 value * E4M3 scale) / S, rounded once to DT; the NaN scale code gives a NaN chunk.
+// NVFP4, the general form: the outputs (hi16 form) of C codes under scale byte sb; returns whether the
+// scale is the NaN code (the whole block is NaN; out is then meaningless).
+// A scale byte with its sign bit set (not produced by quantize, but any byte is accepted) flips the
+// sign of the block: the product's sign is the XOR, its magnitude that of |s|.
 template <DType DT, int C>
-__device__ __forceinline__ void nvfp4_dequant_chunk(const Params& p, const Coord& c, const NvScale& nv, const u32 (&codes)[C],
-                                                    std::uint8_t sb, const u32 (&cw)[code_words<core::FormatTraits<Format::nvfp4>, C>()]) {
-  const bool nan = (sb & 0x7F) == kE4M3NaN;
-  if constexpr (DT == DType::bf16 && C % 8 == 0) {
-    if (!nan) {
-      // The eight magnitudes' outputs (E2M1 value * s) / S once per chunk (C = 16 is one block); the
-      // sign is the code's XOR the scale byte's (see below).
-      u32 t[4], o[C / 2];
-      nv_table<DT>(decode_f32(sb & 0x7Fu, spec_e4m3()), nv, t);
-      fp4_bf16_lookup<C>(cw, t[0], t[1], t[2], t[3], (sb & 0x80u) ? 0x88888888u : 0u, o);
-      store_packed<DT, C>(p, c.row, c.k0, c.full, o, false);
-      return;
-    }
-  }
-  // A scale byte with its sign bit set (not produced by quantize, but any byte is accepted) flips the
-  // sign of the block: the product's sign is the XOR, its magnitude that of |s|.
-  u32 out[C];
+__device__ __forceinline__ bool nvfp4_dequant_values(const NvScale& nv, const u32 (&codes)[C], std::uint8_t sb, u32 (&out)[C]) {
   const float sval = decode_f32(sb & 0x7Fu, spec_e4m3());
   const u32 ssign = u32(sb) >> 7;
   auto decode = [&](auto fast) {
@@ -114,6 +107,27 @@ __device__ __forceinline__ void nvfp4_dequant_chunk(const Params& p, const Coord
   };
   if (nv.fast) decode(std::true_type{});
   else decode(std::false_type{});
+  return (sb & 0x7F) == kE4M3NaN;
+}
+
+// NVFP4: (E2M1 value * E4M3 scale) / S, rounded once to DT; the NaN scale code gives a NaN chunk.
+template <DType DT, int C>
+__device__ __forceinline__ void nvfp4_dequant_chunk(const Params& p, const Coord& c, const NvScale& nv, const u32 (&codes)[C],
+                                                    std::uint8_t sb, const u32 (&cw)[code_words<core::FormatTraits<Format::nvfp4>, C>()]) {
+  const bool nan = (sb & 0x7F) == kE4M3NaN;
+  if constexpr (DT == DType::bf16 && C % 8 == 0) {
+    if (!nan) {
+      // The eight magnitudes' outputs (E2M1 value * s) / S once per chunk (C = 16 is one block); the
+      // sign is the code's XOR the scale byte's (nvfp4_dequant_values).
+      u32 t[4], o[C / 2];
+      nv_table<DT>(decode_f32(sb & 0x7Fu, spec_e4m3()), nv, t);
+      fp4_bf16_lookup<C>(cw, t[0], t[1], t[2], t[3], (sb & 0x80u) ? 0x88888888u : 0u, o);
+      store_packed<DT, C>(p, c.row, c.k0, c.full, o, false);
+      return;
+    }
+  }
+  u32 out[C];
+  nvfp4_dequant_values<DT, C>(nv, codes, sb, out);
   store_chunk<DT, C>(p, c.row, c.k0, c.full, out, nan);
 }
 

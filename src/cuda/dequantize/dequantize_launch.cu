@@ -3,10 +3,12 @@
 #include "cuda/backend.hpp"
 #include "cuda/common/launch.cuh"
 #include "cuda/dequantize/dequantize_chunk.cuh"
+#include "cuda/rotate/rotate.hpp"
 
 namespace mxq::cuda {
 
 void dequantize(const core::Problem& p, const QuantizedIn& q, const Tensor& y) {
+  if (p.opt.rotation != Rotation::none) return dequantize_rotated(p, q, y);
   const cudaStream_t s = stream_of(p);
   const Plan pl = make_plan(p, int(dtype_size(y.dtype)), y.stride() == p.K && dense_quantized(p, q.codes, q.scales, nullptr));
   Params k = base_params(p, pl);

@@ -5,6 +5,7 @@
 #include <cooperative_groups.h>
 
 #include "cuda/common/params.cuh"
+#include "cuda/common/rotation.cuh"
 #include "cuda/common/vector_io.cuh"
 #include "cuda/quantize/mx_chunk.cuh"
 #include "cuda/quantize/nvfp4_chunk.cuh"
@@ -86,9 +87,12 @@ __device__ __forceinline__ void reduce_fused_amax(const Params& p, i64 first, i6
 // that are not vector-aligned load each chunk directly instead of through the ring.
 // FUSED (NVFP4 with Params::fused_amax, a cooperative launch): first the tensor amax over the whole
 // grid, one grid-wide barrier, then the chunks in reverse order (the last read are in the L2).
-template <class Fmt, DType DT, int C, bool QDQ, class Ch, bool FUSED = false>
+// ROT (Params::rot_size set): each chunk is rotated (cuda/common/rotation.cuh) and the fp32 result
+// quantized, QDQ's outputs rounded to DT.
+template <class Fmt, DType DT, int C, bool QDQ, class Ch, bool FUSED = false, bool ROT = false>
 __global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const Params p) {
   static_assert(!FUSED || Fmt::nvfp4, "only NVFP4 derives a scale from the tensor amax");
+  static_assert(!(FUSED && ROT), "a rotated NVFP4 launch takes its tensor amax from rotated_amax_kernel");
   constexpr int B = vec_bytes<DT, C>();
   constexpr int W = vec_words<DT, C>();
   constexpr bool kStatic = !QDQ && !FUSED;  // is_flat known at compile time, and the stepped loop
@@ -109,6 +113,8 @@ __global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const 
   }
   // The chunk of iteration it: forward, or (FUSED) backward.
   auto chunk_of = [&](i64 it) { return first + (FUSED ? iters - 1 - it : it) * stride; };
+  u32 rsigns = 0;
+  if constexpr (ROT) rsigns = rotation_lane_signs<C>(p);
   std::uint8_t* const mine = ring + threadIdx.x * B;
   const u32 mine_s = smem_addr(mine);
   if (p.x_vec) {
@@ -143,8 +149,17 @@ __global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const 
 #pragma unroll
       for (int j = 0; j < W; ++j) xw[j] = 0;
     }
-    if constexpr (Fmt::nvfp4) nvfp4_chunk<DT, C, QDQ, Ch>(p, c, nv, nvt, xw);
-    else mx_chunk<Fmt, DT, C, QDQ, Ch>(p, c, xw);
+    if constexpr (ROT) {
+      u32 xr[C];  // the rotated chunk, fp32 bits
+      unpack_words<DT, C, W>(xw, xr);
+      rotate_chunk<C, false>(p, rsigns, xr);
+      if constexpr (Fmt::nvfp4) nvfp4_chunk<DType::f32, C, QDQ, Ch, DT>(p, c, nv, nvt, xr);
+      else mx_chunk<Fmt, DType::f32, C, QDQ, Ch, DT>(p, c, xr);
+    } else if constexpr (Fmt::nvfp4) {
+      nvfp4_chunk<DT, C, QDQ, Ch>(p, c, nv, nvt, xw);
+    } else {
+      mx_chunk<Fmt, DT, C, QDQ, Ch>(p, c, xw);
+    }
     stage = stage == kStages - 1 ? 0 : stage + 1;
     if constexpr (kStatic) i += stride, ahead_i += stride;
   }

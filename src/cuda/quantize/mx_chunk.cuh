@@ -30,14 +30,16 @@ __device__ __forceinline__ u32 f8x2_satfinite(float lo, float hi) {
   return d;
 }
 
-// One C-element chunk xw (the input's own words) of an MX format: QDQ writes its outputs, quantize
-// its codes, scale and clip-mask bits. Every lane of a warp calls it (group shuffles).
-template <class Fmt, DType DT, int C, bool QDQ, class Ch>
+// One C-element chunk xw (the input's own words) of an MX format: QDQ writes its outputs (of dtype ODT:
+// the input's, or any dtype for a rotated fp32 chunk), quantize its codes, scale and clip-mask bits.
+// Every lane of a warp calls it (group shuffles).
+template <class Fmt, DType DT, int C, bool QDQ, class Ch, DType ODT = DT>
 __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const u32 (&xw)[vec_words<DT, C>()]) {
   static_assert(Fmt::scale == ScaleKind::e8m0, "MX formats only");
+  static_assert(ODT == DT || DT == DType::f32, "another output dtype only for fp32 chunks");
   constexpr ElemType ET = Fmt::elem;
   constexpr FloatSpec f = Fmt::spec;
-  constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
+  constexpr int kSignBit = ODT == DType::f32 ? 31 : 15;
   const bool sr = Ch::stochastic(p), quest = Ch::quest(p), absmax = Ch::absmax(p);
   // The elements as fp32 bits, unpacked where a path needs them: the bf16 path works on the words,
   // and keeping both forms live through the shuffles costs registers.
@@ -64,7 +66,7 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
   // with at most 8 significant bits (MxFastRange): QDQ to bf16/fp32 is then a plain truncation, and a
   // code is read off the bits. Elsewhere (extreme scales, fp16 output) scale, round, scale back.
   const bool fast = MxFastRange<ET>::contains(e);
-  constexpr bool kFastOk = QDQ ? DT != DType::f16 : !f.twos_complement;
+  constexpr bool kFastOk = QDQ ? ODT != DType::f16 : !f.twos_complement;
   const u32 lo = u32(f.emin + e + 127) << 23, hi = u32(f.emax + 1 + e + 127) << 23;
   constexpr u32 kC = rne_const_bits<f.mbits>();
 
@@ -153,7 +155,7 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
 #pragma unroll
       for (int i = 0; i < C; ++i) {
         codes[i] = encode_scaled_sr<ET>(xb[i], e, rnd[i]);
-        if (QDQ) out[i] = hi16<DT>(mx_dequant_finite<ET, DT>(codes[i], scale));
+        if (QDQ) out[i] = hi16<ODT>(mx_dequant_finite<ET, ODT>(codes[i], scale));
       }
     }
   } else {
@@ -199,7 +201,7 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
         const float rm = rne_mag<ET>(u2f(xb[i]), inv);
         u32 sign = xb[i] >> 31;
         if (f.twos_complement) sign &= u32(rm != 0.0f);
-        out[i] = hi16<DT>(out_mag_bits<DT>(mul_rn(rm, scale)) | (sign << kSignBit));
+        out[i] = hi16<ODT>(out_mag_bits<ODT>(mul_rn(rm, scale)) | (sign << kSignBit));
       }
     } else {
 #pragma unroll
@@ -208,7 +210,7 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
   }
 
   if constexpr (QDQ) {
-    if (c.active) store_chunk<DT, C>(p, c.row, c.k0, c.full, out, nonfinite);
+    if (c.active) store_chunk<ODT, C>(p, c.row, c.k0, c.full, out, nonfinite);
   } else {
     if (p.mask) {  // the clip mask is optional: no compares when it is not wanted
       const float limit = mul_rn(u2f(max_value_bits(f)), scale);  // exact, or +Inf past FLT_MAX

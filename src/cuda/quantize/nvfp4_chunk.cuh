@@ -34,11 +34,13 @@ __device__ __forceinline__ void fill_nv_tables(const NvScale& nv, NvTables& t) {
   __syncthreads();
 }
 
-// One C-element chunk xw (the input's own words) of NVFP4: QDQ writes its outputs, quantize its codes,
-// scale and clip-mask bits. Every lane of a warp calls it (group shuffles).
-template <DType DT, int C, bool QDQ, class Ch>
+// One C-element chunk xw (the input's own words) of NVFP4: QDQ writes its outputs (of dtype ODT: the
+// input's, or any dtype for a rotated fp32 chunk; nvt filled for ODT), quantize its codes, scale and
+// clip-mask bits. Every lane of a warp calls it (group shuffles).
+template <DType DT, int C, bool QDQ, class Ch, DType ODT = DT>
 __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, const NvScale& nv, const NvTables& nvt,
                                             const u32 (&xw)[vec_words<DT, C>()]) {
+  static_assert(ODT == DT || DT == DType::f32, "another output dtype only for fp32 chunks");
   using Fmt = core::FormatTraits<Format::nvfp4>;
   const bool sr = Ch::stochastic(p);
   u32 xb[C];
@@ -53,7 +55,7 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
   const u32 sc = nonfinite ? u32(kE4M3NaN) : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), nv.S), 6.0f));
   const float sval = nvt.sval[sc], m = nvt.m[sc];
   const std::uint8_t sb = static_cast<std::uint8_t>(sc);
-  if constexpr (QDQ && DT != DType::f32 && C % 8 == 0) {
+  if constexpr (QDQ && ODT != DType::f32 && C % 8 == 0) {
     if (!sr) {
       // Each element's code read off its rounding, packed two per byte, and the output by table
       // lookup in the block's eight outputs (nv_table, from the launch's tables).
@@ -63,7 +65,7 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
       const uint4 t = nvt.out[sc];
       u32 o[C / 2];
       fp4_bf16_lookup<C>(cw, t.x, t.y, t.z, t.w, 0u, o);
-      if (c.active) store_packed<DT, C>(p, c.row, c.k0, c.full, o, nonfinite);  // no shuffles follow
+      if (c.active) store_packed<ODT, C>(p, c.row, c.k0, c.full, o, nonfinite);  // no shuffles follow
       return;
     }
   }
@@ -80,8 +82,8 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
                                                  : sr_round_unscaled<ElemType::e2m1>(v, 0, rnd[i]);
         if constexpr (QDQ) {
           const float a = mul_rn(rm, sval);
-          const u32 o = nv.fast ? nv_out<true, DT>(a, xb[i] >> 31, nv) : nv_out<false, DT>(a, xb[i] >> 31, nv);
-          out[i] = hi16<DT>(o);
+          const u32 o = nv.fast ? nv_out<true, ODT>(a, xb[i] >> 31, nv) : nv_out<false, ODT>(a, xb[i] >> 31, nv);
+          out[i] = hi16<ODT>(o);
         } else {
           codes[i] = e2m1_code_of_grid(rm) | ((xb[i] >> 31) << 3);  // NaN/Inf blocks: zeroed by store_quantized
           if (p.mask) keep |= u32(!nonfinite && fabs_bits(u2f(v)) < 6.0f) << i;
@@ -97,8 +99,8 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
 #pragma unroll
       for (int i = 0; i < C; ++i) {
         const float rm = rne_mag<ElemType::e2m1>(mul_rn(u2f(xb[i]), m), 1.0f);
-        const u32 o = nv_out<decltype(fast)::value, DT>(mul_rn(rm, sval), xb[i] >> 31, nv);
-        out[i] = hi16<DT>(o);
+        const u32 o = nv_out<decltype(fast)::value, ODT>(mul_rn(rm, sval), xb[i] >> 31, nv);
+        out[i] = hi16<ODT>(o);
       }
     };
     if (nv.fast) qdq_rne(std::true_type{});
@@ -112,7 +114,7 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
     }
   }
   if constexpr (QDQ) {
-    if (c.active) store_chunk<DT, C>(p, c.row, c.k0, c.full, out, nonfinite);
+    if (c.active) store_chunk<ODT, C>(p, c.row, c.k0, c.full, out, nonfinite);
   } else {
     u32 cw[code_words<Fmt, C>()];
     pack_codes<Fmt, C>(codes, cw);

@@ -2,6 +2,7 @@
 #include "cuda/backend.hpp"
 #include "cuda/layout/amax.hpp"
 #include "cuda/quantize/dispatch.cuh"
+#include "cuda/rotate/rotate.hpp"
 
 namespace mxq::cuda {
 
@@ -11,12 +12,18 @@ void qdq(const core::Problem& p, const Tensor& x, const Tensor& y) {
   Params k = base_params(p, pl);
   k.x = static_cast<const std::uint8_t*>(x.data);
   k.x_stride = x.stride() * dtype_size(x.dtype);
-  k.fused_amax = fuses_amax(p, pl, x.dtype, k.x, k.x_stride);
+  set_rotation(k, p.opt);
+  const bool rot = k.rot_size > 0;
+  k.fused_amax = !rot && fuses_amax(p, pl, x.dtype, k.x, k.x_stride);
   // The fused amax (launch_block_kernel) zeroes the accumulator itself where it needs it.
-  if (!k.fused_amax && p.amax_acc) enqueue_amax(p.fn, x, p.amax_acc, s);
+  if (!k.fused_amax && p.amax_acc) {
+    if (rot) enqueue_rotated_amax(p.fn, x.dtype, pl, k, p.amax_acc, s);
+    else enqueue_amax(p.fn, x, p.amax_acc, s);
+  }
   k.y = static_cast<std::uint8_t*>(y.data);
   k.y_stride = y.stride() * dtype_size(y.dtype);
-  launch_block_kernel<true>(p.fn, p, x.dtype, pl, k, s);
+  if (rot) launch_rotated<true>(p.fn, p, x.dtype, pl, k, s);
+  else launch_block_kernel<true>(p.fn, p, x.dtype, pl, k, s);
 }
 
 }  // namespace mxq::cuda

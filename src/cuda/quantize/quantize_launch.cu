@@ -2,6 +2,7 @@
 #include "cuda/backend.hpp"
 #include "cuda/layout/amax.hpp"
 #include "cuda/quantize/dispatch.cuh"
+#include "cuda/rotate/rotate.hpp"
 
 namespace mxq::cuda {
 
@@ -12,9 +13,14 @@ void quantize(const core::Problem& p, const Tensor& x, const QuantizedOut& out) 
   Params k = base_params(p, pl);
   k.x = static_cast<const std::uint8_t*>(x.data);
   k.x_stride = x.stride() * dtype_size(x.dtype);
-  k.fused_amax = fuses_amax(p, pl, x.dtype, k.x, k.x_stride);
+  set_rotation(k, p.opt);
+  const bool rot = k.rot_size > 0;
+  k.fused_amax = !rot && fuses_amax(p, pl, x.dtype, k.x, k.x_stride);
   // The fused amax (launch_block_kernel) zeroes the accumulator itself where it needs it.
-  if (!k.fused_amax && p.amax_acc) enqueue_amax(fn, x, p.amax_acc, s);
+  if (!k.fused_amax && p.amax_acc) {
+    if (rot) enqueue_rotated_amax(fn, x.dtype, pl, k, p.amax_acc, s);
+    else enqueue_amax(fn, x, p.amax_acc, s);
+  }
   k.codes = static_cast<std::uint8_t*>(out.codes.data);
   k.codes_stride = out.codes.stride();
   k.scales = static_cast<std::uint8_t*>(out.scales.data);
@@ -24,7 +30,8 @@ void quantize(const core::Problem& p, const Tensor& x, const QuantizedOut& out) 
   k.codes_vec = aligned(k.codes, k.codes_stride, p.fp4 ? pl.C / 2 : pl.C);
   if (k.swizzled && (p.scale_rows_padded != p.rows || p.scale_cols_padded != p.nblocks))
     check(cudaMemsetAsync(k.scales, 0, p.scale_rows_padded * p.scale_cols_padded, s), fn, "zeroing swizzle padding");
-  launch_block_kernel<false>(fn, p, x.dtype, pl, k, s);
+  if (rot) launch_rotated<false>(fn, p, x.dtype, pl, k, s);
+  else launch_block_kernel<false>(fn, p, x.dtype, pl, k, s);
   // The amax -> S after the kernel read it (in place when the output is the accumulator), or S given.
   if (out.tensor_scale) enqueue_tensor_scale(fn, out.tensor_scale, p.amax_acc, p.S, s);
 }

@@ -1,0 +1,81 @@
+#pragma once
+// The rotation before quantization on the GPU (docs/numerics.md, "Rotation before quantization"): the
+// butterfly of core/rotation.hpp on a chunk of C elements per thread, the stages h < C in registers and
+// the stages h = C, 2C, ..., RS/2 across the RS/C adjacent lanes that hold one rotation group, by xor
+// shuffles. Stage by stage the same additions and subtractions as core::hadamard_butterfly (each pair
+// (j, j + h) gives a + b at j and a - b at j + h, a the value at j), so the results are the same bits.
+//
+// Requirements the launchers guarantee: RS/C lanes (at most 32) hold a rotation group, adjacent and
+// aligned in the warp (chunk i sits in lane i mod 32, K is a multiple of RS, a row holds a multiple of
+// RS/C chunks); every lane of the warp calls rotate_chunk (shuffles over the full warp).
+#include "core/fastmath.hpp"
+#include "core/rotation.hpp"
+#include "cuda/common/params.cuh"
+
+namespace mxq::cuda {
+
+// Fills the rotation fields of the kernel parameters from the problem's options.
+inline void set_rotation(Params& k, const QuantOptions& o) {
+  k.rot_size = o.rotation == Rotation::none ? 0 : o.rotation_size;
+  if (k.rot_size == 0) return;
+  k.rot_norm = core::hadamard_normalizer(k.rot_size);
+  if (o.rotation == Rotation::random_hadamard) {
+    const core::RotationSigns s = core::rotation_signs(o.rotation_seed);
+    for (int w = 0; w < 8; ++w) k.rot_signs[w] = s.w[w];
+  }
+}
+
+// The sign bits of the calling lane's C elements (element e at bit e; 0 without random signs). A lane
+// keeps its place in its rotation group for the whole launch (strides are multiples of 32 lanes).
+template <int C>
+__device__ __forceinline__ u32 rotation_lane_signs(const Params& p) {
+  const int lanes = p.rot_size / C;
+  const int pos = int(threadIdx.x & 31u) % lanes * C;  // first element of this lane in its group
+  u32 w = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) w = j == pos / 32 ? p.rot_signs[j] : w;  // no dynamic index into the parameters
+  return C == 32 ? w : (w >> (pos % 32)) & ((1u << C) - 1u);
+}
+
+// x (fp32 bits, C elements of one lane) <- its rotation: forward R = D H / sqrt(RS), or (inverse) the
+// butterfly, the normalizer, then the signs.
+template <int C, bool INVERSE>
+__device__ __forceinline__ void rotate_chunk(const Params& p, u32 signs, u32 (&x)[C]) {
+  if constexpr (!INVERSE) {
+#pragma unroll
+    for (int e = 0; e < C; ++e) x[e] ^= ((signs >> e) & 1u) << 31;
+  }
+  float v[C];
+#pragma unroll
+  for (int e = 0; e < C; ++e) v[e] = u2f(x[e]);
+#pragma unroll
+  for (int h = 1; h < C; h <<= 1)
+#pragma unroll
+    for (int i = 0; i < C; i += 2 * h)
+#pragma unroll
+      for (int j = i; j < i + h; ++j) {
+        const float a = v[j], b = v[j + h];
+        v[j] = add_rn(a, b);
+        v[j + h] = sub_rn(a, b);
+      }
+  const int lanes = p.rot_size / C;
+  const u32 lane = threadIdx.x & 31u;
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {
+    if (m >= lanes) break;  // uniform over the warp
+    const bool upper = (lane & u32(m)) != 0;  // this lane holds the j + h side of its pairs
+#pragma unroll
+    for (int e = 0; e < C; ++e) {
+      const float w = __shfl_xor_sync(kFull, v[e], m);
+      v[e] = upper ? sub_rn(w, v[e]) : add_rn(v[e], w);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < C; ++e) x[e] = f2u(mul_rn(v[e], p.rot_norm));
+  if constexpr (INVERSE) {
+#pragma unroll
+    for (int e = 0; e < C; ++e) x[e] ^= ((signs >> e) & 1u) << 31;
+  }
+}
+
+}  // namespace mxq::cuda

@@ -1,0 +1,42 @@
+#pragma once
+// The dispatch of the rotated block_kernel launches (rotate_quantize_launch.cu, rotate_qdq_launch.cu).
+// To bound the kernels compiled, only the most used choice (an amax rule, round to nearest even) is
+// static, at the fast chunk width; every other rule and rounding, and the 8-element chunks of 2-byte
+// dtypes, take the runtime choices.
+#include "cuda/quantize/dispatch.cuh"
+#include "cuda/rotate/rotate.hpp"
+
+namespace mxq::cuda {
+
+template <bool QDQ>
+void launch_rotated(const char* fn, const core::Problem& p, DType dt, const Plan& pl, Params& k, cudaStream_t s) {
+  core::dispatch_format(p.opt.format, [&](auto fmt) {
+    using Fmt = decltype(fmt);
+    core::dispatch_dtype(dt, [&](auto dtc) {
+      constexpr DType DT = decltype(dtc)::value;
+      dispatch_chunk<DT>(pl.C, [&](auto cc) {
+        constexpr int C = decltype(cc)::value;
+        if constexpr (C >= 8) {
+          k.x_vec = aligned(k.x, k.x_stride, vec_align<DT, C>());
+          if (k.y) k.y_vec = aligned(k.y, k.y_stride, vec_align<DT, C>());
+          constexpr bool kFp8 = Fmt::elem == ElemType::e4m3 || Fmt::elem == ElemType::e5m2;
+          const int cap = blocks_per_sm_override() > 0 ? blocks_per_sm_override() : QDQ ? (p.stochastic ? 0 : 2) : (kFp8 ? 2 : 0);
+          auto launch = [&](auto ch) {
+            constexpr auto kernel = block_kernel<Fmt, DT, C, QDQ, decltype(ch), false, true>;
+            k.blocks = wave_grid<kernel>(fn, k.total, cap);
+            kernel<<<k.blocks, kThreads, 0, s>>>(k);
+          };
+          bool fast = false;
+          if constexpr (C == fast_chunk<DT>()) fast = !p.stochastic && scale_choice(p.opt.rule) == ScaleChoice::amax;
+          if (fast) launch(Choices<ScaleChoice::amax, RoundChoice::rne>{});
+          else launch(Choices<ScaleChoice::runtime, RoundChoice::runtime>{});
+        } else {
+          throw Error(Error::Code::internal, std::string(fn) + ": a rotated launch with chunks of 2 (groups of 2 or 4)");
+        }
+      });
+    });
+  });
+  check_launch(fn, QDQ ? "rotated qdq kernel" : "rotated quantize kernel");
+}
+
+}  // namespace mxq::cuda
