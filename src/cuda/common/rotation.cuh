@@ -37,6 +37,23 @@ __device__ __forceinline__ u32 rotation_lane_signs(const Params& p) {
   return C == 32 ? w : (w >> (pos % 32)) & ((1u << C) - 1u);
 }
 
+// The butterfly stages h = H, 2H, ..., C/2 inside one lane's C values. Every index is a constant: a
+// loop whose bounds depend on an outer loop's variable is not always unrolled, and a runtime index into
+// v would put the array in local memory (measured on the H200: 5x slower).
+template <int C, int H>
+__device__ __forceinline__ void butterfly_lane(float (&v)[C]) {
+  if constexpr (H < C) {
+#pragma unroll
+    for (int k = 0; k < C / 2; ++k) {
+      const int j = (k / H) * 2 * H + k % H;  // pair k of the stage: (j, j + H)
+      const float a = v[j], b = v[j + H];
+      v[j] = add_rn(a, b);
+      v[j + H] = sub_rn(a, b);
+    }
+    butterfly_lane<C, 2 * H>(v);
+  }
+}
+
 // x (fp32 bits, C elements of one lane) <- its rotation: forward R = D H / sqrt(RS), or (inverse) the
 // butterfly, the normalizer, then the signs.
 template <int C, bool INVERSE>
@@ -48,26 +65,18 @@ __device__ __forceinline__ void rotate_chunk(const Params& p, u32 signs, u32 (&x
   float v[C];
 #pragma unroll
   for (int e = 0; e < C; ++e) v[e] = u2f(x[e]);
-#pragma unroll
-  for (int h = 1; h < C; h <<= 1)
-#pragma unroll
-    for (int i = 0; i < C; i += 2 * h)
-#pragma unroll
-      for (int j = i; j < i + h; ++j) {
-        const float a = v[j], b = v[j + h];
-        v[j] = add_rn(a, b);
-        v[j + h] = sub_rn(a, b);
-      }
+  butterfly_lane<C, 1>(v);
   const int lanes = p.rot_size / C;
   const u32 lane = threadIdx.x & 31u;
 #pragma unroll
   for (int m = 1; m < 32; m <<= 1) {
-    if (m >= lanes) break;  // uniform over the warp
-    const bool upper = (lane & u32(m)) != 0;  // this lane holds the j + h side of its pairs
+    if (m < lanes) {  // uniform over the warp
+      const bool upper = (lane & u32(m)) != 0;  // this lane holds the j + h side of its pairs
 #pragma unroll
-    for (int e = 0; e < C; ++e) {
-      const float w = __shfl_xor_sync(kFull, v[e], m);
-      v[e] = upper ? sub_rn(w, v[e]) : add_rn(v[e], w);
+      for (int e = 0; e < C; ++e) {
+        const float w = __shfl_xor_sync(kFull, v[e], m);
+        v[e] = upper ? sub_rn(w, v[e]) : add_rn(v[e], w);
+      }
     }
   }
 #pragma unroll

@@ -89,8 +89,11 @@ __device__ __forceinline__ void reduce_fused_amax(const Params& p, i64 first, i6
 // grid, one grid-wide barrier, then the chunks in reverse order (the last read are in the L2).
 // ROT (Params::rot_size set): each chunk is rotated (cuda/common/rotation.cuh) and the fp32 result
 // quantized, QDQ's outputs rounded to DT.
+// Register budget: three blocks per SM at 16-element chunks, except the rotated runtime-choice kernels
+// (the rotation's values live beside every rule's code: they spilled at that budget).
 template <class Fmt, DType DT, int C, bool QDQ, class Ch, bool FUSED = false, bool ROT = false>
-__global__ void __launch_bounds__(kThreads, C == 16 ? 3 : 1) block_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, C == 16 && !(ROT && Ch::round == RoundChoice::runtime) ? 3 : 1)
+    block_kernel(const Params p) {
   static_assert(!FUSED || Fmt::nvfp4, "only NVFP4 derives a scale from the tensor amax");
   static_assert(!(FUSED && ROT), "a rotated NVFP4 launch takes its tensor amax from rotated_amax_kernel");
   constexpr int B = vec_bytes<DT, C>();
