@@ -305,3 +305,27 @@ TEST(FastE4m3, Bf16DequantMatchesTheReferenceForEveryCodeAndScale) {
     }
   EXPECT_EQ(bad, 0) << bad << " of " << n;
 }
+
+// to_dtype_bits_nonnan (the CUDA rotated dequantize's output rounding) is f32_to_dtype_bits off NaN:
+// every 97th fp32 pattern (every residue of the low bits, every exponent) and the neighbourhood of
+// every bf16 / fp16 rounding boundary's sign, for the three output dtypes.
+TEST(FastOutput, NonNanRoundingMatchesTheCodec) {
+  auto check = [](std::uint32_t u, long& bad) {
+    const float v = mxq::core::u2f(u);
+    if (v != v) return;
+    const std::uint32_t b16 = mxq::core::to_dtype_bits_nonnan<mxq::DType::bf16>(v),
+                        h16 = mxq::core::to_dtype_bits_nonnan<mxq::DType::f16>(v),
+                        f32 = mxq::core::to_dtype_bits_nonnan<mxq::DType::f32>(v);
+    if (b16 != mxq::core::f32_to_dtype_bits(v, mxq::DType::bf16) || h16 != mxq::core::f32_to_dtype_bits(v, mxq::DType::f16) ||
+        f32 != mxq::core::f32_to_dtype_bits(v, mxq::DType::f32)) {
+      if (bad++ < 5) ADD_FAILURE() << std::hex << "fp32 0x" << u << ": bf16 0x" << b16 << " f16 0x" << h16 << " f32 0x" << f32;
+    }
+  };
+  long bad = 0;
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+  for (std::int64_t i = 0; i < (std::int64_t(1) << 32) / 97; ++i) check(std::uint32_t(i * 97), bad);
+  for (std::uint32_t e = 0; e < 512; ++e)  // each sign and exponent: the patterns around the halfway bits
+    for (std::uint32_t m : {0x0u, 0x1000u, 0x7FFFu, 0x8000u, 0x8001u, 0x18000u, 0xFFFFu, 0x7FFFFFu, 0x3FFFFFu, 0x400000u, 0xFFFu, 0x1FFFu})
+      check((e << 23) | m, bad);
+  EXPECT_EQ(bad, 0);
+}

@@ -30,6 +30,16 @@ __global__ void __launch_bounds__(kThreads) dequant_rotated_kernel(const Params 
 #pragma unroll
         for (int e = 0; e < C; ++e) v[e] = 0x7FC00000u;
       }
+    } else if constexpr (Fmt::elem == ElemType::e2m1) {
+      // MXFP4 under a scale 2^e, e in [-125, 125]: every product is a normal fp32 (or zero), exact.
+      const int e = int(sb) - kE8M0Bias;
+      if (e >= -125 && e <= 125) {
+        const float sc = pow2f(e);
+#pragma unroll
+        for (int i = 0; i < C; ++i) v[i] = f2u(mul_rn(e2m1_value(codes[i] & 7u), sc)) | ((codes[i] >> 3) << 31);
+      } else {
+        mx_dequant_values<Fmt, DType::f32, C>(codes, sb, v);
+      }
     } else {
       mx_dequant_values<Fmt, DType::f32, C>(codes, sb, v);
     }
@@ -40,7 +50,7 @@ __global__ void __launch_bounds__(kThreads) dequant_rotated_kernel(const Params 
 #pragma unroll
   for (int e = 0; e < C; ++e) {
     const float f = u2f(v[e]);
-    out[e] = hi16<DT>(f != f ? nan_bits(DT) : f32_to_dtype_bits(f, DT));
+    out[e] = hi16<DT>(f != f ? nan_bits(DT) : to_dtype_bits_nonnan<DT>(f));  // = f32_to_dtype_bits off NaN
   }
   store_chunk<DT, C>(p, c.row, c.k0, c.full, out, false);
 }
