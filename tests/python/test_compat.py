@@ -194,9 +194,12 @@ def test_qutlass_to_blocked_and_rotation():
     eye = torch.eye(32, dtype=torch.bfloat16)
     for a, b in zip(Q.fusedQuantizeMx(x, eye), base):
         assert_bytes_equal(a, b, "identity rotation == None")
-    h = torch.ones(32, 32, dtype=torch.bfloat16) / 32**0.5
-    with pytest.raises(NotImplementedError, match="rotation"):
-        Q.fusedQuantizeMx(x, h)
+    with pytest.raises(ValueError, match="square RS x RS"):
+        Q.fusedQuantizeMx(x, torch.eye(24, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="rotation size 64"):
+        Q.fusedQuantizeMx(x[:, :32], torch.eye(64, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="floating-point"):
+        Q.fusedQuantizeMx(x, torch.eye(32, dtype=torch.int32))
     with pytest.raises(ValueError, match="invalid method"):
         Q.fusedQuantizeMx(x, None, method="rtn")
     with pytest.raises(ValueError, match="return_mask"):
@@ -291,3 +294,78 @@ def test_qutlass_global_scales_cover_saturation_and_underflow():
     assert sum(sat > 0 for sat, _, _, _ in _GS_SEEN.values()) >= 6, _GS_SEEN
     assert sum(under > 0 for _, under, _, _ in _GS_SEEN.values()) >= 6, _GS_SEEN
     assert _GS_SEEN[2.0**40][0] > 0 and _GS_SEEN[1e-30][1] > 0, _GS_SEEN
+
+
+# ---- QuTLASS with its Hadamard rotation -------------------------------------------------------------
+def _hadamard_bf16(rs: int) -> torch.Tensor:
+    """QuTLASS's test matrix: scipy's Sylvester Hadamard times rs^-0.5, in bf16."""
+    i = torch.arange(rs)
+    bits = i[:, None] & i[None, :]
+    parity = torch.zeros_like(bits)
+    for k in range(8):
+        parity ^= (bits >> k) & 1
+    return ((1 - 2 * parity).double() * rs**-0.5).to(torch.bfloat16)
+
+
+def _near_pow2(t: torch.Tensor, rel: float) -> torch.Tensor:
+    e = torch.round(torch.log2(t.clamp(min=1e-300)))
+    return (t - torch.exp2(e)).abs() <= t * rel
+
+
+@pytest.mark.parametrize("rs", [16, 32, 64, 128])
+@pytest.mark.parametrize("method", ["quest", "abs_max"])
+def test_qutlass_fusedQuantizeMx_hadamard_against_its_reference(method, rs):
+    """fusedQuantizeMx(a, h) against a transcription of QuTLASS's test reference (_forward_quantize_ref:
+    the rotation in float64, then its quantization) on its test data (randn * 25, bf16). Every scale
+    byte that differs must come from a block whose reference scale argument lies within 2^-20
+    (relative) of a power of two, every differing code (equal scales) from a value within 2^-20 of an
+    E2M1 midpoint; the rates are printed (docs/python.md reports them)."""
+    g = torch.Generator().manual_seed(rs)
+    x = (torch.randn(512, 2048, generator=g) * 25.0).bfloat16()
+    h = _hadamard_bf16(rs)
+    quest = method == "quest"
+    codes, scales = Q.fusedQuantizeMx(x, h, method=method)
+    rows, K = x.shape
+    s = scales.view(torch.uint8)[:rows, : K // 32]
+    y64 = (x.double().unflatten(-1, (-1, rs)) @ h.double()).flatten(-2)
+    ref_codes, ref_s, _ = anchors.qutlass_mx_ref(y64, quest)
+    yb = y64.reshape(rows, -1, 32)
+    arg = yb.std(-1, correction=0) * (2.92247856 / 6.0) + 1e-8 if quest else yb.abs().amax(-1) + 1e-8
+    bad_s = s != ref_s
+    assert bool(_near_pow2(arg[bad_s], 2.0**-20).all()), f"unexplained scale differences: {arg[bad_s][:8]}"
+    # codes where the scales agree
+    same = ~bad_s.repeat_interleave(32, 1)
+    nib = torch.stack([codes & 0xF, codes >> 4], -1).reshape(rows, K)
+    nib_ref = torch.stack([ref_codes & 0xF, ref_codes >> 4], -1).reshape(rows, K)
+    v = (y64 / torch.exp2(s.double() - 127).repeat_interleave(32, 1)).abs() * (1.0 if quest else 3.0)
+    # a rotated value exactly +0.0: the reference's grid search gives it the code 0x8, mxq 0x0 (as above)
+    pos_zero = (y64 == 0) & ~torch.signbit(y64)
+    assert bool((nib[pos_zero & same] == 0).all()) and bool((nib_ref[pos_zero & same] == 8).all())
+    bad_c = (nib != nib_ref) & same & ~pos_zero
+    near = ((v[..., None] - _E2M1_MIDS).abs() <= _E2M1_MIDS * 2.0**-20).any(-1)
+    assert bool(near[bad_c].all()), f"unexplained code differences at {bad_c.nonzero()[:8].tolist()}"
+    print(f"\nQuTLASS fusedQuantizeMx {method} RS {rs}: scale bytes differing {int(bad_s.sum())} / {bad_s.numel()}, "
+          f"codes differing {int(bad_c.sum())} / {bad_c.numel()} (+ {int((pos_zero & same).sum())} exact zeros, 0x0 vs 0x8)")
+    assert float(bad_s.float().mean()) <= 1e-3 and float(bad_c.float().mean()) <= 1e-4
+
+
+@pytest.mark.parametrize("rs", [16, 128])
+def test_qutlass_fusedQuantizeNv_hadamard(rs):
+    """fusedQuantizeNv(a, h, gs): mxq's NVFP4 of the exactly rotated tensor (rounded once to fp32)."""
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(256, 1024, generator=g) * 25.0).bfloat16()
+    h = _hadamard_bf16(rs)
+    y = (x.double().unflatten(-1, (-1, rs)) @ h.double()).flatten(-2).float()
+    gs = 448.0 * 6.0 / float(y.abs().max())
+    codes, scales = Q.fusedQuantizeNv(x, h, gs)
+    q = mxq.quantize(y, "nvfp4", tensor_scale=gs, layout="padded")
+    assert_bytes_equal(codes, q.codes, "NV codes of the rotated tensor")
+    assert_bytes_equal(scales.view(torch.uint8), q.scales, "NV scales of the rotated tensor")
+
+
+def test_qutlass_rotation_compiles_without_graph_breaks():
+    x = torch.randn(8, 256, dtype=torch.bfloat16)
+    h = _hadamard_bf16(64)
+    f = torch.compile(lambda a, b: Q.fusedQuantizeMx(a, b, method="quest"), fullgraph=True, backend="aot_eager")
+    for got, want in zip(f(x, h), Q.fusedQuantizeMx(x, h, method="quest")):
+        assert_bytes_equal(got, want, "compiled")

@@ -219,6 +219,16 @@ def test_cuda_compat_equals_cpu():
     assert_bytes_equal(Q.to_blocked(sc.cuda()), Q.to_blocked(sc), "to_blocked")
     eye = torch.eye(32, dtype=torch.bfloat16, device="cuda")
     assert_bytes_equal(Q.fusedQuantizeMx(x.cuda(), eye)[0], Q.fusedQuantizeMx(x, None)[0], "identity rotation")
+    # QuTLASS's Hadamard matrix (bf16, scaled): the exact rotation on the GPU's float64 matmul gives the
+    # CPU's bytes (ordinary data: the float64 sums are exact)
+    from test_compat import _hadamard_bf16
+    for rs in (16, 128):
+        h = _hadamard_bf16(rs)
+        for method in ("quest", "abs_max"):
+            for a, b in zip(Q.fusedQuantizeMx(x.cuda(), h.cuda(), method=method), Q.fusedQuantizeMx(x, h, method=method)):
+                assert_bytes_equal(a, b, f"fusedQuantizeMx {method} with a Hadamard {rs}")
+        for a, b in zip(Q.fusedQuantizeNv(x.cuda(), h.cuda(), 3.0), Q.fusedQuantizeNv(x, h, 3.0)):
+            assert_bytes_equal(a, b, f"fusedQuantizeNv with a Hadamard {rs}")
 
 
 @pytest.mark.skipif(not CUDA or torch.cuda.device_count() < 2, reason="needs two GPUs")

@@ -428,7 +428,7 @@ int run_quantize(const QuantizeArgs& a) {
     } catch (const std::exception& e) {
       fail(std::string("--rotate: ") + e.what());
     }
-    if (a.device == "cuda") fail("--rotate: rotations run on the CPU in this version (use --device cpu or auto)");
+    if (a.device == "cuda") fail("--rotate: the tool rotates on the CPU in this version (use --device cpu or auto)");
   }
 
   Engine eng(rot.first != Rotation::none ? std::string("cpu") : a.device);

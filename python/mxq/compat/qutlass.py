@@ -3,7 +3,7 @@
 (QuTLASS itself runs on sm100/sm120 only).
 
     from mxq.compat.qutlass import fusedQuantizeMx, fusedQuantizeNv, to_blocked
-    codes, scales = fusedQuantizeMx(a, None, method="quest")       # a: [..., K], K % 32 == 0
+    codes, scales = fusedQuantizeMx(a, h, method="quest")          # a: [..., K], K % 32 == 0; h: RS x RS or None
     codes, scales = fusedQuantizeNv(a, None, global_scale)         # K % 16 == 0
     blocked = to_blocked(scales)                                   # for the block-scaled GEMM
 
@@ -12,9 +12,12 @@ float8_e8m0fnu (MX) or float8_e4m3fn (NV) of shape [ceil(rows/128)*128, ceil(G/4
 [rows, G] scales row-major at the top left (G = K/32 or K/16), padding zero (QuTLASS leaves it
 uninitialised); `to_blocked` turns them into the 128x4 layout, flattened.
 
-The rotation `b`: mxq has no rotations yet, so b must be None or an identity matrix (checked once
-per tensor version: a GPU tensor is read back the first time, so call once before capturing a CUDA
-graph, or pass None); anything else raises NotImplementedError.
+The rotation `b` (None, or an RS x RS matrix, RS in 16..256 dividing K; QuTLASS passes the Hadamard
+matrix scaled by RS^-0.5 in bf16): each group of RS elements of `a` becomes a_g @ b, computed exactly
+(float64 products and sums: exact for bf16 operands) and rounded once to fp32, then quantized; QuTLASS
+rotates on tensor cores with fp32 accumulation and its test reference in float64 (mismatch rates in
+docs/python.md). In this version the rotation is a separate matmul before mxq's kernel (an fp32
+intermediate of a's size), not fused; mxq's own fused rotations are `mxq.quantize(..., rotation=...)`.
 
 Numerics: docs/python.md, "QuTLASS", lists where mxq differs from QuTLASS's test reference (which
 the tests/python/test_compat.py transcription follows): all-zero MX blocks get scale byte 0x00
@@ -22,45 +25,37 @@ the tests/python/test_compat.py transcription follows): all-zero MX blocks get s
 """
 from __future__ import annotations
 
-import weakref
 from typing import Literal, Union
 
 import torch
 
 __all__ = ["fusedQuantizeMx", "fusedQuantizeNv", "to_blocked"]
 
-_identity_checked: "weakref.WeakKeyDictionary[torch.Tensor, tuple]" = weakref.WeakKeyDictionary()
+_ROTATION_SIZES = (16, 32, 64, 128, 256)
 
 
-def _is_identity(b: torch.Tensor) -> bool:
-    key = (b._version, b.data_ptr(), tuple(b.shape), b.dtype)
-    hit = _identity_checked.get(b)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    if torch.compiler.is_compiling():
-        raise NotImplementedError(
-            "mxq.compat.qutlass: under torch.compile the rotation matrix must be None (mxq has no rotations "
-            "yet, and an identity check would read the tensor)")
-    if b.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            "mxq.compat.qutlass: the rotation matrix must be checked to be the identity before CUDA-graph "
-            "capture (call once outside the capture) or be None")
-    ok = b.dim() == 2 and b.shape[0] == b.shape[1] and bool(
-        torch.equal(b, torch.eye(b.shape[0], dtype=b.dtype, device=b.device)))
-    _identity_checked[b] = (key, ok)
-    return ok
-
-
-def _check_rotation(b) -> None:
+def _rotate(a: torch.Tensor, b, fn: str) -> torch.Tensor:
+    """`a` [..., K] with each group of RS elements multiplied by the RS x RS matrix `b` (y = a_g @ b, as
+    QuTLASS): the products summed in float64 and rounded once to fp32. For bf16 `a` and `b` each product
+    is exact in float64 and so is the sum while a group's products span less than about 2^37 in
+    magnitude (any ordinary activation): y is then the correctly rounded rotation whatever order the
+    matmul sums in. None: `a`."""
     if b is None:
-        return
+        return a
     if not isinstance(b, torch.Tensor):
-        raise TypeError(f"mxq.compat.qutlass: argument 'b' (the rotation matrix): expected a tensor or None, "
-                        f"got {type(b).__name__}")
-    if not _is_identity(b):
-        raise NotImplementedError(
-            f"mxq.compat.qutlass: argument 'b': a {tuple(b.shape)} rotation (Hadamard) matrix; mxq has no "
-            "rotations yet: pass None or an identity matrix")
+        raise TypeError(f"{fn}: argument 'b' (the rotation matrix): expected a tensor or None, got {type(b).__name__}")
+    if b.dim() != 2 or b.shape[0] != b.shape[1] or b.shape[0] not in _ROTATION_SIZES:
+        raise ValueError(f"{fn}: argument 'b': shape {tuple(b.shape)}, expected a square RS x RS rotation matrix "
+                         f"with RS in {_ROTATION_SIZES}")
+    if not b.is_floating_point():
+        raise ValueError(f"{fn}: argument 'b': dtype {b.dtype}, expected a floating-point matrix (bf16, fp16 or fp32)")
+    if b.device != a.device:
+        raise ValueError(f"{fn}: argument 'b' is on {b.device}, argument 'a' on {a.device}: expected one device")
+    rs = b.shape[0]
+    if a.size(-1) % rs != 0:
+        raise ValueError(f"{fn}: argument 'a': shape {tuple(a.shape)}, expected K (the last dimension) to be a "
+                         f"multiple of the rotation size {rs} (QuTLASS does not check it)")
+    return (a.unflatten(-1, (-1, rs)).double() @ b.double()).flatten(-2).float()
 
 
 def _check_input(a: torch.Tensor, group: int, fn: str) -> None:
@@ -80,6 +75,8 @@ def fusedQuantizeMx(
 ):
     """MXFP4 quantization of `a` [..., K] (K % 32 == 0) as QuTLASS's fusedQuantizeMx.
 
+    b: None or the RS x RS rotation matrix (module docstring): each group of RS elements of `a` is
+    multiplied by it first, exactly, rounded once to fp32.
     method "quest": scale 2^floor(log2(std * 2.92247856/6 + 1e-8)) per 32 (mxq rule quest);
     "abs_max": scale 2^floor(log2(amax + 1e-8)), elements E2M1(3 x / scale) (mxq rule qutlass_absmax).
     Returns (codes uint8 [..., K/2], scales float8_e8m0fnu [pad128(rows), pad4(K/32)]), plus the clip
@@ -89,8 +86,8 @@ def fusedQuantizeMx(
         raise ValueError(f"invalid method {method!r}, must be 'quest' or 'abs_max'")
     if return_mask and method != "quest":
         raise ValueError("return_mask is only supported for method 'quest'")
-    _check_rotation(b)
     _check_input(a, 32, "fusedQuantizeMx")
+    a = _rotate(a, b, "fusedQuantizeMx")
     rule = "quest" if method == "quest" else "qutlass_absmax"
     codes, scales, _, mask = torch.ops.mxq.quantize(a, "mxfp4", rule, 32, False, 0, 0, "padded", None,
                                                     bool(return_mask))
@@ -126,8 +123,8 @@ def fusedQuantizeNv(
         raise ValueError(f"invalid method {method!r}, must be 'quest' or 'abs_max'")
     if method == "quest":
         raise NotImplementedError("fusedQuantizeNv(method='quest'): mxq has no NVFP4 quest rule yet")
-    _check_rotation(b)
     _check_input(a, 16, "fusedQuantizeNv")
+    a = _rotate(a, b, "fusedQuantizeNv")
     gs = _global_scale(global_scale)
     codes, scales, _, _ = torch.ops.mxq.quantize(a, "nvfp4", "nvfp4", 16, False, 0, 0, "padded", gs, False)
     return codes, scales.view(torch.float8_e4m3fn)
