@@ -237,3 +237,36 @@ def test_minilm_loads_and_equals_mxq(tmp_path, fmt):
         ids = torch.randint(1000, 20000, (2, 16), generator=torch.Generator().manual_seed(3))
         assert_bytes_equal(output(model, ids), output(load(fake, dtype=torch.bfloat16), ids),
                            f"{fmt}: MiniLM hidden states vs mxq qdq in bf16")
+
+
+# ---- a rotated checkpoint (mxq quantize --rotate had<RS>): compressed-tensors' transform_config ----
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+def test_rotated_checkpoint_runs_with_its_online_transform(bf16_model, tmp_path, fmt):
+    """The written transform_config validates in compressed-tensors, the stored matrix is its
+    deterministic Hadamard (+-1), and the checkpoint run as vLLM runs it (the stored rotated weights,
+    the activations rotated online: compressed-tensors' apply_transform_config with the online part of
+    the config) reproduces `mxq qdq --rotate` (rotate, quantize, dequantize, rotate back) up to
+    rounding: its distance to that model is a small fraction of either one's quantization error, and
+    without the online rotation the same weights are far off."""
+    _need("compressed_tensors")
+    from compressed_tensors.transform import TransformConfig, apply_transform_config
+    from compressed_tensors.transform.utils.hadamard import deterministic_hadamard_matrix
+    q, f = tmp_path / "q", tmp_path / "f"
+    mxq("quantize", str(bf16_model), "-o", str(q), "--format", fmt, "--rotate", "had16")
+    mxq("qdq", str(bf16_model), "-o", str(f), "--format", fmt, "--rotate", "had16")
+    tc = TransformConfig.model_validate(json.loads((q / "config.json").read_text())["quantization_config"]["transform_config"])
+    mats = {k: v for k, v in read_safetensors(q).items() if k.endswith(".mxq_input.weight")}
+    assert len(mats) == 1
+    assert torch.equal(next(iter(mats.values())), deterministic_hadamard_matrix(16, torch.float32))
+    ids = torch.tensor([[1, 5, 9, 33, 70, 2, 100, 4, 17, 64]])
+    y0 = output(load(bf16_model), ids).float()
+    yf = output(load(f), ids).float()
+    rot = load(q)
+    y_plain = output(rot, ids).float()  # decompresses; transformers applies no transform itself
+    online = TransformConfig(config_groups={k: g.model_copy(update={"apply": [a for a in g.apply if a.is_online()]})
+                                            for k, g in tc.config_groups.items()})
+    apply_transform_config(rot, online)
+    yr = output(rot, ids).float()
+    err = float((yf - y0).norm())
+    assert float((yr - yf).norm()) < 0.15 * err, (float((yr - yf).norm()), err)
+    assert float((y_plain - yf).norm()) > 2 * err

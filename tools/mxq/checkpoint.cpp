@@ -375,6 +375,8 @@ int finish_part(const QuantizeArgs& a, const Part& part, const Checkpoint& c, St
             {"rule", a.rule},
             {"include", a.include},
             {"exclude", a.exclude},
+            {"rotate", a.rotate},
+            {"rotate_seed", a.rotate_seed},
             {"weight_map", weight_map},
             {"bytes_out", std::uint64_t(bytes_out)},
             {"index", fin.index ? *fin.index : json(nullptr)},
@@ -389,6 +391,10 @@ int finish_part(const QuantizeArgs& a, const Part& part, const Checkpoint& c, St
 }
 
 }  // namespace
+
+// The name of mxq's transform scheme in compressed-tensors' transform_config (and of its matrix tensor,
+// <module>.mxq_input.weight).
+constexpr const char* kRotationScheme = "mxq";
 
 int run_quantize(const QuantizeArgs& a) {
   Format format;
@@ -422,12 +428,19 @@ int run_quantize(const QuantizeArgs& a) {
   const fs::path out_dir = part.n ? part_dir(fs::path(a.out), part) : fs::path(a.out);
   std::pair<Rotation, int> rot{Rotation::none, 0};
   if (!a.rotate.empty()) {
-    if (!a.fake) fail("--rotate: only `mxq qdq` rotates in this version (a rotated checkpoint needs the loader's transform_config)");
     try {
       rot = parse_rotation(a.rotate);
     } catch (const std::exception& e) {
       fail(std::string("--rotate: ") + e.what());
     }
+    // A rotated checkpoint is read through compressed-tensors' transform_config (docs/cli.md): only
+    // what vLLM applies online is written.
+    if (!a.fake && rot.first == Rotation::random_hadamard)
+      fail("--rotate " + a.rotate + ": `mxq quantize` writes the deterministic Hadamard only (had<RS>): vLLM ignores "
+           "compressed-tensors' `randomize` and its random-hadamard matrices are not mxq's random signs");
+    if (!a.fake && format == Format::nvfp4)
+      fail("--rotate with --format nvfp4: not in this version for `mxq quantize` (the fused global scales of rotated "
+           "weights); MXFP4 and MXFP8 checkpoints take --rotate, `mxq qdq` takes every format");
     if (a.device == "cuda") fail("--rotate: the tool rotates on the CPU in this version (use --device cpu or auto)");
   }
 
@@ -534,6 +547,35 @@ int run_quantize(const QuantizeArgs& a) {
     unfit.push_back(name + " (fused into " + it->first + " with " + it->second + ", which is left unquantized)");
     amax.erase(module);
   }
+  // quantize --rotate: every quantized Linear is rotated (its input, online, by the loader; its weight
+  // here). Refused where vLLM would not rotate the input: MoE experts, Linear layers with a bias. The
+  // transform's +-1 matrix is stored once, beside the first rotated module (as compressed-tensors'
+  // save_pretrained does).
+  std::string rot_shard, rot_module;
+  if (rot.first != Rotation::none && !a.fake) {
+    std::set<std::string> names;
+    for (const auto& [key, p] : plan) names.insert(key.substr(key.find('/') + 1));
+    for (const auto& [key, p] : plan) {
+      if (!p.quantize) continue;
+      const std::string name = key.substr(key.find('/') + 1), module = name.substr(0, name.size() - 7);
+      if (module.find(".experts.") != std::string::npos)
+        fail("--rotate: " + name + " is an MoE expert weight; vLLM applies no online rotation to MoE experts, so a rotated "
+             "expert would compute the wrong product there: --exclude the experts (e.g. --exclude '\\.experts\\.') or "
+             "drop --rotate");
+      if (names.count(module + ".bias"))
+        fail("--rotate: " + module + " has a bias; vLLM applies online rotations only to Linear layers without one: "
+             "--exclude it or drop --rotate");
+    }
+    for (const std::string& shard : c.shards) {
+      const st::File f((c.dir / shard).string());
+      for (const st::TensorInfo& t : f.view().tensors())
+        if (plan[shard + "/" + t.name].quantize) {
+          rot_shard = shard, rot_module = t.name.substr(0, t.name.size() - 7);
+          break;
+        }
+      if (!rot_shard.empty()) break;
+    }
+  }
   // Shared global scales of fused projections: the amax of the group (NaN or Inf when a member's is:
   // then S = 1 for every member, docs/numerics.md, and the summary says so).
   std::map<std::string, float> group_amax;
@@ -581,6 +623,11 @@ int run_quantize(const QuantizeArgs& a) {
       weight_map[module + (format == Format::mxfp8_e4m3 ? ".weight" : ".weight_packed")] = shard;
       weight_map[module + ".weight_scale"] = shard;
       if (format == Format::nvfp4) weight_map[module + ".weight_global_scale"] = shard;
+    }
+    const std::string rot_name = rot_module + "." + kRotationScheme + "_input.weight";
+    if (shard == rot_shard) {
+      w.declare(rot_name, "F32", {rot.second, rot.second});
+      weight_map[rot_name] = shard;
     }
 
     // A converted tensor: its pages released, counted, and its error line printed.
@@ -669,6 +716,10 @@ int run_quantize(const QuantizeArgs& a) {
         finish_tensor(t, xp, "qdq " + a.format + (a.rotate.empty() ? std::string() : " " + a.rotate), err);
         continue;
       }
+      if (rot.first != Rotation::none) {  // the weight's input rotated: W @ (H / sqrt(RS)) per group of RS
+        o.rotation = rot.first;
+        o.rotation_size = rot.second;
+      }
       const Shape2 ss = scale_shape(o, N, K);
       std::vector<std::uint8_t> codes(N * code_cols(format, K)), scales(ss.rows * ss.cols);
       QuantizedOut q;
@@ -706,7 +757,15 @@ int run_quantize(const QuantizeArgs& a) {
         w.write(module + ".weight_global_scale", {reinterpret_cast<const std::uint8_t*>(&S), 4});
         bytes_out += 4;
       }
-      finish_tensor(t, xp, a.format, err);
+      finish_tensor(t, xp, a.format + (a.rotate.empty() ? std::string() : " " + a.rotate), err);
+    }
+    if (shard == rot_shard) {  // the Sylvester Hadamard matrix, entries +-1 (the loader normalises)
+      const int n = rot.second;
+      std::vector<float> h(std::size_t(n) * n);
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < n; ++j) h[std::size_t(i) * n + j] = (__builtin_popcount(unsigned(i & j)) & 1) ? -1.0f : 1.0f;
+      w.write(rot_name, {reinterpret_cast<const std::uint8_t*>(h.data()), h.size() * sizeof(float)});
+      bytes_out += double(h.size() * sizeof(float));
     }
     w.commit();
   }
@@ -751,6 +810,22 @@ int run_quantize(const QuantizeArgs& a) {
              {"sparsity_config", json::object()},
              {"transform_config", json::object()},
              {"global_compression_ratio", nullptr}};
+  if (!rot_shard.empty()) {
+    // compressed-tensors' TransformConfig (docs/cli.md "--rotate"): the input of every quantized Linear
+    // rotated online by H / sqrt(RS) per head_dim = RS block, the weight's input side already rotated.
+    const json ignore = ignored_modules;
+    qc["transform_config"] = {
+        {"config_groups",
+         {{kRotationScheme,
+           {{"type", "hadamard"},
+            {"apply",
+             {{{"targets", {"Linear"}}, {"location", "input"}, {"inverse", false}, {"ignore", ignore}},
+              {{"targets", {"Linear"}}, {"location", "weight_input"}, {"inverse", true}, {"ignore", ignore}}}},
+            {"randomize", false},
+            {"requires_grad", false},
+            {"head_dim", rot.second},
+            {"precision", "torch.float32"}}}}}};
+  }
   if (config) {
     json& cfg = *config;
     cfg["quantization_config"] = qc;
@@ -828,7 +903,8 @@ int run_merge(const MergeArgs& a) {
       fail((dir / kManifest).string() + ": not the manifest of part " + std::to_string(i) + " of " + std::to_string(n));
     man.push_back(std::move(m));
   }
-  for (const char* k : {"mxq_version", "input", "input_dir", "input_shards", "command", "format", "rule", "include", "exclude", "index",
+  for (const char* k : {"mxq_version", "input", "input_dir", "input_shards", "command", "format", "rule", "include", "exclude",
+                        "rotate", "rotate_seed", "index",
                         "config_name", "config_text", "side_files"})
     for (std::size_t j = 1; j < man.size(); ++j)
       if (man[j].value(k, json()) != man[0].value(k, json()))

@@ -1238,6 +1238,89 @@ TEST(CheckpointParts, RefusesMissingOrMismatchedParts) {
 
 // mxq qdq --rotate: each weight rotated, quantized, dequantized and rotated back, as the library's
 // quantize + dequantize with the rotation compute it; weights whose K the size does not divide unchanged.
+// mxq quantize --rotate had<RS>: each quantized weight stored as the library's rotated quantization,
+// compressed-tensors' transform_config naming the online input rotation (ignore = the unquantized
+// modules), the +-1 Sylvester matrix stored once; what vLLM would get wrong is refused.
+TEST(CheckpointQuantize, RotateWritesTheTransformConfigAndRotatedWeights) {
+  const fs::path root = scratch("quantize_rotate");
+  const auto data = make_checkpoint(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  qa.format = "mxfp4";
+  qa.rotate = "had32";
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  const std::string name = "model.layers.0.self_attn.q_proj";
+  mxq::QuantOptions o = mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::even);
+  o.rotation = mxq::Rotation::hadamard;
+  o.rotation_size = 32;
+  std::vector<std::uint8_t> codes(64 * 64), scales(64 * 4);
+  mxq::QuantizedOut q;
+  q.codes = mxq::Tensor::of(codes.data(), mxq::DType::u8, 64, 64);
+  q.scales = mxq::Tensor::of(scales.data(), mxq::DType::u8, 64, 4);
+  mxq::quantize(mxq::Tensor::of(const_cast<std::uint16_t*>(data.at(name + ".weight").data()), mxq::DType::bf16, 64, 128), q, o);
+  EXPECT_EQ(load(qa.out, name + ".weight_packed", "U8", {64, 64}), codes) << "rotated codes";
+  EXPECT_EQ(load(qa.out, name + ".weight_scale", "U8", {64, 4}), scales) << "rotated scales";
+  const json qc = json::parse(std::ifstream(root / "q" / "config.json"))["quantization_config"];
+  const json& tc = qc["transform_config"]["config_groups"]["mxq"];
+  EXPECT_EQ(tc["type"], "hadamard");
+  EXPECT_EQ(tc["head_dim"], 32);
+  EXPECT_EQ(tc["randomize"], false);
+  ASSERT_EQ(tc["apply"].size(), 2u);
+  EXPECT_EQ(tc["apply"][0]["location"], "input");
+  EXPECT_EQ(tc["apply"][0]["inverse"], false);
+  EXPECT_EQ(tc["apply"][1]["location"], "weight_input");
+  EXPECT_EQ(tc["apply"][1]["inverse"], true);
+  EXPECT_EQ(tc["apply"][0]["ignore"], qc["ignore"]) << "the transform skips exactly the unquantized modules";
+  const json ign = qc["ignore"];
+  EXPECT_NE(std::find(ign.begin(), ign.end(), "model.layers.0.mlp.odd_proj"), ign.end()) << "K = 40: not rotated";
+  // the matrix: once, +-1, Sylvester order
+  const json wm = json::parse(std::ifstream(root / "q" / "model.safetensors.index.json"))["weight_map"];
+  int mats = 0;
+  for (const auto& [k, v] : wm.items())
+    if (k.ends_with(".mxq_input.weight")) {
+      ++mats;
+      const std::vector<std::uint8_t> b = load(qa.out, k, "F32", {32, 32});
+      std::vector<float> h(32 * 32);
+      std::memcpy(h.data(), b.data(), b.size());
+      for (int i = 0; i < 32; ++i)
+        for (int j = 0; j < 32; ++j) ASSERT_EQ(h[i * 32 + j], (__builtin_popcount(unsigned(i & j)) & 1) ? -1.0f : 1.0f) << i << " " << j;
+    }
+  EXPECT_EQ(mats, 1);
+  // refusals
+  qa.out = (root / "r").string();
+  qa.rotate = "rhad32";
+  EXPECT_NE(quantize_failure(qa, "--rotate rhad32").find("deterministic Hadamard"), std::string::npos);
+  qa.rotate = "had32";
+  qa.format = "nvfp4";
+  EXPECT_NE(quantize_failure(qa, "--rotate with nvfp4").find("nvfp4"), std::string::npos);
+  qa.format = "mxfp4";
+  {  // a bias on a rotated Linear
+    const fs::path in = root / "bias";
+    fs::create_directories(in);
+    st::Writer w((in / "model.safetensors").string());
+    std::vector<std::uint16_t> wv(32 * 64, to_bf16(0.5f)), bv(32, to_bf16(0.1f));
+    w.declare("model.layers.0.self_attn.q_proj.weight", "BF16", {32, 64});
+    w.declare("model.layers.0.self_attn.q_proj.bias", "BF16", {32});
+    w.write("model.layers.0.self_attn.q_proj.weight", {reinterpret_cast<const std::uint8_t*>(wv.data()), wv.size() * 2});
+    w.write("model.layers.0.self_attn.q_proj.bias", {reinterpret_cast<const std::uint8_t*>(bv.data()), bv.size() * 2});
+    w.commit();
+    qa.in = in.string();
+    EXPECT_NE(quantize_failure(qa, "--rotate over a bias").find("has a bias"), std::string::npos);
+  }
+  {  // per-expert Linear weights of an MoE block
+    const fs::path in = root / "moe";
+    fs::create_directories(in);
+    st::Writer w((in / "model.safetensors").string());
+    std::vector<std::uint16_t> wv(32 * 64, to_bf16(0.5f));
+    w.declare("model.layers.0.mlp.experts.0.up_proj.weight", "BF16", {32, 64});
+    w.write("model.layers.0.mlp.experts.0.up_proj.weight", {reinterpret_cast<const std::uint8_t*>(wv.data()), wv.size() * 2});
+    w.commit();
+    qa.in = in.string();
+    EXPECT_NE(quantize_failure(qa, "--rotate over MoE experts").find("MoE expert"), std::string::npos);
+  }
+}
+
 TEST(CheckpointQdq, RotateIsQuantizeDequantizeWithTheRotation) {
   const fs::path root = scratch("qdq_rotate");
   const auto data = make_checkpoint(root / "in");

@@ -26,8 +26,10 @@ struct QuantizeArgs {
   // "I/N" (1 <= I <= N): convert only shards i with i % N == I - 1 (in the index's order) into the
   // directory OUT.part-I-of-N, with a manifest; `mxq merge OUT` assembles the parts (docs/cli.md).
   std::string part;
-  // mxq qdq only: "had<RS>" or "rhad<RS>": each weight is rotated, quantized, dequantized and rotated
-  // back (the error a rotated quantized weight carries, in the model's own domain); CPU only for now.
+  // mxq qdq: "had<RS>" or "rhad<RS>": each weight is rotated, quantized, dequantized and rotated back
+  // (the error a rotated quantized weight carries, in the model's own domain). mxq quantize: "had<RS>":
+  // each quantized weight stored rotated, with compressed-tensors' transform_config telling the loader
+  // to rotate the activations (docs/cli.md). CPU only for now.
   std::string rotate;
   std::uint64_t rotate_seed = 0;
 };
