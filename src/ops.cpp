@@ -364,6 +364,19 @@ float tensor_amax(const Tensor& x, Backend backend, void* stream) {
   return b == Backend::reference ? ref::tensor_amax(x) : cpu::tensor_amax(x);
 }
 
+float tensor_amax(const Tensor& x, const QuantOptions& opt) {
+  if (opt.rotation == Rotation::none) return tensor_amax(x, opt.backend, opt.stream);
+  Checker c("tensor_amax");
+  c.float_view("x", x);
+  const Problem p = core::make_problem(c, opt, x.rows, x.cols);
+  const Backend b = choose("tensor_amax", &opt, x, {{"x", x.data}}, opt.backend);
+  if (b == Backend::cuda)
+    c.unsupported("tensor_amax with option 'rotation' on the CUDA backend: the CPU backends only in this version");
+  if (p.empty) return 0.0f;
+  std::vector<float> buf;
+  const Tensor t = rotated_input(c, p, x, b, buf);
+  return b == Backend::reference ? ref::tensor_amax(t) : cpu::tensor_amax(t);
+}
 
 namespace {
 // The QDQ half of a fused producer op: checked like qdq's options, with the fused ops' limits.

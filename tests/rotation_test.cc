@@ -100,6 +100,33 @@ TEST(Rotation, QdqEqualsQdqOfTheTranscribedRotation) {
           }
 }
 
+// tensor_amax(x, opt): the amax of the rotated tensor (NVFP4's computed scale of a rotated quantize).
+TEST(Rotation, TensorAmaxOfTheRotatedTensor) {
+  const std::int64_t R = 7, K = 256;
+  const th::HostTensor x = th::llm_like(DType::bf16, R, K, 21);
+  for (Rotation r : {Rotation::hadamard, Rotation::random_hadamard}) {
+    float want = 0;
+    for (std::int64_t row = 0; row < R; ++row)
+      for (std::int64_t k0 = 0; k0 < K; k0 += 64) {
+        float v[64];
+        for (int i = 0; i < 64; ++i) v[i] = x.get(row, k0 + i);
+        transcribed_rotation(v, 64, r == Rotation::random_hadamard, 5);
+        for (float e : v) want = std::max(want, std::fabs(e));
+      }
+    for (Backend b : {Backend::reference, Backend::cpu}) {
+      QuantOptions o = rotated(QuantOptions::nvfp4(), r, 64, 5);
+      o.backend = b;
+      EXPECT_EQ(tensor_amax(x.view(), o), want) << to_string(r) << " " << to_string(b);
+      QuantOptions q = o;
+      q.tensor_scale.reset();
+      th::Quantized qq(q, R, K);
+      quantize(x.view(), qq.out(), q);
+      EXPECT_EQ(qq.S, nvfp4_tensor_scale_from_amax(want)) << "quantize's computed S is that of the rotated amax";
+    }
+  }
+  EXPECT_EQ(tensor_amax(x.view(), QuantOptions::nvfp4()), tensor_amax(x.view())) << "no rotation: the plain amax";
+}
+
 TEST(Rotation, FastCpuQuantizeAndDequantizeMatchTheReference) {
   for (int rs : {32, 128})
     for (Rotation r : {Rotation::hadamard, Rotation::random_hadamard})

@@ -99,6 +99,11 @@ float nvfp4_tensor_scale_from_amax(float amax);
 // amax over a tensor (NaN if any element is NaN, +Inf if any is infinite). On the CUDA backend this
 // returns a host value, so it synchronises with `stream` (and briefly allocates): not for graphs.
 float tensor_amax(const Tensor& x, Backend backend = Backend::automatic, void* stream = nullptr);
+// max |x| as quantize sees x under `opt`: after its rotation (opt.rotation; none: the plain amax), on
+// opt.backend with opt.stream; NVFP4's computed tensor scale of a rotated quantize is
+// nvfp4_tensor_scale_from_amax of this. With a rotation, the CPU backends only in this version
+// (the CUDA backend raises Error(unsupported); quantize and qdq themselves rotate on the GPU).
+float tensor_amax(const Tensor& x, const QuantOptions& opt);
 
 // ---- backend selection --------------------------------------------------------------------------------
 // Which backend an operation with these arguments would run on, and why (for verbose output).

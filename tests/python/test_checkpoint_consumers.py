@@ -240,7 +240,7 @@ def test_minilm_loads_and_equals_mxq(tmp_path, fmt):
 
 
 # ---- a rotated checkpoint (mxq quantize --rotate had<RS>): compressed-tensors' transform_config ----
-@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_rotated_checkpoint_runs_with_its_online_transform(bf16_model, tmp_path, fmt):
     """The written transform_config validates in compressed-tensors, the stored matrix is its
     deterministic Hadamard (+-1), and the checkpoint run as vLLM runs it (the stored rotated weights,

@@ -141,7 +141,10 @@ std::regex user_pattern(const std::string& flag, const std::string& s) {
 
 // The tensor amax of a 2-D floating weight as the library defines it (NaN if any element is NaN, +Inf
 // if any is infinite, wherever it sits), on the CPU: the planning pass reads the mapped file.
-float weight_amax(const st::View& v, const st::TensorInfo& t) {
+// rot: the rotation quantize applies (none: the plain amax), so that NVFP4's global scale is that of
+// the values quantized.
+float weight_amax(const st::View& v, const st::TensorInfo& t, std::pair<Rotation, int> rot = {Rotation::none, 0},
+                  std::uint64_t rot_seed = 0) {
   const auto d = v.data(t);
   const int es = st::find_dtype(t.dtype)->bytes;
   std::vector<std::uint8_t> copy;
@@ -150,7 +153,14 @@ float weight_amax(const st::View& v, const st::TensorInfo& t) {
     copy.assign(d.begin(), d.end());
     p = copy.data();
   }
-  return tensor_amax(Tensor::of(p, mxq_dtype(t.dtype), t.shape[0], t.shape[1]), Backend::cpu);
+  const Tensor x = Tensor::of(p, mxq_dtype(t.dtype), t.shape[0], t.shape[1]);
+  if (rot.first == Rotation::none) return tensor_amax(x, Backend::cpu);
+  QuantOptions o = QuantOptions::nvfp4();
+  o.rotation = rot.first;
+  o.rotation_size = rot.second;
+  o.rotation_seed = rot_seed;
+  o.backend = Backend::cpu;
+  return tensor_amax(x, o);
 }
 
 // The amax of a fused group as tensor_amax would give it over the members' weights side by side: NaN
@@ -438,9 +448,6 @@ int run_quantize(const QuantizeArgs& a) {
     if (!a.fake && rot.first == Rotation::random_hadamard)
       fail("--rotate " + a.rotate + ": `mxq quantize` writes the deterministic Hadamard only (had<RS>): vLLM ignores "
            "compressed-tensors' `randomize` and its random-hadamard matrices are not mxq's random signs");
-    if (!a.fake && format == Format::nvfp4)
-      fail("--rotate with --format nvfp4: not in this version for `mxq quantize` (the fused global scales of rotated "
-           "weights); MXFP4 and MXFP8 checkpoints take --rotate, `mxq qdq` takes every format");
     if (a.device == "cuda") fail("--rotate: the tool rotates on the CPU in this version (use --device cpu or auto)");
   }
 
@@ -517,7 +524,7 @@ int run_quantize(const QuantizeArgs& a) {
         p.quantize = true;
         if (format == Format::nvfp4) {
           check_interrupted();
-          amax[module] = weight_amax(f.view(), t);
+          amax[module] = weight_amax(f.view(), t, rot, a.rotate_seed);
           f.release(t);
         }
       }
@@ -689,8 +696,7 @@ int run_quantize(const QuantizeArgs& a) {
             o.rotation = rot.first;
             o.rotation_size = rot.second;
             o.rotation_seed = a.rotate_seed;
-            // NVFP4: the tensor scale of the rotated weight (per tensor; the planning amax is the unrotated one)
-            o.tensor_scale.reset();
+            // NVFP4: the (fused group's) global scale from the rotated weights' amax, as quantize --rotate
             const Shape2 ss = scale_shape(o, N, K);
             std::vector<std::uint8_t> codes(N * code_cols(format, K)), scales(ss.rows * ss.cols);
             QuantizedOut q;

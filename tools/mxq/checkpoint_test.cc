@@ -1238,6 +1238,45 @@ TEST(CheckpointParts, RefusesMissingOrMismatchedParts) {
 
 // mxq qdq --rotate: each weight rotated, quantized, dequantized and rotated back, as the library's
 // quantize + dequantize with the rotation compute it; weights whose K the size does not divide unchanged.
+// NVFP4 with --rotate: the global scale of q/k/v (one fused parameter) from the largest amax of the
+// members' ROTATED weights, the codes those of the library's rotated quantize under that scale.
+TEST(CheckpointQuantize, RotateNvfp4TakesTheRotatedAmaxForTheFusedGlobalScale) {
+  const fs::path root = scratch("quantize_rotate_nv");
+  const auto data = make_checkpoint(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  qa.format = "nvfp4";
+  qa.rotate = "had64";
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  mxq::QuantOptions o = mxq::QuantOptions::nvfp4();
+  o.rotation = mxq::Rotation::hadamard;
+  o.rotation_size = 64;
+  float amax = 0, plain = 0;
+  const std::map<std::string, std::int64_t> rows = {{"q_proj", 64}, {"k_proj", 32}, {"v_proj", 32}};
+  for (const auto& [m, n] : rows) {
+    const mxq::Tensor x = mxq::Tensor::of(const_cast<std::uint16_t*>(data.at("model.layers.0.self_attn." + m + ".weight").data()),
+                                          mxq::DType::bf16, n, 128);
+    amax = std::max(amax, mxq::tensor_amax(x, o));
+    plain = std::max(plain, mxq::tensor_amax(x));
+  }
+  EXPECT_NE(amax, plain) << "the test needs the rotation to change the amax";
+  o.tensor_scale = mxq::nvfp4_tensor_scale_from_amax(amax);
+  std::vector<std::uint8_t> codes(32 * 64), scales(32 * 8);
+  mxq::QuantizedOut q;
+  q.codes = mxq::Tensor::of(codes.data(), mxq::DType::u8, 32, 64);
+  q.scales = mxq::Tensor::of(scales.data(), mxq::DType::u8, 32, 8);
+  mxq::quantize(mxq::Tensor::of(const_cast<std::uint16_t*>(data.at("model.layers.0.self_attn.v_proj.weight").data()),
+                                mxq::DType::bf16, 32, 128), q, o);
+  const std::string v = "model.layers.0.self_attn.v_proj";
+  EXPECT_EQ(load(qa.out, v + ".weight_packed", "U8", {32, 64}), codes);
+  EXPECT_EQ(load(qa.out, v + ".weight_scale", "F8_E4M3", {32, 8}), scales);
+  const std::vector<std::uint8_t> gs = load(qa.out, v + ".weight_global_scale", "F32", {1});
+  float S = 0;
+  std::memcpy(&S, gs.data(), 4);
+  EXPECT_EQ(S, *o.tensor_scale);
+}
+
 // mxq quantize --rotate had<RS>: each quantized weight stored as the library's rotated quantization,
 // compressed-tensors' transform_config naming the online input rotation (ignore = the unquantized
 // modules), the +-1 Sylvester matrix stored once; what vLLM would get wrong is refused.
@@ -1292,9 +1331,6 @@ TEST(CheckpointQuantize, RotateWritesTheTransformConfigAndRotatedWeights) {
   qa.rotate = "rhad32";
   EXPECT_NE(quantize_failure(qa, "--rotate rhad32").find("deterministic Hadamard"), std::string::npos);
   qa.rotate = "had32";
-  qa.format = "nvfp4";
-  EXPECT_NE(quantize_failure(qa, "--rotate with nvfp4").find("nvfp4"), std::string::npos);
-  qa.format = "mxfp4";
   {  // a bias on a rotated Linear
     const fs::path in = root / "bias";
     fs::create_directories(in);

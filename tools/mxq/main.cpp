@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   c_quant->add_option("--exclude", quant.exclude, "leave weights whose name matches this regex (repeatable)");
   c_quant->add_option("--device", quant.device, "cpu, cuda or auto")->capture_default_str();
   c_quant->add_option("--rotate", quant.rotate,
-                      "had<RS> (RS 16..256; mxfp4 and mxfp8): rotate each quantized Linear's input by the normalised "
+                      "had<RS> (RS 16..256): rotate each quantized Linear's input by the normalised "
                       "Hadamard transform per block of RS (the weight here, the activations by the loader: "
                       "compressed-tensors' transform_config, which vLLM applies); CPU only for now");
   c_quant->add_option("--part", quant.part,
