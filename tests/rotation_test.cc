@@ -339,6 +339,51 @@ TEST(CudaRotation, SpecialValuesAndInPlace) {
     }
 }
 
+// The production path (review of the first version): tensors large enough that each thread runs many
+// iterations (the cp.async ring, its prefetch and stale slots, in place across iterations; the rotated
+// amax kernel's loop), and rows whose K is not a multiple of the group size (padding chunks under a
+// rotation).
+TEST(CudaRotation, LargeTensorsAndPartialGroups) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  struct Case {
+    QuantOptions o;
+    std::int64_t R, K;
+    int rs;
+  };
+  const Case cases[] = {{QuantOptions::nvfp4(), 2048, 4096, 128},
+                        {QuantOptions::mx(Format::mxfp4, ScaleRule::even), 2048, 4096, 256},
+                        {QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::floor), 1024, 2048, 64},
+                        {QuantOptions::mx(Format::mxfp4, ScaleRule::even), 33, 48, 16},   // K = 48: a partial group of 32
+                        {QuantOptions::mx(Format::mxfp4, ScaleRule::quest), 17, 96, 32}};  // K = 96: 3 groups, 3 rotation groups
+  for (const Case& cs : cases)
+    for (DType dt : {DType::bf16, DType::f32}) {
+      const std::string what = th::name_of(cs.o) + " " + std::to_string(cs.R) + "x" + std::to_string(cs.K) + " RS " +
+                               std::to_string(cs.rs) + " " + std::string(to_string(dt));
+      SCOPED_TRACE(what);
+      const th::HostTensor x = th::llm_like(dt, cs.R, cs.K, 77);
+      const QuantOptions o = rotated(cs.o, Rotation::random_hadamard, cs.rs, 13);
+      QuantOptions ro = o;
+      ro.backend = Backend::reference;
+      th::HostTensor yr = x;
+      qdq(yr.view(), yr.view(), ro);
+      th::Scalar ws(Backend::cuda);
+      const QuantOptions co = th::on(Backend::cuda, o, ws);
+      th::Placed yd(Backend::cuda, x);
+      qdq(yd.view(), yd.view(), co);  // in place
+      th::expect_same_bytes(yr, yd.get(), "qdq in place");
+      th::Quantized qr(ro, cs.R, cs.K, true);
+      quantize(x.view(), qr.out(), ro);
+      th::Placed xd(Backend::cuda, x);
+      th::PlacedQuantized qd(Backend::cuda, co, cs.R, cs.K);
+      quantize(xd.view(), qd.out(), co);
+      th::expect_same_bytes(qr.codes, qd.codes.get(), "codes");
+      th::expect_same_bytes(qr.scales, qd.scales.get(), "scales");
+      th::expect_same_bytes(qr.mask, qd.mask.get(), "clip mask");
+      if (o.format == Format::nvfp4) EXPECT_EQ(qr.S, qd.S.value());
+      if (testing::Test::HasFailure()) return;
+    }
+}
+
 TEST(CudaRotation, RefusesGroupsBelowEight) {
   TH_REQUIRE_BACKEND(Backend::cuda);
   const th::HostTensor x = th::llm_like(DType::bf16, 2, 128, 1);

@@ -481,8 +481,15 @@ struct QdqStraightThrough : public torch::autograd::Function<QdqStraightThrough>
 at::Tensor qdq_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
                         int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
                         std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
-  if (needs_grad(x))
+  if (needs_grad(x)) {
+    // The straight-through gradient of a rotated QDQ is grad_y @ R^T (the result is in the rotated
+    // domain), which mxq does not compute: refused rather than returned wrong.
+    TORCH_CHECK_NOT_IMPLEMENTED(rotation == "none" || rotation.empty(),
+                                "mxq.qdq: argument 'rotation' = '" + std::string(rotation) +
+                                    "' with x requiring grad: the gradient of a rotated qdq (grad_y @ R^T) is not implemented; "
+                                    "call it under torch.no_grad() or on x.detach()");
     return QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed);
+  }
   static const auto op = typed_op<QdqFn>("mxq::qdq");
   return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
                        tensor_scale, random_bits, rotation, rotation_seed);

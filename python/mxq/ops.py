@@ -329,7 +329,9 @@ def qdq(
     activation meets a rotated weight).
 
     Differentiable with the straight-through estimator: the gradient with respect to x is the
-    gradient of the result, unchanged (grad_x = grad_y), as quantization-aware training expects."""
+    gradient of the result, unchanged (grad_x = grad_y), as quantization-aware training expects.
+    With a `rotation` that gradient would be grad_y @ R^T, which is not implemented: a rotated qdq of
+    a tensor that requires grad raises NotImplementedError (use torch.no_grad() or x.detach())."""
     args = _qdq_args(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
                      rotation_seed)
     return _QDQ(*args)

@@ -200,6 +200,11 @@ def test_qutlass_to_blocked_and_rotation():
         Q.fusedQuantizeMx(x[:, :32], torch.eye(64, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="floating-point"):
         Q.fusedQuantizeMx(x, torch.eye(32, dtype=torch.int32))
+    with pytest.raises(ValueError, match="dtype"):
+        Q.fusedQuantizeMx(x.double(), torch.eye(32, dtype=torch.bfloat16))
+    xg = x.float().requires_grad_()
+    for a_, b_ in zip(Q.fusedQuantizeMx(xg, torch.eye(32)), base):  # a tensor that requires grad: no error
+        assert_bytes_equal(a_, b_, "requires_grad input")
     with pytest.raises(ValueError, match="invalid method"):
         Q.fusedQuantizeMx(x, None, method="rtn")
     with pytest.raises(ValueError, match="return_mask"):

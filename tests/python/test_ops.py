@@ -443,3 +443,14 @@ def test_random_bits_and_rotation_reach_the_library():
         mxq.qdq(x, "mxfp4", rotation="had100")
     with pytest.raises(ValueError, match="divide"):
         mxq.qdq(x[:, :96], "mxfp4", rotation="had64")
+
+
+def test_rotated_qdq_refuses_a_gradient_it_would_get_wrong():
+    x = torch.randn(4, 64, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="rotation"):
+        mxq.qdq(x, "mxfp4", rotation="had32")
+    with torch.no_grad():
+        y = mxq.qdq(x, "mxfp4", rotation="had32")
+    assert y.shape == x.shape
+    mxq.qdq(x, "mxfp4").sum().backward()  # without a rotation: straight through
+    assert torch.equal(x.grad, torch.ones_like(x))

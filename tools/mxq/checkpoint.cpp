@@ -116,6 +116,62 @@ void dequantize_module(Engine& eng, const st::View& v, const std::string& path, 
   }
 }
 
+// The rotation a quantized checkpoint's weights carry: compressed-tensors' transform_config as `mxq
+// quantize --rotate` writes it (one hadamard scheme, online input + weight_input, exact names in
+// ignore), found in config.json or, beside a lone file, in quantization_config.json. size 0: none.
+// Anything else that rotates weights is refused: mxq could not undo it.
+struct CheckpointRotation {
+  int size = 0;
+  std::string scheme;
+  std::set<std::string> ignore;  // modules whose weights are not rotated
+  bool rotates(const std::string& module) const { return size && !ignore.count(module); }
+  // The matrix tensors of the scheme (not weights): <module>.<scheme>_input.weight and the like.
+  bool is_matrix(const std::string& name) const {
+    return size && (name.ends_with("." + scheme + "_input.weight") || name.ends_with("." + scheme + "_output.weight") ||
+                    name.ends_with("." + scheme + "_input.perm"));
+  }
+};
+CheckpointRotation checkpoint_rotation(const Checkpoint& c, const std::optional<json>& config, const std::string& in) {
+  CheckpointRotation r;
+  json qc;
+  std::string where;
+  if (config && config->contains("quantization_config")) {
+    qc = (*config)["quantization_config"], where = (c.dir / "config.json").string();
+  } else if (!fs::is_directory(in) && fs::exists(c.dir / "quantization_config.json")) {
+    qc = read_json_file(c.dir / "quantization_config.json"), where = (c.dir / "quantization_config.json").string();
+  }
+  if (!qc.is_object() || !qc.contains("transform_config") || !qc["transform_config"].is_object()) return r;
+  const json& tc = qc["transform_config"];
+  if (!tc.contains("config_groups") || !tc["config_groups"].is_object() || tc["config_groups"].empty()) return r;
+  auto refuse = [&](const std::string& why) {
+    fail(where + ": transform_config: " + why + "; mxq undoes only the hadamard transform `mxq quantize --rotate` writes "
+         "(docs/cli.md)");
+  };
+  if (tc["config_groups"].size() != 1) refuse("more than one transform scheme");
+  const auto& [scheme, g] = *tc["config_groups"].items().begin();
+  if (!g.is_object() || g.value("type", std::string()) != "hadamard") refuse("scheme '" + scheme + "' is not of type hadamard");
+  if (g.value("randomize", false)) refuse("scheme '" + scheme + "' is randomized");
+  const json hd = g.value("head_dim", json());
+  const auto valid_size = [](int n) { return n >= 16 && n <= 256 && (n & (n - 1)) == 0; };
+  if (!hd.is_number_integer() || !valid_size(hd.get<int>()))
+    refuse("scheme '" + scheme + "': head_dim " + hd.dump() + " (mxq rotates blocks of 16, 32, 64, 128 or 256)");
+  bool weight_input = false;
+  for (const json& ap : g.value("apply", json::array())) {
+    const std::string loc = ap.value("location", std::string());
+    if (loc != "input" && loc != "weight_input") refuse("scheme '" + scheme + "' applies at '" + loc + "'");
+    if (ap.value("targets", json()) != json::array({"Linear"})) refuse("scheme '" + scheme + "' targets other than [\"Linear\"]");
+    for (const json& i : ap.value("ignore", json::array())) {
+      if (!i.is_string() || i.get<std::string>().starts_with("re:")) refuse("an ignore entry that is not a module name");
+      if (loc == "weight_input") r.ignore.insert(i.get<std::string>());
+    }
+    weight_input |= loc == "weight_input";
+  }
+  if (!weight_input) return r;  // nothing fused into the weights: they are the model's own
+  r.size = hd.get<int>();
+  r.scheme = scheme;
+  return r;
+}
+
 // Modules vLLM expects unquantized (checkpoint-formats.md): the LM head, embeddings, MoE routers,
 // vision towers. Plain string comparisons, no std::regex: names come from the file.
 bool default_ignored(const std::string& module) {
@@ -967,10 +1023,15 @@ int run_dequantize(const DequantizeArgs& a) {
   Engine eng(a.device);
   const Checkpoint c = open_checkpoint(a.in);
   std::optional<json> config = read_config(c, a.in);
+  // A rotated checkpoint: its weights are W @ (H / sqrt(n)); they are rotated back, the transform's
+  // matrix dropped, and the config no longer names the transform.
+  const CheckpointRotation rot = checkpoint_rotation(c, config, a.in);
   check_output(fs::path(a.in), fs::path(a.out), a.overwrite);
   Staging stage{fs::path(a.out), a.overwrite};
   const fs::path& out = stage.dir();
-  fmt::print("device: {} ({})\n", eng.name(), eng.why());
+  fmt::print("device: {} ({})\n", rot.size ? "cpu" : eng.name(), rot.size ? "a rotated checkpoint: the tool rotates on the CPU" : eng.why());
+  if (rot.size) fmt::print("rotation: hadamard, blocks of {} (transform_config scheme '{}'): rotated back\n", rot.size, rot.scheme);
+  Engine cpu_eng("cpu");
   json weight_map = json::object();
   std::int64_t n_deq = 0;
   for (const std::string& shard : c.shards) {
@@ -984,6 +1045,14 @@ int run_dequantize(const DequantizeArgs& a) {
       consumed.insert(md.codes->name);
       consumed.insert(md.scale->name);
       if (md.global) consumed.insert(md.global->name);
+    }
+    for (const st::TensorInfo& t : v.tensors()) {
+      if (rot.is_matrix(t.name)) consumed.insert(t.name);  // the transform's matrix: not part of the model
+      const std::string module = t.name.ends_with(".weight") ? t.name.substr(0, t.name.size() - 7) : "";
+      if (rot.size && !consumed.count(t.name) && t.shape.size() == 2 && !module.empty() && rot.rotates(module) &&
+          !mods.count(module))
+        fail(path + ": tensor '" + t.name + "' is not quantized and the transform_config rotates its module's weight "
+             "(not in its ignore list): mxq undoes the rotation of quantized weights only");
     }
     st::Writer w((out / shard).string());
     w.metadata("format", "pt");
@@ -1001,7 +1070,17 @@ int run_dequantize(const DequantizeArgs& a) {
     for (const auto& [m, md] : mods) {
       check_interrupted();
       std::vector<std::uint8_t> y(md.N * md.K * ob);
-      dequantize_module(eng, v, path, m, md, odt, y.data());
+      if (rot.rotates(m)) {
+        if (md.K % rot.size != 0)
+          fail(path + ": module '" + m + "': K = " + std::to_string(md.K) + " is not a multiple of the transform's head_dim " +
+               std::to_string(rot.size));
+        QuantizedModule mr = md;
+        mr.options.rotation = Rotation::hadamard;
+        mr.options.rotation_size = rot.size;
+        dequantize_module(cpu_eng, v, path, m, mr, odt, y.data());
+      } else {
+        dequantize_module(eng, v, path, m, md, odt, y.data());
+      }
       w.write(m + ".weight", y);
       ++n_deq;
     }
@@ -1073,10 +1152,21 @@ int run_inspect_against(const std::string& file, const std::string& original) {
   fmt::print("{:<60} {:<22} {:>9} {:>10} {:>12}\n", "tensor", "kind", "SQNR dB", "rel RMS", "max |err|");
   std::set<std::string> consumed;
   int compared = 0;
+  // A rotated checkpoint's weights are compared after rotating them back.
+  const Checkpoint fc = open_checkpoint(file);
+  const CheckpointRotation rot = checkpoint_rotation(fc, read_config(fc, fs::path(file).parent_path().string()), file);
+  Engine cpu_eng("cpu");
   for (const auto& [m, md] : quantized_modules(v, file)) {
     const std::int64_t N = md.N, K = md.K;
     std::vector<float> y(N * K);
-    dequantize_module(eng, v, file, m, md, DType::f32, y.data());
+    if (rot.rotates(m) && K % rot.size == 0) {
+      QuantizedModule mr = md;
+      mr.options.rotation = Rotation::hadamard;
+      mr.options.rotation_size = rot.size;
+      dequantize_module(cpu_eng, v, file, m, mr, DType::f32, y.data());
+    } else {
+      dequantize_module(eng, v, file, m, md, DType::f32, y.data());
+    }
     consumed.insert(md.codes->name), consumed.insert(md.scale->name);
     if (md.global) consumed.insert(md.global->name);
     const auto x = original_f32(m + ".weight", N * K);

@@ -1326,6 +1326,35 @@ TEST(CheckpointQuantize, RotateWritesTheTransformConfigAndRotatedWeights) {
         for (int j = 0; j < 32; ++j) ASSERT_EQ(h[i * 32 + j], (__builtin_popcount(unsigned(i & j)) & 1) ? -1.0f : 1.0f) << i << " " << j;
     }
   EXPECT_EQ(mats, 1);
+  // mxq dequantize rotates the weights back (the bytes of `mxq qdq --rotate`), drops the matrix and the
+  // transform; a transform mxq could not undo is refused
+  mxq::cli::DequantizeArgs da;
+  da.in = qa.out;
+  da.out = (root / "dq").string();
+  ASSERT_EQ(mxq::cli::run_dequantize(da), 0);
+  mxq::cli::QuantizeArgs fa = qa;
+  fa.fake = true;
+  fa.out = (root / "fq").string();
+  ASSERT_EQ(mxq::cli::run_quantize(fa), 0);
+  for (const std::string m : {"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.o_proj"}) {
+    const std::vector<std::int64_t> shape = m.ends_with("q_proj") ? std::vector<std::int64_t>{64, 128} : std::vector<std::int64_t>{128, 64};
+    EXPECT_EQ(load(da.out, m + ".weight", "BF16", shape), load(fa.out, m + ".weight", "BF16", shape)) << m << ": rotated back";
+  }
+  const json dwm = json::parse(std::ifstream(root / "dq" / "model.safetensors.index.json"))["weight_map"];
+  for (const auto& [k, v] : dwm.items()) EXPECT_FALSE(k.ends_with("_input.weight")) << k;
+  EXPECT_FALSE(json::parse(std::ifstream(root / "dq" / "config.json")).contains("quantization_config"));
+  {
+    json cfg = json::parse(std::ifstream(root / "q" / "config.json"));
+    cfg["quantization_config"]["transform_config"]["config_groups"]["mxq"]["randomize"] = true;
+    std::ofstream(root / "q" / "config.json") << cfg.dump();
+    da.out = (root / "dq2").string();
+    try {
+      mxq::cli::run_dequantize(da);
+      ADD_FAILURE() << "a randomized transform accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("randomized"), std::string::npos) << e.what();
+    }
+  }
   // refusals
   qa.out = (root / "r").string();
   qa.rotate = "rhad32";

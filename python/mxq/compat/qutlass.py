@@ -37,9 +37,10 @@ _ROTATION_SIZES = (16, 32, 64, 128, 256)
 def _rotate(a: torch.Tensor, b, fn: str) -> torch.Tensor:
     """`a` [..., K] with each group of RS elements multiplied by the RS x RS matrix `b` (y = a_g @ b, as
     QuTLASS): the products summed in float64 and rounded once to fp32. For bf16 `a` and `b` each product
-    is exact in float64 and so is the sum while a group's products span less than about 2^37 in
-    magnitude (any ordinary activation): y is then the correctly rounded rotation whatever order the
-    matmul sums in. None: `a`."""
+    is exact in float64 and so is the sum while a group's products span less than about 2^(37 - log2 RS)
+    in magnitude (any ordinary activation): y is then the correctly rounded rotation whatever order
+    the matmul sums in (for fp32 operands the sum may round, so CPU and GPU can rarely differ). Memory:
+    two float64 copies of `a` and an fp32 result, transient. None: `a`."""
     if b is None:
         return a
     if not isinstance(b, torch.Tensor):
@@ -55,12 +56,15 @@ def _rotate(a: torch.Tensor, b, fn: str) -> torch.Tensor:
     if a.size(-1) % rs != 0:
         raise ValueError(f"{fn}: argument 'a': shape {tuple(a.shape)}, expected K (the last dimension) to be a "
                          f"multiple of the rotation size {rs} (QuTLASS does not check it)")
-    return (a.unflatten(-1, (-1, rs)).double() @ b.double()).flatten(-2).float()
+    with torch.no_grad():  # the quantization that follows is not differentiable either
+        return (a.unflatten(-1, (-1, rs)).double() @ b.double()).flatten(-2).float()
 
 
 def _check_input(a: torch.Tensor, group: int, fn: str) -> None:
     if not isinstance(a, torch.Tensor) or a.dim() < 1:
         raise ValueError(f"{fn}: argument 'a': expected a tensor [..., K]")
+    if a.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"{fn}: argument 'a': dtype {a.dtype}, expected bfloat16, float16 or float32")
     if a.size(-1) % group != 0:
         raise ValueError(f"{fn}: argument 'a': shape {tuple(a.shape)}, expected K (the last dimension) to be a "
                          f"multiple of {group} (QuTLASS's output shapes assume it)")
