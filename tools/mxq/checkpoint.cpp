@@ -499,6 +499,7 @@ int run_quantize(const QuantizeArgs& a) {
     } catch (const std::exception& e) {
       fail(std::string("--rotate: ") + e.what());
     }
+    if (rot.first == Rotation::none) fail("--rotate none: leave --rotate out for no rotation");
     // A rotated checkpoint is read through compressed-tensors' transform_config (docs/cli.md): only
     // what vLLM applies online is written.
     if (!a.fake && rot.first == Rotation::random_hadamard)
@@ -513,7 +514,8 @@ int run_quantize(const QuantizeArgs& a) {
   check_output(fs::path(a.in), out_dir, a.overwrite);
   Staging stage{out_dir, a.overwrite};
   const fs::path& out = stage.dir();
-  fmt::print("device: {} ({})\n", eng.name(), eng.why());
+  if (rot.first != Rotation::none) fmt::print("device: cpu (--rotate runs on the CPU in this version)\n");
+  else fmt::print("device: {} ({})\n", eng.name(), eng.why());
   const LoaderFusion fusion = loader_fusion(config);
   if (!a.fake) {
     fmt::print("fused projections: {} ({})\n", fusion.family, fusion.source);
@@ -872,6 +874,8 @@ int run_quantize(const QuantizeArgs& a) {
              {"sparsity_config", json::object()},
              {"transform_config", json::object()},
              {"global_compression_ratio", nullptr}};
+  if (rot.first != Rotation::none && rot_shard.empty())
+    fmt::print("--rotate: no weight is quantized, so nothing is rotated and no transform_config is written\n");
   if (!rot_shard.empty()) {
     // compressed-tensors' TransformConfig (docs/cli.md "--rotate"): the input of every quantized Linear
     // rotated online by H / sqrt(RS) per head_dim = RS block, the weight's input side already rotated.

@@ -1236,8 +1236,41 @@ TEST(CheckpointParts, RefusesMissingOrMismatchedParts) {
   EXPECT_NE(quantize_failure(qa, "--part with OUT = /").find("of its own"), std::string::npos);
 }
 
-// mxq qdq --rotate: each weight rotated, quantized, dequantized and rotated back, as the library's
-// quantize + dequantize with the rotation compute it; weights whose K the size does not divide unchanged.
+// quantize --rotate in parts: the merge is the single run's bytes, the transform's matrix written by
+// exactly one part.
+TEST(CheckpointQuantize, RotateInPartsMergesToTheSingleRun) {
+  const fs::path root = scratch("quantize_rotate_parts");
+  make_checkpoint(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.format = "mxfp4";
+  qa.rotate = "had32";
+  qa.out = (root / "one").string();
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  qa.out = (root / "split").string();
+  for (int i = 1; i <= 2; ++i) {
+    qa.part = std::to_string(i) + "/2";
+    ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  }
+  mxq::cli::MergeArgs ma;
+  ma.out = qa.out;
+  ASSERT_EQ(mxq::cli::run_merge(ma), 0);
+  for (const char* f : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "config.json",
+                        "model.safetensors.index.json"}) {
+    std::ifstream a(root / "one" / f, std::ios::binary), b(root / "split" / f, std::ios::binary);
+    const std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
+    EXPECT_TRUE(!sa.empty() && sa == sb) << f;
+  }
+  int mats = 0;
+  const json swm = json::parse(std::ifstream(root / "split" / "model.safetensors.index.json"))["weight_map"];
+  for (const auto& [k, v] : swm.items()) mats += k.ends_with(".mxq_input.weight");
+  EXPECT_EQ(mats, 1);
+  qa.part.clear();
+  qa.rotate = "none";
+  qa.out = (root / "none").string();
+  EXPECT_NE(quantize_failure(qa, "--rotate none").find("leave --rotate out"), std::string::npos);
+}
+
 // NVFP4 with --rotate: the global scale of q/k/v (one fused parameter) from the largest amax of the
 // members' ROTATED weights, the codes those of the library's rotated quantize under that scale.
 TEST(CheckpointQuantize, RotateNvfp4TakesTheRotatedAmaxForTheFusedGlobalScale) {
@@ -1386,6 +1419,8 @@ TEST(CheckpointQuantize, RotateWritesTheTransformConfigAndRotatedWeights) {
   }
 }
 
+// mxq qdq --rotate: each weight rotated, quantized, dequantized and rotated back, as the library's
+// quantize + dequantize with the rotation compute it; weights whose K the size does not divide unchanged.
 TEST(CheckpointQdq, RotateIsQuantizeDequantizeWithTheRotation) {
   const fs::path root = scratch("qdq_rotate");
   const auto data = make_checkpoint(root / "in");
