@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <memory>
 #include <vector>
 
 #include <mxq/ops.hpp>
@@ -169,13 +170,17 @@ void check_rotation_on_cuda(const Checker& c, const Problem& p, Backend b) {
 
 // The input the backend quantizes: x itself, or (a rotation on a CPU backend) x rotated into buf
 // (fp32). The CUDA backend rotates in its kernels.
-Tensor rotated_input(const Checker& c, const Problem& p, const Tensor& x, Backend b, std::vector<float>& buf) {
+// An fp32 scratch buffer for the CPU rotation paths, not zero-filled (every element is written before
+// it is read): a zeroed std::vector cost one more pass over the tensor.
+using Scratch = std::unique_ptr<float[]>;
+
+Tensor rotated_input(const Checker& c, const Problem& p, const Tensor& x, Backend b, Scratch& buf) {
   if (p.opt.rotation == Rotation::none) return x;
   check_rotation_on_cuda(c, p, b);
   if (p.empty || b == Backend::cuda) return x;
-  buf.resize(std::size_t(p.rows * p.K));
-  cpu::rotate_rows(x, buf.data(), p.opt, false);
-  return Tensor::of(buf.data(), DType::f32, p.rows, p.K);
+  buf.reset(new float[std::size_t(p.rows * p.K)]);
+  cpu::rotate_rows(x, buf.get(), p.opt, false);
+  return Tensor::of(buf.get(), DType::f32, p.rows, p.K);
 }
 
 // qdq in place on a CPU backend (y is both input and output).
@@ -209,7 +214,7 @@ void quantize(const Tensor& x, const QuantizedOut& out, const QuantOptions& opt)
                            {{"x", x.data}, {"codes", out.codes.data}, {"scales", out.scales.data},
                             {"clip_mask", out.clip_mask.data}, {"tensor_scale", out.tensor_scale}, {"workspace", opt.workspace}},
                            opt.backend);
-  std::vector<float> rot;
+  Scratch rot;
   const Tensor xin = rotated_input(c, p, x, b, rot);
   plan_tensor_scale(c, p, xin, b, out.tensor_scale);
 #if defined(MXQ_HAVE_CUDA)
@@ -248,12 +253,12 @@ void dequantize(const QuantizedIn& q, const Tensor& y, const QuantOptions& opt) 
 #if defined(MXQ_HAVE_CUDA)
     if (b == Backend::cuda) return cuda::dequantize(p, q, y);
 #endif
-    std::vector<float> buf(std::size_t(p.rows * p.K));
-    const Tensor t = Tensor::of(buf.data(), DType::f32, p.rows, p.K);
+    const Scratch buf(new float[std::size_t(p.rows * p.K)]);
+    const Tensor t = Tensor::of(buf.get(), DType::f32, p.rows, p.K);
     if (b == Backend::reference) ref::dequantize(p, q, t);
     else cpu::dequantize(p, q, t);
-    cpu::rotate_rows(t, buf.data(), opt, true);
-    cpu::store_rows(buf.data(), y);
+    cpu::rotate_rows(t, buf.get(), opt, true);
+    cpu::store_rows(buf.get(), y);
     return;
   }
   if (p.empty) return;
@@ -280,7 +285,7 @@ void qdq(const Tensor& x, const Tensor& y, const QuantOptions& opt) {
   }
   const Backend b = choose("qdq", &opt, x, {{"x", x.data}, {"y", y.data}, {"workspace", opt.workspace}}, opt.backend);
   if (opt.rotation != Rotation::none) {  // QDQ of the rotated fp32 tensor (exact in fp32), rounded to y's dtype
-    std::vector<float> rot;
+    Scratch rot;
     const Tensor t = rotated_input(c, p, x, b, rot);
     if (b == Backend::cuda) {  // rotated in the kernels (and the NVFP4 tensor amax of the rotated x)
       plan_tensor_scale(c, p, x, b, nullptr);
@@ -292,7 +297,7 @@ void qdq(const Tensor& x, const Tensor& y, const QuantOptions& opt) {
     if (p.empty) return;
     plan_tensor_scale(c, p, t, b, nullptr);
     qdq_in_place(b, p, t);
-    cpu::store_rows(rot.data(), y);
+    cpu::store_rows(rot.get(), y);
     return;
   }
   plan_tensor_scale(c, p, x, b, nullptr);
@@ -373,7 +378,7 @@ float tensor_amax(const Tensor& x, const QuantOptions& opt) {
   if (b == Backend::cuda)
     c.unsupported("tensor_amax with option 'rotation' on the CUDA backend: the CPU backends only in this version");
   if (p.empty) return 0.0f;
-  std::vector<float> buf;
+  Scratch buf;
   const Tensor t = rotated_input(c, p, x, b, buf);
   return b == Backend::reference ? ref::tensor_amax(t) : cpu::tensor_amax(t);
 }
