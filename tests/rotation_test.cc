@@ -125,6 +125,11 @@ TEST(Rotation, TensorAmaxOfTheRotatedTensor) {
     }
   }
   EXPECT_EQ(tensor_amax(x.view(), QuantOptions::nvfp4()), tensor_amax(x.view())) << "no rotation: the plain amax";
+  th::HostTensor xn = x;  // a NaN anywhere: NaN; an infinity (no NaN): +Inf
+  xn.set(3, 100, INFINITY);
+  EXPECT_EQ(tensor_amax(xn.view(), rotated(QuantOptions::nvfp4(), Rotation::hadamard, 64)), INFINITY);
+  xn.set(5, 7, std::nanf(""));
+  EXPECT_TRUE(std::isnan(tensor_amax(xn.view(), rotated(QuantOptions::nvfp4(), Rotation::hadamard, 64))));
 }
 
 TEST(Rotation, FastCpuQuantizeAndDequantizeMatchTheReference) {

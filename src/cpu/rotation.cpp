@@ -1,5 +1,6 @@
 #include "cpu/rotation.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -55,6 +56,32 @@ void rotate_rows(const Tensor& x, float* out, const QuantOptions& opt, bool inve
       for (std::int64_t k0 = 0; k0 < K; k0 += rs) core::rotate_group(row + k0, rs, opt.rotation, signs, inverse);
     }
   });
+}
+
+float rotated_amax(const Tensor& x, const QuantOptions& opt) {
+  const std::int64_t K = x.cols;
+  const int rs = opt.rotation_size;
+  const core::RotationSigns signs = core::rotation_signs(opt.rotation_seed);
+  std::uint32_t m = 0;
+  core::dispatch_dtype(x.dtype, [&](auto dtc) {
+    constexpr DType DT = decltype(dtc)::value;
+#if defined(MXQ_HAVE_OPENMP)
+#pragma omp parallel reduction(max : m) if (x.rows > 1)
+#endif
+    {
+      std::vector<float> row(static_cast<std::size_t>(K));  // one row per thread, not the tensor
+#if defined(MXQ_HAVE_OPENMP)
+#pragma omp for schedule(static)
+#endif
+      for (std::int64_t r = 0; r < x.rows; ++r) {
+        load_row<DT>(x, r, row.data());
+        for (std::int64_t k0 = 0; k0 < K; k0 += rs) core::rotate_group(row.data() + k0, rs, opt.rotation, signs, false);
+        for (float v : row) m = std::max(m, core::f2u(v) & 0x7FFFFFFFu);
+      }
+    }
+  });
+  // NaN bits compare above +Inf bits, so a NaN anywhere gives NaN, else an Inf gives Inf (as tensor_amax).
+  return core::u2f(m);
 }
 
 void store_rows(const float* v, const Tensor& y) {
