@@ -747,13 +747,15 @@ int run_quantize(const QuantizeArgs& a) {
               "{}: NVFP4 global scale {} (the amax of {} is {}; docs/numerics.md: S = 1 when the amax is not finite)",
               t.name, *o.tensor_scale, gk.empty() ? "the tensor" : "its fused group " + gk, m));
       }
+      if (rot.first != Rotation::none) {  // the weight's input rotated: W @ (H / sqrt(RS)) per group of RS
+        o.rotation = rot.first;
+        o.rotation_size = rot.second;
+        o.rotation_seed = a.rotate_seed;  // rhad (qdq only)
+      }
       if (a.fake) {
         std::vector<std::uint8_t> yq(src.size());
         try {
           if (rot.first != Rotation::none) {  // rotate, quantize, dequantize, rotate back
-            o.rotation = rot.first;
-            o.rotation_size = rot.second;
-            o.rotation_seed = a.rotate_seed;
             // NVFP4: the (fused group's) global scale from the rotated weights' amax, as quantize --rotate
             const Shape2 ss = scale_shape(o, N, K);
             std::vector<std::uint8_t> codes(N * code_cols(format, K)), scales(ss.rows * ss.cols);
@@ -779,10 +781,6 @@ int run_quantize(const QuantizeArgs& a) {
         bytes_out += double(yq.size());
         finish_tensor(t, xp, "qdq " + a.format + (a.rotate.empty() ? std::string() : " " + a.rotate), err);
         continue;
-      }
-      if (rot.first != Rotation::none) {  // the weight's input rotated: W @ (H / sqrt(RS)) per group of RS
-        o.rotation = rot.first;
-        o.rotation_size = rot.second;
       }
       const Shape2 ss = scale_shape(o, N, K);
       std::vector<std::uint8_t> codes(N * code_cols(format, K)), scales(ss.rows * ss.cols);
