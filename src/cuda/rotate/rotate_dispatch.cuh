@@ -28,9 +28,8 @@ void launch_rotated(const char* fn, const core::Problem& p, DType dt, const Plan
             k.blocks = wave_grid<kernel>(fn, k.total, cap);
             kernel<<<k.blocks, kThreads, 0, s>>>(k);
           };
-          if constexpr (C == fast_chunk<DT>()) {
+          if constexpr (C == fast_chunk<DT>())
             if (!p.stochastic && scale_choice(p.opt.rule) == ScaleChoice::amax) return launch(Choices<ScaleChoice::amax, RoundChoice::rne>{});
-          }
           launch(Choices<ScaleChoice::runtime, RoundChoice::runtime>{});
         } else {
           throw Error(Error::Code::internal, std::string(fn) + ": a rotated launch with chunks of 2 (groups of 2 or 4)");
