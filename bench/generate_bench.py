@@ -11,8 +11,10 @@ so that order does not decide; the table reports the median round and each varia
     python bench/generate_bench.py --model llama-1.3b --markdown out.md     # on a GPU
     python bench/generate_bench.py --model tiny --device cpu --no-graph     # smoke test (CPU)
 
-Limits: the MoE config's emulated experts run transformers' eager experts loop (a host
-synchronisation per step), so it is measured without graphs; not yet run on the H200.
+The MoE config runs transformers' "grouped_mm" experts function (torch grouped GEMMs, no host
+synchronisation), which mxq.QDQExperts follows, so its decode step is captured in a graph too; a
+transformers without it falls back to the eager experts loop (a host synchronisation per call),
+measured without graphs.
 """
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ MODELS = {
                                     moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
                                     num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
                                     head_dim=128, max_position_embeddings=4096)),
+    "tiny-moe": ("qwen3_moe", dict(vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                                   num_experts=8, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=32, max_position_embeddings=256)),
     "tiny": ("llama", dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)),
 }
@@ -48,6 +53,10 @@ MODELS = {
 def build(name: str, device: str) -> torch.nn.Module:
     import transformers
     kind, kw = MODELS[name]
+    if kind != "llama":
+        # transformers' grouped experts function (torch grouped GEMMs, no host synchronisation): the
+        # step is captured in a CUDA graph; mxq.QDQExperts follows the same implementation
+        kw = dict(kw, experts_implementation="grouped_mm")
     cfg = (transformers.LlamaConfig if kind == "llama" else transformers.Qwen3MoeConfig)(**kw)
     torch.manual_seed(0)
     with torch.device(device):
@@ -177,8 +186,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.profile:
         return profile_prefill(a)
-    graph = a.device == "cuda" and not a.no_graph and MODELS[a.model][0] == "llama"
     model = build(a.model, a.device)
+    experts = getattr(model.config, "_experts_implementation", None) if MODELS[a.model][0] != "llama" else None
+    # an eager experts loop synchronises with the host on every call: no graph then
+    graph = a.device == "cuda" and not a.no_graph and experts in (None, "grouped_mm", "batched_mm")
     results: dict[tuple[str, str], list[float]] = {}
     vs = variants()
     if a.only:
@@ -200,12 +211,16 @@ def main() -> None:
                         decode_tokens_per_s(model, b, a.prompt, a.steps, a.device, graph))
                 results.setdefault((name, f"prefill {a.prefill_batch}x{a.prefill}"), []).append(
                     prefill_tokens_per_s(model, a.prefill_batch, a.prefill, a.device))
+                # progress on stderr, so that a run cut short still shows what it measured
+                print(f"round {r + 1}: {name}: " + ", ".join(f"{c} {v[-1]:,.0f}" for (n, c), v in results.items()
+                                                              if n == name), file=sys.stderr, flush=True)
             finally:
                 if handle is not None:
                     handle.restore()
     cases = list(dict.fromkeys(c for _, c in results))
     dev = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     lines = [f"{a.model} on {dev}, torch {torch.__version__}, {'CUDA graph' if graph else 'eager'} decode, "
+             + (f"experts_implementation {experts}, " if experts else "") +
              f"median of {a.rounds} rounds (tokens/s; x bf16)", "",
              "| variant | " + " | ".join(cases) + " |", "|---|" + "---:|" * len(cases)]
     for name in vs:

@@ -146,11 +146,33 @@ def _is_experts(m: nn.Module) -> bool:
             and not getattr(m, "is_transposed", False))
 
 
+# transformers' experts functions that QDQExperts runs with its own weights and gate (they read the
+# module's gate_up_proj / down_proj and call its _apply_gate): no host synchronisation, so a decode
+# step with them is captured in a CUDA graph. Other implementations (deepgemm, sonicmoe: their own
+# kernels and weight layouts) and "eager" take the experts loop below.
+_EXPERTS_FUNCTIONS = ("grouped_mm", "batched_mm")
+
+
+def _default_gate(experts: nn.Module) -> bool:
+    """The experts module computes act_fn(gate) * up from a concatenated [gate; up] projection, with
+    no bias, no post-expert norm and no expert parallelism (what QDQExperts reproduces)."""
+    gate = getattr(type(experts), "_apply_gate", None)
+    return (gate is None or getattr(gate, "__name__", "") == "_default_apply_gate") \
+        and getattr(experts, "has_gate", True) and not getattr(experts, "has_bias", False) \
+        and getattr(experts, "is_concatenated", True) and not getattr(experts, "has_post_expert_norm", False) \
+        and not getattr(experts, "_is_expert_parallel", False)
+
+
 class QDQExperts(nn.Module):
     """A transformers 5.x experts module (see _is_experts) with its expert weights fake-quantized once
     (along their input dimension, as nn.functional.linear reads them) and the inputs of both expert
-    projections fake-quantized per call. Computes the eager experts loop: for each routed token,
-    gate, up = linear(qdq(h), W_gu[e]).chunk(2); out += w * linear(qdq(act(gate) * up), W_d[e])."""
+    projections fake-quantized per call: gate, up = linear(qdq(h), W_gu[e]).chunk(2);
+    out += w * linear(qdq(act(gate) * up), W_d[e]) for each routed (token, expert).
+
+    It computes that the way the model's config selects (config._experts_implementation, read on every
+    call as transformers does): "grouped_mm" / "batched_mm" run transformers' own function with the
+    QDQ'd weights and the QDQ inside the gate (no host synchronisation: CUDA-graph capturable);
+    anything else runs the eager loop over the experts hit (a host synchronisation per call)."""
 
     def __init__(self, experts: nn.Module, weights: Optional[dict], activations: Optional[dict]):
         super().__init__()
@@ -163,15 +185,41 @@ class QDQExperts(nn.Module):
         self.act_fn = experts.act_fn
         self.weight_spec = weights
         self.activation_spec = activations
+        # What transformers' experts functions read (the layout _is_experts and _default_gate checked).
+        self.config = getattr(experts, "config", None)
+        self._transformers_functions = self.config is not None and _default_gate(experts)
+        self.has_gate, self.has_bias, self.is_transposed, self.is_concatenated = True, False, False, True
+        self.has_post_expert_norm, self._is_expert_parallel = False, False
+
+    def _apply_gate(self, gate_up_out: torch.Tensor) -> torch.Tensor:
+        """qdq(act_fn(gate) * up): the down projection's input, from the [gate; up] projection."""
+        gate, up = gate_up_out.chunk(2, dim=-1)
+        return _apply(self.act_fn(gate) * up, self.activation_spec)
+
+    def _function(self) -> Optional[Callable]:
+        if not self._transformers_functions:
+            return None
+        impl = getattr(self.config, "_experts_implementation", None)
+        if impl not in _EXPERTS_FUNCTIONS:
+            return None
+        try:
+            from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+        except ImportError:
+            return None
+        return ALL_EXPERTS_FUNCTIONS.get(impl)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(hidden_states)
-        # NOTE: the tokens are quantized once, before they are gathered per expert. With MX formats and
+        # NOTE: the tokens are quantized once, before they are gathered per expert, and the gate's output
+        # once over every routed (token, expert) pair in the grouped functions. With MX formats and
         # round-to-nearest-even that equals quantizing each expert's gathered rows (blocks lie inside a
-        # row); NVFP4 without a given tensor scale takes one amax over all tokens here (not one per
-        # expert), and stochastic rounding draws by the row's index in all tokens.
+        # row); NVFP4 without a given tensor scale takes one amax over all of them (not one per expert),
+        # and stochastic rounding draws by the row's index among them.
         h = _apply(hidden_states, self.activation_spec)
+        fn = self._function()
+        if fn is not None:
+            return fn(self, h, top_k_index, top_k_weights)
+        out = torch.zeros_like(hidden_states)
         with torch.no_grad():
             hit = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
             experts_hit = (hit.sum(dim=(-1, -2)) > 0).nonzero()
@@ -179,15 +227,15 @@ class QDQExperts(nn.Module):
             if e == self.num_experts:
                 continue
             pos, tok = torch.where(hit[e])
-            gate, up = nn.functional.linear(h[tok], self.gate_up_proj[e]).chunk(2, dim=-1)
-            mid = _apply(self.act_fn(gate) * up, self.activation_spec)
+            mid = self._apply_gate(nn.functional.linear(h[tok], self.gate_up_proj[e]))
             y = nn.functional.linear(mid, self.down_proj[e]) * top_k_weights[tok, pos, None]
             out.index_add_(0, tok, y.to(out.dtype))
         return out
 
     def extra_repr(self) -> str:
+        impl = getattr(self.config, "_experts_implementation", None) if self._function() is not None else "eager"
         return (f"num_experts={self.num_experts}, weights={_describe(self.weight_spec)}, "
-                f"activations={_describe(self.activation_spec)}")
+                f"activations={_describe(self.activation_spec)}, experts_implementation={impl}")
 
 
 def _fusable(spec: Optional[dict]) -> bool:

@@ -11,10 +11,13 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_generate_bench_runs_every_variant_on_a_tiny_model(tmp_path):
-    pytest.importorskip("transformers")
+@pytest.mark.parametrize("model", ["tiny", "tiny-moe"])
+def test_generate_bench_runs_every_variant_on_a_tiny_model(tmp_path, model):
+    transformers = pytest.importorskip("transformers")
+    if model == "tiny-moe" and not hasattr(transformers, "Qwen3MoeConfig"):
+        pytest.skip("transformers without Qwen3-MoE")
     out = tmp_path / "table.md"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "generate_bench.py"), "--model", "tiny",
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "generate_bench.py"), "--model", model,
                         "--device", "cpu", "--no-graph", "--batch", "1", "--prompt", "8", "--steps", "2",
                         "--prefill", "16", "--prefill-batch", "2", "--rounds", "1", "--markdown", str(out)],
                        capture_output=True, text=True, timeout=600)

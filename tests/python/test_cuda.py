@@ -255,6 +255,40 @@ def test_cuda_emulate_llama():
     assert gpu.shape == cpu.shape and bool(torch.isfinite(gpu).all())
 
 
+def test_cuda_emulate_moe_grouped_graph():
+    """Emulated Qwen3-MoE experts through transformers' grouped_mm function: a forward is captured in a
+    CUDA graph (no host synchronisation) and its replay equals the eager forward, byte for byte."""
+    transformers = pytest.importorskip("transformers")
+    moe = pytest.importorskip("transformers.integrations.moe")
+    if not hasattr(transformers, "Qwen3MoeConfig") or "grouped_mm" not in moe.ALL_EXPERTS_FUNCTIONS:
+        pytest.skip("transformers without Qwen3-MoE's grouped_mm experts")
+    cfg = transformers.Qwen3MoeConfig(vocab_size=128, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      num_experts=8, num_experts_per_tok=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.Qwen3MoeForCausalLM(cfg).eval().to(torch.bfloat16).cuda()
+    model.config._experts_implementation = "grouped_mm"
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1)).cuda()
+    with torch.no_grad():
+        base = model(ids).logits
+        h = mxq.emulate(model, weights="mxfp4", activations="mxfp4")
+        assert any(isinstance(m, mxq.QDQExperts) for m in model.modules())
+        eager = model(ids).logits
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            model(ids)  # warm-up off the default stream, as torch.cuda.graph wants
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = model(ids).logits
+        g.replay()
+        torch.cuda.synchronize()
+        assert_bytes_equal(out, eager, "graph replay of the emulated MoE")
+        assert not torch.equal(eager, base), "emulation changes the logits"
+        h.restore()
+
+
 @pytest.mark.parametrize("gs", anchors.NV_GLOBAL_SCALES, ids=lambda g: f"gs={g:g}")
 def test_cuda_qutlass_global_scales_equal_cpu(gs):
     """fusedQuantizeNv and NVFP4 with a given tensor scale at awkward global scales (saturating and

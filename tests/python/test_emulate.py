@@ -161,7 +161,8 @@ def test_emulate_llama():
         assert out is None or out.shape == (1, 7)
 
 
-def test_emulate_qwen3_moe_experts():
+@pytest.mark.parametrize("impl", ["eager", "grouped_mm", "batched_mm"])
+def test_emulate_qwen3_moe_experts(impl):
     transformers = pytest.importorskip("transformers")
     if not hasattr(transformers, "Qwen3MoeConfig"):
         pytest.skip("transformers without Qwen3-MoE")
@@ -174,6 +175,11 @@ def test_emulate_qwen3_moe_experts():
     if not experts or not hasattr(experts[0][1], "gate_up_proj"):
         pytest.skip("this transformers has no 3-D experts module")
     name, ex = experts[0]
+    if impl != "eager":
+        moe = pytest.importorskip("transformers.integrations.moe")
+        if impl not in moe.ALL_EXPERTS_FUNCTIONS:
+            pytest.skip(f"this transformers has no {impl} experts function")
+    model.config._experts_implementation = impl  # read on every call, by transformers and by QDQExperts
     gu, dn = ex.gate_up_proj.detach().clone(), ex.down_proj.detach().clone()
     ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -198,6 +204,7 @@ def test_emulate_qwen3_moe_experts():
         # NOTE: a tolerance only for the fp32 GEMM: the module multiplies each expert's gathered tokens at once,
         # this loop one token at a time (another accumulation order); the QDQ'd weights are compared exactly above.
         torch.testing.assert_close(got, expect, rtol=0, atol=1e-6)
+        assert f"experts_implementation={impl}" in repr(new)
         emu = model(ids).logits
         assert emu.shape == base.shape and not torch.equal(emu, base)
         h.restore()

@@ -168,6 +168,27 @@ __device__ __forceinline__ void finish_chunk(const float (&v)[kChunk], const Fus
   }
 }
 
+// Chunk c of a row: op(a, b) elementwise (0 past K, and every value 0 for a lane past the row's
+// chunks, which still joins its group's shuffles), finished (QDQ'd or rounded) and stored.
+template <DType DT, Qdq Q, ElemType ET, class Op>
+__device__ __forceinline__ void produce_chunk(const std::uint8_t* a, const std::uint8_t* b, std::uint8_t* y, i64 c,
+                                              const FusedParams& p, Op op) {
+  const bool in = c < p.cpr;
+  float v[kChunk], w[kChunk];
+  if (in) {
+    load8<DT>(a, c * kChunk, p, v);
+    load8<DT>(b, c * kChunk, p, w);
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) v[j] = c * kChunk + j < p.K ? op(v[j], w[j]) : 0.0f;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) v[j] = 0.0f;
+  }
+  u32 o[kChunk];
+  finish_chunk<DT, Q, ET>(v, p, o);
+  if (in) store8<DT>(y, c * kChunk, p, o);
+}
+
 template <DType DT, Qdq Q, ElemType ET>
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const FusedParams p) {
   const i64 row = blockIdx.x;
@@ -197,23 +218,9 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const FusedParams p)
   }
   __syncthreads();
   const float r = inv;
-  for (int i = 0; i < p.iters; ++i) {  // uniform trip count: every lane joins the group shuffles
-    const i64 c = i64(i) * kThreads + t;
-    const bool in = c < p.cpr;
-    float w[kChunk];
-    if (in) {
-      load8<DT>(x, c * kChunk, p, v);
-      load8<DT>(p.b, c * kChunk, p, w);
-#pragma unroll
-      for (int j = 0; j < kChunk; ++j) v[j] = c * kChunk + j < p.K ? rms_norm_element(v[j], w[j], r, DT) : 0.0f;
-    } else {
-#pragma unroll
-      for (int j = 0; j < kChunk; ++j) v[j] = 0.0f;
-    }
-    u32 o[kChunk];
-    finish_chunk<DT, Q, ET>(v, p, o);
-    if (in) store8<DT>(y, c * kChunk, p, o);
-  }
+  for (int i = 0; i < p.iters; ++i)  // uniform trip count: every lane joins the group shuffles
+    produce_chunk<DT, Q, ET>(x, p.b, y, i64(i) * kThreads + t, p,
+                             [r](float xv, float wv) { return rms_norm_element(xv, wv, r, DT); });
 }
 
 // One block per kThreads chunks of a row (segment), so that a single row spreads over the GPU.
@@ -224,21 +231,8 @@ __global__ void __launch_bounds__(kThreads) silu_mul_kernel(const FusedParams p)
   const std::uint8_t* gate = p.a + row * p.a_stride;
   const std::uint8_t* up = p.b + row * p.b_stride;
   std::uint8_t* y = p.y + row * p.y_stride;
-  const i64 c = seg * kThreads + t;
-  const bool in = c < p.cpr;
-  float v[kChunk], u[kChunk];
-  if (in) {
-    load8<DT>(gate, c * kChunk, p, v);
-    load8<DT>(up, c * kChunk, p, u);
-#pragma unroll
-    for (int j = 0; j < kChunk; ++j) v[j] = c * kChunk + j < p.K ? silu_mul_element(v[j], u[j], DT) : 0.0f;
-  } else {
-#pragma unroll
-    for (int j = 0; j < kChunk; ++j) v[j] = 0.0f;
-  }
-  u32 o[kChunk];
-  finish_chunk<DT, Q, ET>(v, p, o);
-  if (in) store8<DT>(y, c * kChunk, p, o);
+  produce_chunk<DT, Q, ET>(gate, up, y, seg * kThreads + t, p,
+                           [](float g, float u) { return silu_mul_element(g, u, DT); });
 }
 
 FusedParams make_params(const Tensor& a, const Tensor& b, const Tensor& y, const core::Problem* qdq) {

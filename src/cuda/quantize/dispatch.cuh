@@ -111,66 +111,77 @@ inline int blocks_per_sm_override() {
   return n;
 }
 
-// Launches block_kernel<QDQ> for problem p over dtype dt with the plan's chunk width on stream s. k
-// holds the views; the vector flags of x and y are set here (they depend on the chunk width).
-// With k.fused_amax (see fuses_amax) the kernel reduces the tensor amax itself.
-// Blocks per SM: QDQ with RNE and the FP8 quantize at most 2 (wave_grid's NOTE), else the occupancy.
-template <bool QDQ>
-void launch_block_kernel(const char* fn, const core::Problem& p, DType dt, const Plan& pl, Params& k, cudaStream_t s) {
+// f(fmt, dtc, cc): the format type, the input dtype and the chunk width of problem p as compile-time
+// values, with the vector flags of k.x and k.y set for that dtype and width (they depend on it).
+template <class F>
+void dispatch_block(const core::Problem& p, DType dt, const Plan& pl, Params& k, F&& f) {
   core::dispatch_format(p.opt.format, [&](auto fmt) {
-    using Fmt = decltype(fmt);
     core::dispatch_dtype(dt, [&](auto dtc) {
       constexpr DType DT = decltype(dtc)::value;
       dispatch_chunk<DT>(pl.C, [&](auto cc) {
         constexpr int C = decltype(cc)::value;
         k.x_vec = aligned(k.x, k.x_stride, vec_align<DT, C>());
         if (k.y) k.y_vec = aligned(k.y, k.y_stride, vec_align<DT, C>());
-        constexpr bool kFp8 = Fmt::elem == ElemType::e4m3 || Fmt::elem == ElemType::e5m2;
-        const int cap = blocks_per_sm_override() > 0 ? blocks_per_sm_override() : QDQ ? (p.stochastic ? 0 : 2) : (kFp8 ? 2 : 0);
-        auto launch = [&](auto ch) {
-          constexpr auto kernel = block_kernel<Fmt, DT, C, QDQ, decltype(ch)>;
-          k.blocks = wave_grid<kernel>(fn, k.total, cap);
-          kernel<<<k.blocks, kThreads, 0, s>>>(k);
-        };
-        if constexpr (C == fast_chunk<DT>()) {
-          if constexpr (Fmt::nvfp4) {
-            if (k.fused_amax) {
-              // Small tensors on sm_90: one cluster, one read, no accumulator to zero.
-              bool done = false;
-              dispatch_choices<Fmt>(p, [&](auto ch) {
-                constexpr auto kernel = nvfp4_cluster_kernel<DT, C, QDQ, decltype(ch)>;
-                const int nb = cluster_blocks<kernel>(fn, k.total);
-                if (nb == 0) return;
-                k.blocks = unsigned(nb);
-                cudaLaunchAttribute attr{};
-                attr.id = cudaLaunchAttributeClusterDimension;
-                attr.val.clusterDim.x = k.blocks, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-                launch_with<kernel>(fn, k, s, attr, "cluster launch of the NVFP4 kernel");
-                done = true;
-              });
-              if (done) return;
-              check(cudaMemsetAsync(p.amax_acc, 0, sizeof(u32), s), fn, "zeroing the amax accumulator");
-              // One cooperative launch (its grid-wide barrier needs every block resident: wave_grid's
-              // grid is at most the resident blocks).
-              return dispatch_choices<Fmt>(p, [&](auto ch) {
-                constexpr auto kernel = block_kernel<Fmt, DT, C, QDQ, decltype(ch), true>;
-                k.blocks = wave_grid<kernel>(fn, k.total, cap);
-                // NOTE: three quarters of the L2 for the lines the second pass reads first; the
-                // rest of it takes the streaming reads and the outputs.
-                k.l2_keep_iters = i64(l2_bytes(fn)) * 3 / 4 / (i64(k.blocks) * kThreads * vec_bytes<DT, C>());
-                cudaLaunchAttribute attr{};
-                attr.id = cudaLaunchAttributeCooperative;
-                attr.val.cooperative = 1;
-                launch_with<kernel>(fn, k, s, attr, "cooperative launch of the fused-amax kernel");
-              });
-            }
-          }
-          dispatch_choices<Fmt>(p, launch);
-        } else {
-          launch(Choices<ScaleChoice::runtime, RoundChoice::runtime>{});
-        }
+        f(fmt, dtc, cc);
       });
     });
+  });
+}
+
+// Launches block_kernel<QDQ> for problem p over dtype dt with the plan's chunk width on stream s. k
+// holds the views; the vector flags of x and y are set here (they depend on the chunk width).
+// With k.fused_amax (see fuses_amax) the kernel reduces the tensor amax itself.
+// Blocks per SM: QDQ with RNE and the FP8 quantize at most 2 (wave_grid's NOTE), else the occupancy.
+template <bool QDQ>
+void launch_block_kernel(const char* fn, const core::Problem& p, DType dt, const Plan& pl, Params& k, cudaStream_t s) {
+  dispatch_block(p, dt, pl, k, [&](auto fmt, auto dtc, auto cc) {
+    using Fmt = decltype(fmt);
+    constexpr DType DT = decltype(dtc)::value;
+    constexpr int C = decltype(cc)::value;
+    constexpr bool kFp8 = Fmt::elem == ElemType::e4m3 || Fmt::elem == ElemType::e5m2;
+    const int cap = blocks_per_sm_override() > 0 ? blocks_per_sm_override() : QDQ ? (p.stochastic ? 0 : 2) : (kFp8 ? 2 : 0);
+    auto launch = [&](auto ch) {
+      constexpr auto kernel = block_kernel<Fmt, DT, C, QDQ, decltype(ch)>;
+      k.blocks = wave_grid<kernel>(fn, k.total, cap);
+      kernel<<<k.blocks, kThreads, 0, s>>>(k);
+    };
+    if constexpr (C == fast_chunk<DT>()) {
+      if constexpr (Fmt::nvfp4) {
+        if (k.fused_amax) {
+          // Small tensors on sm_90: one cluster, one read, no accumulator to zero.
+          bool done = false;
+          dispatch_choices<Fmt>(p, [&](auto ch) {
+            constexpr auto kernel = nvfp4_cluster_kernel<DT, C, QDQ, decltype(ch)>;
+            const int nb = cluster_blocks<kernel>(fn, k.total);
+            if (nb == 0) return;
+            k.blocks = unsigned(nb);
+            cudaLaunchAttribute attr{};
+            attr.id = cudaLaunchAttributeClusterDimension;
+            attr.val.clusterDim.x = k.blocks, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+            launch_with<kernel>(fn, k, s, attr, "cluster launch of the NVFP4 kernel");
+            done = true;
+          });
+          if (done) return;
+          check(cudaMemsetAsync(p.amax_acc, 0, sizeof(u32), s), fn, "zeroing the amax accumulator");
+          // One cooperative launch (its grid-wide barrier needs every block resident: wave_grid's
+          // grid is at most the resident blocks).
+          return dispatch_choices<Fmt>(p, [&](auto ch) {
+            constexpr auto kernel = block_kernel<Fmt, DT, C, QDQ, decltype(ch), true>;
+            k.blocks = wave_grid<kernel>(fn, k.total, cap);
+            // NOTE: three quarters of the L2 for the lines the second pass reads first; the
+            // rest of it takes the streaming reads and the outputs.
+            k.l2_keep_iters = i64(l2_bytes(fn)) * 3 / 4 / (i64(k.blocks) * kThreads * vec_bytes<DT, C>());
+            cudaLaunchAttribute attr{};
+            attr.id = cudaLaunchAttributeCooperative;
+            attr.val.cooperative = 1;
+            launch_with<kernel>(fn, k, s, attr, "cooperative launch of the fused-amax kernel");
+          });
+        }
+      }
+      dispatch_choices<Fmt>(p, launch);
+    } else {
+      launch(Choices<ScaleChoice::runtime, RoundChoice::runtime>{});
+    }
   });
   check_launch(fn, QDQ ? "qdq kernel" : "quantize kernel");
 }

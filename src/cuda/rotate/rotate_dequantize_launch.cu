@@ -5,6 +5,7 @@
 #include "cuda/common/reductions.cuh"
 #include "cuda/common/rotation.cuh"
 #include "cuda/dequantize/dequantize_chunk.cuh"
+#include "cuda/dequantize/dequantize_launch.cuh"
 #include "cuda/rotate/rotate.hpp"
 
 namespace mxq::cuda {
@@ -111,32 +112,13 @@ void enqueue_rotated_amax(const char* fn, DType dt, const Plan& pl, const Params
 
 void dequantize_rotated(const core::Problem& p, const QuantizedIn& q, const Tensor& y) {
   const cudaStream_t s = stream_of(p);
-  const Plan pl = make_plan(p, int(dtype_size(y.dtype)), y.stride() == p.K && dense_quantized(p, q.codes, q.scales, nullptr));
-  Params k = base_params(p, pl);
-  set_rotation(k, p.opt);
-  k.codes = static_cast<std::uint8_t*>(q.codes.data);
-  k.codes_stride = q.codes.stride();
-  k.scales = static_cast<std::uint8_t*>(q.scales.data);
-  k.scales_stride = q.scales.stride();
-  k.y = static_cast<std::uint8_t*>(y.data);
-  k.y_stride = y.stride() * dtype_size(y.dtype);
-  k.codes_vec = aligned(k.codes, k.codes_stride, p.fp4 ? pl.C / 2 : pl.C);
-  // Whole warps: the last warp's lanes past the end take part in the shuffles.
-  k.blocks = unsigned(launch_blocks(p.fn, k.total));
-  core::dispatch_format(p.opt.format, [&](auto fmt) {
-    using Fmt = decltype(fmt);
-    core::dispatch_dtype(y.dtype, [&](auto dt) {
-      constexpr DType DT = decltype(dt)::value;
-      dispatch_chunk<DT>(pl.C, [&](auto cc) {
-        constexpr int C = decltype(cc)::value;
-        if constexpr (C >= 8) {
-          k.y_vec = aligned(k.y, k.y_stride, vec_align<DT, C>());
-          dequant_rotated_kernel<Fmt, DT, C><<<k.blocks, kThreads, 0, s>>>(k);
-        } else {
-          throw Error(Error::Code::internal, std::string(p.fn) + ": a rotated launch with chunks of 2 (groups of 2 or 4)");
-        }
-      });
-    });
+  DequantLaunch l = dequant_launch(p, q, y);
+  set_rotation(l.k, p.opt);
+  dispatch_dequant(p, y.dtype, l, [&](auto fmt, auto dt, auto cc) {
+    if constexpr (decltype(cc)::value >= 8)
+      dequant_rotated_kernel<decltype(fmt), decltype(dt)::value, decltype(cc)::value><<<l.k.blocks, kThreads, 0, s>>>(l.k);
+    else
+      throw Error(Error::Code::internal, std::string(p.fn) + ": a rotated launch with chunks of 2 (groups of 2 or 4)");
   });
   check_launch(p.fn, "rotated dequantize kernel");
 }
