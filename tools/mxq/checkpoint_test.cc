@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -55,6 +56,20 @@ const std::vector<Spec> kSpecs = {
 };
 
 constexpr auto to_bf16 = mxq::f32_to_bf16;  // mxq/convert.hpp
+
+// "SQNR 12.34 dB" of bf16 weights x against y, the tool's figure, summed in element order (the tool
+// sums bands in parallel and lanes interleaved: the same figure to its two decimals).
+std::string sqnr_text(const std::vector<std::uint16_t>& x, const std::vector<float>& y) {
+  double e = 0, r = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double xv = mxq::bf16_to_f32(x[i]), d = double(y[i]) - xv;
+    e += d * d;
+    r += xv * xv;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "SQNR %.2f dB", 10 * std::log10(r / e));
+  return buf;
+}
 
 std::map<std::string, std::vector<std::uint16_t>> make_checkpoint(const fs::path& dir) {
   fs::create_directories(dir);
@@ -126,7 +141,9 @@ TEST_P(Checkpoint, QuantizeDequantizeMatchTheLibrary) {
   qa.in = (root / "in").string();
   qa.out = (root / "q").string();
   qa.format = format;
+  testing::internal::CaptureStdout();
   ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  const std::string qlog = testing::internal::GetCapturedStdout();
   mxq::cli::DequantizeArgs da;
   da.in = qa.out;
   da.out = (root / "dq").string();
@@ -181,6 +198,13 @@ TEST_P(Checkpoint, QuantizeDequantizeMatchTheLibrary) {
       if (gs.size() == 4) std::memcpy(&S, gs.data(), 4);
       EXPECT_EQ(S, *o.tensor_scale) << mod;
     }
+    // the error line: SQNR of the dequantized codes (fp32) against x, summed here in plain order
+    std::vector<float> yf(x.size());
+    mxq::dequantize(mxq::QuantizedIn{q.codes, q.scales}, mxq::Tensor::of(yf.data(), mxq::DType::f32, N, K), o);
+    EXPECT_NE(qlog.find(mod + ".weight [" + std::to_string(N) + ", " + std::to_string(K) + "] BF16 -> " + format + ": " +
+                        sqnr_text(x, yf)),
+              std::string::npos)
+        << mod << "\n" << qlog;
     // dequantized weights equal the library's QDQ
     std::vector<std::uint16_t> y(x.size());
     mxq::qdq(xt, mxq::Tensor::of(y.data(), mxq::DType::bf16, N, K), o);
@@ -194,11 +218,19 @@ TEST_P(Checkpoint, QuantizeDequantizeMatchTheLibrary) {
   qa.fake = true;
   testing::internal::CaptureStdout();
   ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
-  testing::internal::GetCapturedStdout();
+  const std::string flog = testing::internal::GetCapturedStdout();
   for (const char* m : {"q_proj", "o_proj"}) {
     const std::string n = std::string("model.layers.0.self_attn.") + m + ".weight";
     const std::vector<std::int64_t> shape = m == std::string("o_proj") ? std::vector<std::int64_t>{128, 64} : std::vector<std::int64_t>{64, 128};
-    EXPECT_EQ(load(root / "fq", n, "BF16", shape), load(root / "dq", n, "BF16", shape)) << n;
+    const auto fq = load(root / "fq", n, "BF16", shape);
+    EXPECT_EQ(fq, load(root / "dq", n, "BF16", shape)) << n;
+    // its error line: the QDQ'd bf16 weights against the original
+    std::vector<float> yf(fq.size() / 2);
+    for (std::size_t i = 0; i < yf.size(); ++i) yf[i] = mxq::bf16_to_f32(std::uint16_t(fq[2 * i] | fq[2 * i + 1] << 8));
+    EXPECT_NE(flog.find(n + " [" + std::to_string(shape[0]) + ", " + std::to_string(shape[1]) + "] BF16 -> qdq " + format +
+                        ": " + sqnr_text(data.at(n), yf)),
+              std::string::npos)
+        << n << "\n" << flog;
   }
   // unquantized tensors are copied byte for byte
   for (const char* n : {"model.embed_tokens.weight", "lm_head.weight", "model.layers.0.mlp.odd_proj.weight",
@@ -1023,6 +1055,71 @@ float global_scale_of(const fs::path& file, const std::string& module) {
   return S;
 }
 }  // namespace
+
+// The error line of a weight large enough for several bands of the parallel error pass (bands of
+// 2^18 elements: 2048 rows of 128 here, so 4100 rows make three, the last partial): the figure equals
+// the plain serial sum's to the two decimals printed, and the non-finite counts add up across bands.
+TEST(CheckpointQuantize, ErrorLinesOfWeightsSpanningSeveralBands) {
+  const fs::path root = scratch("bands");
+  const std::int64_t N = 4100, K = 128;
+  std::vector<std::uint16_t> w(N * K), nan_w;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  // the bands differ (outliers in the second, tiny values in the third), so that a band lost or
+  // counted twice moves the figure
+  for (std::int64_t i = 0; i < N * K; ++i) {
+    const std::int64_t row = i / K;
+    const float v = nd(rng);
+    w[i] = to_bf16(row < 2048 ? v : row < 4096 ? (i % 7 == 0 ? 30 * v : v) : v * 1e-3f);
+  }
+  nan_w = w;
+  nan_w[2500 * K + 40] = 0x7FC0;  // one NaN in the second band: its MXFP4 block of 32 decodes to NaN
+  fs::create_directories(root / "in");
+  {
+    st::Writer wr((root / "in" / "model.safetensors").string());
+    wr.declare("l.mlp.up_proj.weight", "BF16", {N, K});
+    wr.declare("l.mlp.nan_proj.weight", "BF16", {N, K});
+    wr.write("l.mlp.up_proj.weight", {reinterpret_cast<const std::uint8_t*>(w.data()), w.size() * 2});
+    wr.write("l.mlp.nan_proj.weight", {reinterpret_cast<const std::uint8_t*>(nan_w.data()), nan_w.size() * 2});
+    wr.commit();
+  }
+  for (const std::string format : {"mxfp4", "nvfp4"}) {
+    for (const bool fake : {false, true}) {
+      mxq::cli::QuantizeArgs qa;
+      qa.in = (root / "in").string();
+      qa.out = (root / (format + (fake ? "-fq" : "-q"))).string();
+      qa.format = format;
+      qa.fake = fake;
+      testing::internal::CaptureStdout();
+      testing::internal::CaptureStderr();
+      ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+      const std::string log = testing::internal::GetCapturedStdout();
+      testing::internal::GetCapturedStderr();
+      // the expected figure, from the library's own QDQ in fp32 (= dequantize of the codes)
+      mxq::QuantOptions o = format == "nvfp4" ? mxq::QuantOptions::nvfp4() : mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::even);
+      if (format == "nvfp4")
+        o.tensor_scale = mxq::nvfp4_tensor_scale_from_amax(mxq::tensor_amax(mxq::Tensor::of(w.data(), mxq::DType::bf16, N, K)));
+      std::vector<float> xf(w.size()), yf(w.size());
+      for (std::size_t i = 0; i < w.size(); ++i) xf[i] = mxq::bf16_to_f32(w[i]);
+      if (fake) {  // the QDQ'd weights are stored in bf16: the figure is of those
+        std::vector<std::uint16_t> yb(w.size());
+        mxq::qdq(mxq::Tensor::of(w.data(), mxq::DType::bf16, N, K), mxq::Tensor::of(yb.data(), mxq::DType::bf16, N, K), o);
+        for (std::size_t i = 0; i < w.size(); ++i) yf[i] = mxq::bf16_to_f32(yb[i]);
+      } else {
+        mxq::qdq(mxq::Tensor::of(xf.data(), mxq::DType::f32, N, K), mxq::Tensor::of(yf.data(), mxq::DType::f32, N, K), o);
+      }
+      const std::string to = std::string(fake ? "qdq " : "") + format;
+      EXPECT_NE(log.find("l.mlp.up_proj.weight [4100, 128] BF16 -> " + to + ": " + sqnr_text(w, yf)), std::string::npos)
+          << format << (fake ? " qdq" : "") << "\n" << log;
+      const std::string more = format == "nvfp4" ? "15" : "31";  // the rest of the NaN's block
+      EXPECT_NE(log.find("l.mlp.nan_proj.weight [4100, 128] BF16 -> " + to + ": SQNR not finite (1 non-finite inputs, " + more +
+                         " more non-finite outputs)"),
+                std::string::npos)
+          << log;
+    }
+  }
+  fs::remove_all(root);
+}
 
 // NaN and Inf weights follow the numerics contract and are reported, never scored as perfect: the
 // NVFP4 global scale is the library's (tensor_amax -> nvfp4_tensor_scale_from_amax: 1 for a NaN amax
