@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -156,7 +157,11 @@ def main() -> int:
     lines = [f"## Checkpoint conversion: `mxq {args.op}` of a {nbytes / 1e9:.2f} GB Llama-shaped bf16 checkpoint",
              "", f"{os.cpu_count()} CPU cores; reading every shard once: {nbytes / read_s / 1e9:.2f} GB/s "
              f"(page cache; generated in {gen_s:.0f} s). Throughput = input bytes / wall time; one run each.", "",
-             "| format | device | wall s | GB/s of input | peak RSS MiB | rc |", "|---|---|---:|---:|---:|---:|"]
+             "The last column is the tool's own account (its `time:` line): planning (NVFP4 amax pass), conversion "
+             "(kernels and transfers), error statistics, writing (with the fsync of each shard), the rest (reading, "
+             "page faults, setup), seconds.", "",
+             "| format | device | wall s | GB/s of input | peak RSS MiB | rc | plan / conv / error / write / rest s |",
+             "|---|---|---:|---:|---:|---:|---|"]
     print("\n".join(lines), flush=True)
     out = os.path.join(args.dir, "out")
     first = True
@@ -169,7 +174,10 @@ def main() -> int:
                 first = False
             w, rss, rc, tail = run_child(cmd)
             rc_all |= rc
-            row = f"| {fmt} | {dev} | {w:.1f} | {nbytes / w / 1e9:.2f} | {rss:.0f} | {rc} |"
+            m = re.search(r"planning ([\d.]+) s, conversion ([\d.]+) s, error statistics ([\d.]+) s, writing ([\d.]+) s, "
+                          r"the rest \(reading, page faults, setup\) (-?[\d.]+) s", tail)
+            phases = " / ".join(m.groups()) if m else "-"
+            row = f"| {fmt} | {dev} | {w:.1f} | {nbytes / w / 1e9:.2f} | {rss:.0f} | {rc} | {phases} |"
             lines.append(row)
             print(row, flush=True)
             if rc:

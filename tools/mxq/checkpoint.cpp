@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cmath>
@@ -357,6 +358,26 @@ ErrorSum error_sum(const std::uint8_t* xp, SrcType xty, int es, std::int64_t N, 
   return total;
 }
 
+// Wall seconds of a conversion's phases, for its last line (where the time goes, e.g. when the
+// disk or the page cache decides it rather than the conversion).
+struct Phases {
+  using clock = std::chrono::steady_clock;
+  double plan = 0, convert = 0, error = 0, write = 0;
+  clock::time_point start = clock::now();
+  template <class F>
+  void time(double& acc, F&& f) {
+    const clock::time_point t0 = clock::now();
+    f();
+    acc += std::chrono::duration<double>(clock::now() - t0).count();
+  }
+  std::string str() const {
+    const double all = std::chrono::duration<double>(clock::now() - start).count();
+    return fmt::format("time: {:.2f} s in all; planning {:.2f} s, conversion {:.2f} s, error statistics {:.2f} s, writing "
+                       "{:.2f} s, the rest (reading, page faults, setup) {:.2f} s",
+                       all, plan, convert, error, write, all - plan - convert - error - write);
+  }
+};
+
 long peak_rss_mib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -616,6 +637,8 @@ int run_quantize(const QuantizeArgs& a) {
                  "modules decodes them with another member's NVFP4 global scale\n", fusion.source);
   }
 
+  Phases ph;
+  const Phases::clock::time_point plan_t0 = Phases::clock::now();
   // Plan: which tensors are quantized, and (NVFP4) the tensor amax of each, for the shared scales.
   struct Plan {
     bool quantize = false;
@@ -730,6 +753,7 @@ int run_quantize(const QuantizeArgs& a) {
       if (!rot_shard.empty()) break;
     }
   }
+  ph.plan = std::chrono::duration<double>(Phases::clock::now() - plan_t0).count();
   // Shared global scales of fused projections: the amax of the group (NaN or Inf when a member's is:
   // then S = 1 for every member, docs/numerics.md, and the summary says so).
   std::map<std::string, float> group_amax;
@@ -807,7 +831,7 @@ int run_quantize(const QuantizeArgs& a) {
       bytes_in += double(src.size());
       progress.step(t.name, double(src.size()));
       if (!plan[shard + "/" + t.name].quantize) {
-        w.write(t.name, src);
+        ph.time(ph.write, [&] { w.write(t.name, src); });
         f.release(t);
         bytes_out += double(src.size());
         ++n_copy;
@@ -853,22 +877,23 @@ int run_quantize(const QuantizeArgs& a) {
             q.scales = Tensor::of(scales.data(), DType::u8, ss.rows, ss.cols);
             float S = 1.0f;
             q.tensor_scale = format == Format::nvfp4 ? &S : nullptr;
-            eng.quantize(xt, q, o);
+            ph.time(ph.convert, [&] { eng.quantize(xt, q, o); });
             QuantOptions od = o;
             if (format == Format::nvfp4) od.tensor_scale = S;
             eng.dequantize(QuantizedIn{q.codes, q.scales}, Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K), od);
           } else {
-            eng.qdq(xt, Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K), o);
+            ph.time(ph.convert, [&] { eng.qdq(xt, Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K), o); });
           }
         } catch (const std::exception& e) {
           fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
         }
         const SrcType xty = src_type(t.dtype);
-        const ErrorSum err = error_sum(xp, xty, es, N, K, [&](std::int64_t r0, std::int64_t nr, float* y) {
+        ErrorSum err;
+        ph.time(ph.error, [&] { err = error_sum(xp, xty, es, N, K, [&](std::int64_t r0, std::int64_t nr, float* y) {
           const std::uint8_t* q = yq.data() + r0 * K * es;
           for (std::int64_t i = 0; i < nr * K; ++i) y[i] = load_f32(q + i * es, xty);
-        });
-        w.write(t.name, yq);
+        }); });
+        ph.time(ph.write, [&] { w.write(t.name, yq); });
         bytes_out += double(yq.size());
         finish_tensor(t, xp, "qdq " + a.format + (a.rotate.empty() ? std::string() : " " + a.rotate), err);
         continue;
@@ -879,7 +904,7 @@ int run_quantize(const QuantizeArgs& a) {
       q.codes = Tensor::of(codes.data(), DType::u8, N, code_cols(format, K));
       q.scales = Tensor::of(scales.data(), DType::u8, ss.rows, ss.cols);
       try {
-        eng.quantize(xt, q, o);
+        ph.time(ph.convert, [&] { eng.quantize(xt, q, o); });
       } catch (const std::exception& e) {
         fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
       }
@@ -891,20 +916,21 @@ int run_quantize(const QuantizeArgs& a) {
       QuantOptions oh = o;
       oh.backend = Backend::cpu;
       const std::int64_t cc = code_cols(format, K);
-      const ErrorSum err = error_sum(xp, src_type(t.dtype), es, N, K, [&](std::int64_t r0, std::int64_t nr, float* y) {
+      ErrorSum err;
+      ph.time(ph.error, [&] { err = error_sum(xp, src_type(t.dtype), es, N, K, [&](std::int64_t r0, std::int64_t nr, float* y) {
         mxq::dequantize(QuantizedIn{Tensor::of(codes.data() + r0 * cc, DType::u8, nr, cc),
                                     Tensor::of(scales.data() + r0 * ss.cols, DType::u8, nr, ss.cols)},
                         Tensor::of(y, DType::f32, nr, K), oh);
+      }); });
+      ph.time(ph.write, [&] {
+        w.write(module + (format == Format::mxfp8_e4m3 ? ".weight" : ".weight_packed"), codes);
+        w.write(module + ".weight_scale", scales);
+        if (format == Format::nvfp4) {
+          const float S = *o.tensor_scale;
+          w.write(module + ".weight_global_scale", {reinterpret_cast<const std::uint8_t*>(&S), 4});
+        }
       });
-      if (format == Format::mxfp8_e4m3) w.write(module + ".weight", codes);
-      else w.write(module + ".weight_packed", codes);
-      w.write(module + ".weight_scale", scales);
-      bytes_out += double(codes.size() + scales.size());
-      if (format == Format::nvfp4) {
-        const float S = *o.tensor_scale;
-        w.write(module + ".weight_global_scale", {reinterpret_cast<const std::uint8_t*>(&S), 4});
-        bytes_out += 4;
-      }
+      bytes_out += double(codes.size() + scales.size()) + (format == Format::nvfp4 ? 4 : 0);
       finish_tensor(t, xp, a.format + (a.rotate.empty() ? std::string() : " " + a.rotate), err);
     }
     if (shard == rot_shard) {  // the Sylvester Hadamard matrix, entries +-1 (the loader normalises)
@@ -915,7 +941,7 @@ int run_quantize(const QuantizeArgs& a) {
       w.write(rot_name, {reinterpret_cast<const std::uint8_t*>(h.data()), h.size() * sizeof(float)});
       bytes_out += double(h.size() * sizeof(float));
     }
-    w.commit();
+    ph.time(ph.write, [&] { w.commit(); });
   }
 
   Finish fin;
@@ -927,6 +953,7 @@ int run_quantize(const QuantizeArgs& a) {
     stage.publish();
     fmt::print("fake-quantized {} tensors ({}), copied {} unchanged; peak memory {} MiB\n", n_quant, a.format, n_copy,
                peak_rss_mib());
+    fmt::print("{}\n", ph.str());
     for (const std::string& u : unfit) fmt::print("left unchanged (empty, stored transposed, or K not a multiple of --rotate's size): {}\n", u);
     report_not_finite(not_finite);
     return 0;
@@ -1006,6 +1033,7 @@ int run_quantize(const QuantizeArgs& a) {
   stage.publish();
   fmt::print("quantized {} tensors to {}, copied {} unchanged; {:.1f} MiB -> {:.1f} MiB; peak memory {} MiB\n", n_quant,
              a.format, n_copy, bytes_in / 1048576, bytes_out / 1048576, peak_rss_mib());
+  fmt::print("{}\n", ph.str());
   for (const std::string& u : unfit)
     fmt::print("left unquantized (empty, a shape vLLM could not load, stored transposed, or fused with a module left "
                "unquantized): {}\n", u);
