@@ -7,21 +7,26 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
-#include <cstdio>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <regex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -357,6 +362,74 @@ ErrorSum error_sum(const std::uint8_t* xp, SrcType xty, int es, std::int64_t N, 
   for (const ErrorSum& s : part) total.merge(s);
   return total;
 }
+
+// Writes behind the conversion: tasks (a tensor's write, a shard's commit) run in order on one
+// thread while the next tensors convert; at most kDepth wait, so memory stays bounded by the outputs
+// of a few tensors. The first failure is rethrown by the next submit() or by drain(), and the tasks
+// after it are skipped. The destructor drops what has not started and waits for the thread: on an
+// exception nothing is written after it, and the staging directory (destroyed later) goes last.
+class WriteBehind {
+ public:
+  WriteBehind() : thread_([this] { run(); }) {}
+  ~WriteBehind() {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      stop_ = true;
+      tasks_.clear();
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  WriteBehind(const WriteBehind&) = delete;
+  WriteBehind& operator=(const WriteBehind&) = delete;
+  void submit(std::function<void()> task) {
+    std::unique_lock<std::mutex> l(m_);
+    done_.wait(l, [&] { return tasks_.size() < kDepth || error_; });
+    if (error_) std::rethrow_exception(error_);
+    tasks_.push_back(std::move(task));
+    wake_.notify_all();
+  }
+  void drain() {
+    std::unique_lock<std::mutex> l(m_);
+    done_.wait(l, [&] { return (tasks_.empty() && !busy_) || error_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  static constexpr std::size_t kDepth = 4;
+  void run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> l(m_);
+        wake_.wait(l, [&] { return stop_ || !tasks_.empty(); });
+        if (stop_) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+        busy_ = true;
+      }
+      std::exception_ptr e;
+      try {
+        task();
+      } catch (...) {
+        e = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> l(m_);
+        busy_ = false;
+        if (e && !error_) error_ = e;
+        if (error_) tasks_.clear();
+      }
+      done_.notify_all();
+    }
+  }
+  std::mutex m_;
+  std::condition_variable wake_, done_;
+  std::deque<std::function<void()>> tasks_;
+  std::exception_ptr error_;
+  bool busy_ = false, stop_ = false;
+  std::thread thread_;  // last: started once the rest is initialised
+};
 
 // Wall seconds of a conversion's phases, for its last line (where the time goes, e.g. when the
 // disk or the page cache decides it rather than the conversion).
@@ -768,6 +841,10 @@ int run_quantize(const QuantizeArgs& a) {
   std::int64_t n_quant = 0, n_copy = 0;
   double bytes_in = 0, bytes_out = 0;
   std::size_t done = 0, total = plan.size();
+  // The writes and each shard's commit (flush, fsync, rename) run on the writer thread while the
+  // next tensors convert. Declared after `stage`: on an exception its destructor stops it before the
+  // staging directory is removed.
+  WriteBehind wb;
   for (std::size_t si = 0; si < c.shards.size(); ++si) {
     const std::string& shard = c.shards[si];
     if (part.n && int(si % std::size_t(part.n)) != part.i - 1) {  // another part's shard
@@ -775,8 +852,11 @@ int run_quantize(const QuantizeArgs& a) {
       continue;
     }
     check_interrupted();
-    const st::File f((c.dir / shard).string());
-    st::Writer w((out / shard).string());
+    // shared with the writer thread's tasks (the unchanged tensors are written from the mapping)
+    const auto file = std::make_shared<const st::File>((c.dir / shard).string());
+    const st::File& f = *file;
+    const auto writer = std::make_shared<st::Writer>((out / shard).string());
+    st::Writer& w = *writer;
     w.metadata("format", "pt");
     for (const auto& [k, v] : f.view().metadata())
       if (k != "format") w.metadata(k, v);
@@ -831,8 +911,13 @@ int run_quantize(const QuantizeArgs& a) {
       bytes_in += double(src.size());
       progress.step(t.name, double(src.size()));
       if (!plan[shard + "/" + t.name].quantize) {
-        ph.time(ph.write, [&] { w.write(t.name, src); });
-        f.release(t);
+        ph.time(ph.write, [&] {
+          // t by value: the tensor list may be a temporary of this loop
+          wb.submit([writer, file, t, src] {
+            writer->write(t.name, src);
+            file->release(t);
+          });
+        });
         bytes_out += double(src.size());
         ++n_copy;
         continue;
@@ -893,8 +978,12 @@ int run_quantize(const QuantizeArgs& a) {
           const std::uint8_t* q = yq.data() + r0 * K * es;
           for (std::int64_t i = 0; i < nr * K; ++i) y[i] = load_f32(q + i * es, xty);
         }); });
-        ph.time(ph.write, [&] { w.write(t.name, yq); });
-        bytes_out += double(yq.size());
+        ph.time(ph.write, [&] {
+          wb.submit([writer, name = t.name, y = std::make_shared<const std::vector<std::uint8_t>>(std::move(yq))] {
+            writer->write(name, *y);
+          });
+        });
+        bytes_out += double(src.size());  // the same size as the input
         finish_tensor(t, xp, "qdq " + a.format + (a.rotate.empty() ? std::string() : " " + a.rotate), err);
         continue;
       }
@@ -922,15 +1011,16 @@ int run_quantize(const QuantizeArgs& a) {
                                     Tensor::of(scales.data() + r0 * ss.cols, DType::u8, nr, ss.cols)},
                         Tensor::of(y, DType::f32, nr, K), oh);
       }); });
-      ph.time(ph.write, [&] {
-        w.write(module + (format == Format::mxfp8_e4m3 ? ".weight" : ".weight_packed"), codes);
-        w.write(module + ".weight_scale", scales);
-        if (format == Format::nvfp4) {
-          const float S = *o.tensor_scale;
-          w.write(module + ".weight_global_scale", {reinterpret_cast<const std::uint8_t*>(&S), 4});
-        }
-      });
       bytes_out += double(codes.size() + scales.size()) + (format == Format::nvfp4 ? 4 : 0);
+      ph.time(ph.write, [&] {
+        wb.submit([writer, module, fp8 = format == Format::mxfp8_e4m3, S = format == Format::nvfp4 ? *o.tensor_scale : NAN,
+                   cs = std::make_shared<const std::vector<std::uint8_t>>(std::move(codes)),
+                   ss = std::make_shared<const std::vector<std::uint8_t>>(std::move(scales))] {
+          writer->write(module + (fp8 ? ".weight" : ".weight_packed"), *cs);
+          writer->write(module + ".weight_scale", *ss);
+          if (!std::isnan(S)) writer->write(module + ".weight_global_scale", {reinterpret_cast<const std::uint8_t*>(&S), 4});
+        });
+      });
       finish_tensor(t, xp, a.format + (a.rotate.empty() ? std::string() : " " + a.rotate), err);
     }
     if (shard == rot_shard) {  // the Sylvester Hadamard matrix, entries +-1 (the loader normalises)
@@ -938,11 +1028,14 @@ int run_quantize(const QuantizeArgs& a) {
       std::vector<float> h(std::size_t(n) * n);
       for (int i = 0; i < n; ++i)
         for (int j = 0; j < n; ++j) h[std::size_t(i) * n + j] = (__builtin_popcount(unsigned(i & j)) & 1) ? -1.0f : 1.0f;
-      w.write(rot_name, {reinterpret_cast<const std::uint8_t*>(h.data()), h.size() * sizeof(float)});
       bytes_out += double(h.size() * sizeof(float));
+      wb.submit([writer, rot_name, hm = std::make_shared<const std::vector<float>>(std::move(h))] {
+        writer->write(rot_name, {reinterpret_cast<const std::uint8_t*>(hm->data()), hm->size() * sizeof(float)});
+      });
     }
-    ph.time(ph.write, [&] { w.commit(); });
+    ph.time(ph.write, [&] { wb.submit([writer] { writer->commit(); }); });
   }
+  ph.time(ph.write, [&] { wb.drain(); });  // every shard written and synced (a failure throws here)
 
   Finish fin;
   fin.index = c.index;

@@ -1092,9 +1092,10 @@ TEST(CheckpointQuantize, ErrorLinesOfWeightsSpanningSeveralBands) {
       qa.fake = fake;
       testing::internal::CaptureStdout();
       testing::internal::CaptureStderr();
-      ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+      const int rc = mxq::cli::run_quantize(qa);
       const std::string log = testing::internal::GetCapturedStdout();
-      testing::internal::GetCapturedStderr();
+      const std::string said = testing::internal::GetCapturedStderr();
+      ASSERT_EQ(rc, 0) << log << said;
       // the expected figure, from the library's own QDQ in fp32 (= dequantize of the codes)
       mxq::QuantOptions o = format == "nvfp4" ? mxq::QuantOptions::nvfp4() : mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::even);
       if (format == "nvfp4")
