@@ -267,6 +267,14 @@ struct ErrorSum {
     e += d * d;
     r += double(x) * x;
   }
+  static ErrorSum of(const ErrorTotals& t) {
+    ErrorSum s;
+    s.e = t.e;
+    s.r = t.r;
+    s.bad_in = t.bad_in;
+    s.bad_out = t.bad_out;
+    return s;
+  }
   void merge(const ErrorSum& o) {
     e += o.e;
     r += o.r;
@@ -974,10 +982,17 @@ int run_quantize(const QuantizeArgs& a) {
         }
         const SrcType xty = src_type(t.dtype);
         ErrorSum err;
-        ph.time(ph.error, [&] { err = error_sum(xp, xty, es, N, K, [&](std::int64_t r0, std::int64_t nr, float* y) {
-          const std::uint8_t* q = yq.data() + r0 * K * es;
-          for (std::int64_t i = 0; i < nr * K; ++i) y[i] = load_f32(q + i * es, xty);
-        }); });
+        ph.time(ph.error, [&] {
+          ErrorTotals gt;  // on the GPU where the engine has the tensors there (no rotation)
+          if (rot.first == Rotation::none && eng.qdq_error(xt, Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K), gt)) {
+            err = ErrorSum::of(gt);
+            return;
+          }
+          err = error_sum(xp, xty, es, N, K, [&](std::int64_t r0, std::int64_t nr, float* y) {
+            const std::uint8_t* q = yq.data() + r0 * K * es;
+            for (std::int64_t i = 0; i < nr * K; ++i) y[i] = load_f32(q + i * es, xty);
+          });
+        });
         ph.time(ph.write, [&] {
           wb.submit([writer, name = t.name, y = std::make_shared<const std::vector<std::uint8_t>>(std::move(yq))] {
             writer->write(name, *y);
@@ -1006,11 +1021,18 @@ int run_quantize(const QuantizeArgs& a) {
       oh.backend = Backend::cpu;
       const std::int64_t cc = code_cols(format, K);
       ErrorSum err;
-      ph.time(ph.error, [&] { err = error_sum(xp, src_type(t.dtype), es, N, K, [&](std::int64_t r0, std::int64_t nr, float* y) {
-        mxq::dequantize(QuantizedIn{Tensor::of(codes.data() + r0 * cc, DType::u8, nr, cc),
-                                    Tensor::of(scales.data() + r0 * ss.cols, DType::u8, nr, ss.cols)},
-                        Tensor::of(y, DType::f32, nr, K), oh);
-      }); });
+      ph.time(ph.error, [&] {
+        ErrorTotals gt;  // on the GPU where the engine has the tensors there
+        if (eng.quantize_error(xt, q, o, gt)) {
+          err = ErrorSum::of(gt);
+          return;
+        }
+        err = error_sum(xp, src_type(t.dtype), es, N, K, [&](std::int64_t r0, std::int64_t nr, float* y) {
+          mxq::dequantize(QuantizedIn{Tensor::of(codes.data() + r0 * cc, DType::u8, nr, cc),
+                                      Tensor::of(scales.data() + r0 * ss.cols, DType::u8, nr, ss.cols)},
+                          Tensor::of(y, DType::f32, nr, K), oh);
+        });
+      });
       bytes_out += double(codes.size() + scales.size()) + (format == Format::nvfp4 ? 4 : 0);
       ph.time(ph.write, [&] {
         wb.submit([writer, module, fp8 = format == Format::mxfp8_e4m3, S = format == Format::nvfp4 ? *o.tensor_scale : NAN,

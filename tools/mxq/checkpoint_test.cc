@@ -18,6 +18,7 @@
 #include <iterator>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -402,9 +403,9 @@ TEST(CheckpointDevice, GpuWritesTheSameBytesAsCpu) {
   const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_dev_" + std::to_string(::getpid()));
   fs::remove_all(root);
   make_checkpoint(root / "in");
-  testing::internal::CaptureStdout();  // the per-tensor lines
   for (const std::string format : {"mxfp4", "mxfp8", "nvfp4", "mxfp6_e3m2"}) {
     std::map<std::string, std::string> tree[2];
+    std::vector<std::string> lines[2];  // the per-tensor lines: the error figures (GPU: summed on the device)
     for (int d = 0; d < 2; ++d) {
       const std::string dev = d ? "cuda" : "cpu", tag = format + "_" + dev;
       mxq::cli::QuantizeArgs qa;
@@ -413,17 +414,27 @@ TEST(CheckpointDevice, GpuWritesTheSameBytesAsCpu) {
       qa.format = format;
       qa.device = dev;
       qa.fake = format == "mxfp6_e3m2";
-      ASSERT_EQ(mxq::cli::run_quantize(qa), 0) << tag;
+      testing::internal::CaptureStdout();
+      const int rc = mxq::cli::run_quantize(qa);
+      std::istringstream log(testing::internal::GetCapturedStdout());
+      ASSERT_EQ(rc, 0) << tag << "\n" << log.str();
+      for (std::string l; std::getline(log, l);)
+        if (l.starts_with("[")) lines[d].push_back(l);
       tree[d] = read_tree(qa.out);
       if (!qa.fake) {
         mxq::cli::DequantizeArgs da;
         da.in = qa.out;
         da.out = (root / ("dq_" + tag)).string();
         da.device = dev;
-        ASSERT_EQ(mxq::cli::run_dequantize(da), 0) << tag;
+        testing::internal::CaptureStdout();
+        const int drc = mxq::cli::run_dequantize(da);
+        const std::string dlog = testing::internal::GetCapturedStdout();
+        ASSERT_EQ(drc, 0) << tag << "\n" << dlog;
         for (auto& [n, b] : read_tree(da.out)) tree[d]["dq/" + n] = b;
       }
     }
+    EXPECT_FALSE(lines[0].empty()) << format;
+    EXPECT_EQ(lines[0], lines[1]) << format << ": the error lines differ between the GPU and the CPU";
     EXPECT_GT(tree[0].size(), 3u) << format;
     ASSERT_EQ(tree[0].size(), tree[1].size()) << format;
     for (const auto& [n, b] : tree[0]) {
@@ -431,7 +442,6 @@ TEST(CheckpointDevice, GpuWritesTheSameBytesAsCpu) {
       EXPECT_TRUE(tree[1][n] == b) << format << ": " << n << " differs between the GPU and the CPU";
     }
   }
-  testing::internal::GetCapturedStdout();
   fs::remove_all(root);
 }
 

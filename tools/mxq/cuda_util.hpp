@@ -82,6 +82,30 @@ class DeviceBuffer {
   std::size_t n_ = 0;
 };
 
+// Page-locked host memory (cudaHostAlloc), freed with the object: copies from it to the device run
+// at the link's speed and asynchronously. Grown as needed; the old contents are lost then.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() { cudaFreeHost(p_); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* get() const { return p_; }
+  void reserve(std::size_t n) {
+    if (p_ && n_ >= n) return;
+    cudaFreeHost(p_);
+    p_ = nullptr;
+    n_ = 0;
+    check(cudaHostAlloc(&p_, std::max<std::size_t>(n, 16), cudaHostAllocDefault),
+          "cudaHostAlloc of " + std::to_string(n) + " bytes");
+    n_ = n;
+  }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
 // A non-blocking stream of its own.
 class Stream {
  public:

@@ -2,7 +2,9 @@
 // tensors copied through device buffers on a stream of its own.
 #include "engine.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -35,22 +37,43 @@ std::int64_t bytes_of(const Tensor& t) {
 struct Engine::Gpu {
   cuda_util::Stream stream;
   cuda_util::EventTimer timer;
-  cuda_util::DeviceBuffer buf[5];  // x, codes/y, scales, mask, 4-byte scalar
+  // x, codes/y, scales, mask, 4-byte scalar; the error pass: fp32 dequantized values, partial sums
+  cuda_util::DeviceBuffer buf[7];
+  cuda_util::PinnedBuffer pinned[3];  // the uploads' staging (x or codes, -, scales)
   std::string device_name = cuda_util::device_properties().name;
 
-  // Device buffer i of at least n bytes (contents undefined).
+  // Device buffer i of at least n bytes (contents undefined; kept while it need not grow).
   void* get(int i, std::size_t n) {
     buf[i].reserve(n);
     return buf[i].get();
   }
-  // A device tensor shaped as t in buffer i, with t's contents when upload.
+  // A device tensor shaped as t in buffer i, with t's contents when upload. An upload goes through
+  // page-locked memory, filled by every core (the host tensor is often a file mapping: its pages
+  // are faulted in in parallel), then copied at the link's speed. Safe to reuse at the next call:
+  // every operation waits for its stream before returning (finish()).
   Tensor stage(int i, const Tensor& t, bool upload) {
     const std::size_t n = std::size_t(bytes_of(t));
     Tensor d = t;
     d.data = get(i, n);
     d.device = Device::cuda;
-    if (upload) buf[i].upload_async(t.data, n, stream);
+    if (upload && n) {
+      cuda_util::PinnedBuffer& h = pinned[i < 3 ? i : 0];
+      h.reserve(n);
+      parallel_copy(h.get(), t.data, n);
+      buf[i].upload_async(h.get(), n, stream);
+    }
     return d;
+  }
+  static void parallel_copy(void* dst, const void* src, std::size_t n) {
+    constexpr std::size_t kChunk = std::size_t(4) << 20;
+    const std::int64_t chunks = std::int64_t((n + kChunk - 1) / kChunk);
+#if defined(MXQ_TOOL_HAVE_OPENMP)
+#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
+#endif
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const std::size_t o = std::size_t(c) * kChunk;
+      std::memcpy(static_cast<char*>(dst) + o, static_cast<const char*>(src) + o, std::min(kChunk, n - o));
+    }
   }
   void download(int i, void* host, std::size_t n) { buf[i].download_async(host, n, stream); }
   void download(int i, const Tensor& host) { download(i, host.data, std::size_t(bytes_of(host))); }
@@ -157,6 +180,42 @@ double Engine::dequantize(const QuantizedIn& in, const Tensor& y, const QuantOpt
   }
 #endif
   return wall([&] { mxq::dequantize(in, y, o); });
+}
+
+bool Engine::quantize_error(const Tensor& x, const QuantizedOut& q, const QuantOptions& o, ErrorTotals& t) {
+#if defined(MXQ_TOOL_HAVE_CUDA)
+  if (gpu_ && x.stride() == x.cols) {
+    Gpu& g = *gpu_;
+    // quantize() left x in buffer 0, the codes in 1 and the scales in 2 (same sizes: not reallocated)
+    const Tensor xd = g.stage(0, x, false);
+    const QuantizedIn qd{g.stage(1, q.codes, false), g.stage(2, q.scales, false)};
+    Tensor yd = Tensor::of(g.get(5, std::size_t(x.rows * x.cols) * 4), DType::f32, x.rows, x.cols);
+    yd.device = Device::cuda;
+    mxq::dequantize(qd, yd, g.on_stream(o));
+    t = gpu::error_totals(xd.data, x.dtype, yd.data, DType::f32, x.rows * x.cols,
+                          static_cast<double*>(g.get(6, sizeof(double) * gpu::kErrorPartials)), g.stream);
+    return true;
+  }
+#else
+  (void)x, (void)q, (void)o, (void)t;
+#endif
+  return false;
+}
+
+bool Engine::qdq_error(const Tensor& x, const Tensor& y, ErrorTotals& t) {
+#if defined(MXQ_TOOL_HAVE_CUDA)
+  if (gpu_ && x.stride() == x.cols && y.stride() == y.cols) {
+    Gpu& g = *gpu_;
+    // qdq() left x in buffer 0 and y in buffer 1
+    const Tensor xd = g.stage(0, x, false), yd = g.stage(1, y, false);
+    t = gpu::error_totals(xd.data, x.dtype, yd.data, y.dtype, x.rows * x.cols,
+                          static_cast<double*>(g.get(6, sizeof(double) * gpu::kErrorPartials)), g.stream);
+    return true;
+  }
+#else
+  (void)x, (void)y, (void)t;
+#endif
+  return false;
 }
 
 }  // namespace mxq::cli

@@ -7,6 +7,8 @@
 
 #include <mxq/mxq.hpp>
 
+#include "gpu_stats.hpp"
+
 namespace mxq::cli {
 
 class Engine {
@@ -28,6 +30,13 @@ class Engine {
   // qdq: reps > 1 runs it that many times back to back and returns the mean.
   double qdq(const Tensor& x, const Tensor& y, const QuantOptions& o, int reps = 1);
   double dequantize(const QuantizedIn& in, const Tensor& y, const QuantOptions& o);
+
+  // The error statistics of the conversion just made, on the GPU, where its input and result still
+  // are: quantize_error right after quantize(x, q, o) (the codes dequantized there to fp32, with o),
+  // qdq_error right after qdq(x, y, o). False on the CPU engine, and for tensors with strided rows:
+  // the caller computes them on the host then.
+  bool quantize_error(const Tensor& x, const QuantizedOut& q, const QuantOptions& o, ErrorTotals& t);
+  bool qdq_error(const Tensor& x, const Tensor& y, ErrorTotals& t);
 
  private:
   struct Gpu;
