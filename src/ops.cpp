@@ -163,9 +163,19 @@ void plan_tensor_scale(const Checker& c, Problem& p, const Tensor& x, Backend b,
 // The CUDA backend rotates in its kernels, a rotation group over at most 32 lanes of 8 or 16 elements:
 // groups of 2 and 4 elements (chunks of 2) are refused there.
 void check_rotation_on_cuda(const Checker& c, const Problem& p, Backend b) {
+  if (b == Backend::cuda && p.opt.rotation == Rotation::matrix)
+    c.unsupported("option 'rotation' = matrix on the CUDA backend: the matrix rotation runs on the CPU backends in this "
+                  "version (the Hadamard rotations run on the GPU)");
   if (b == Backend::cuda && p.opt.rotation != Rotation::none && p.g < 8)
     c.unsupported("option 'rotation' with group_size = " + std::to_string(p.g) +
                   " on the CUDA backend: rotations there need groups of 8 or more elements (the CPU backends take any)");
+}
+
+// dequantize rotates back: a matrix rotation needs its inverse there.
+void check_rotation_inverse(const Checker& c, const QuantOptions& opt) {
+  if (opt.rotation == Rotation::matrix && !opt.rotation_inverse.data)
+    c.fail("option 'rotation_inverse': missing; dequantize with rotation 'matrix' rotates back by R^-1 (R^T for an "
+           "orthogonal R)");
 }
 
 // The input the backend quantizes: x itself, or (a rotation on a CPU backend) x rotated into buf
@@ -249,6 +259,7 @@ void dequantize(const QuantizedIn& q, const Tensor& y, const QuantOptions& opt) 
   const Backend b = choose("dequantize", &opt, y, {{"codes", q.codes.data}, {"scales", q.scales.data}, {"y", y.data}}, opt.backend);
   if (opt.rotation != Rotation::none) {  // dequantize into fp32, un-rotate, round to y's dtype
     check_rotation_on_cuda(c, p, b);
+    check_rotation_inverse(c, opt);
     if (p.empty) return;
 #if defined(MXQ_HAVE_CUDA)
     if (b == Backend::cuda) return cuda::dequantize(p, q, y);

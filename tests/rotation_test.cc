@@ -226,6 +226,190 @@ TEST(Rotation, RefusalsNameTheOption) {
   EXPECT_THROW(rms_norm(x.view(), w.view(), 1e-6f, y.view(), &rq), Error);
 }
 
+// ---- a runtime matrix (Rotation::matrix) -------------------------------------------------------------
+// The documented arithmetic written out again: y_j = RN32(sum_i x_i * M_ij) with the sum in double,
+// i ascending (each product exact in double).
+void transcribed_matrix(float* v, int rs, const std::vector<float>& m) {
+  std::vector<float> y(rs);
+  for (int j = 0; j < rs; ++j) {
+    double acc = 0;
+    for (int i = 0; i < rs; ++i) acc += double(v[i]) * double(m[std::size_t(i) * rs + j]);
+    y[std::size_t(j)] = float(acc);
+  }
+  std::copy(y.begin(), y.end(), v);
+}
+
+// A random orthogonal matrix (Gram-Schmidt on Gaussian columns, in double, rounded to fp32) and its
+// transpose; `bf16`: the entries rounded to bf16 (then its transpose is the inverse only approximately,
+// which is the caller's business: the library applies what it is given).
+std::pair<std::vector<float>, std::vector<float>> random_rotation(int rs, std::uint32_t seed, bool bf16) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> nd;
+  std::vector<double> q(std::size_t(rs) * rs);
+  for (double& v : q) v = nd(rng);
+  for (int c = 0; c < rs; ++c) {  // column c of q, orthogonalised against the previous ones
+    for (int p = 0; p < c; ++p) {
+      double d = 0;
+      for (int i = 0; i < rs; ++i) d += q[std::size_t(i) * rs + c] * q[std::size_t(i) * rs + p];
+      for (int i = 0; i < rs; ++i) q[std::size_t(i) * rs + c] -= d * q[std::size_t(i) * rs + p];
+    }
+    double n = 0;
+    for (int i = 0; i < rs; ++i) n += q[std::size_t(i) * rs + c] * q[std::size_t(i) * rs + c];
+    for (int i = 0; i < rs; ++i) q[std::size_t(i) * rs + c] /= std::sqrt(n);
+  }
+  std::vector<float> m(q.size()), t(q.size());
+  for (int i = 0; i < rs; ++i)
+    for (int j = 0; j < rs; ++j) {
+      float v = float(q[std::size_t(i) * rs + j]);
+      if (bf16) v = bf16_to_f32(f32_to_bf16(v));
+      m[std::size_t(i) * rs + j] = v;
+      t[std::size_t(j) * rs + i] = v;
+    }
+  return {m, t};
+}
+
+QuantOptions with_matrix(QuantOptions o, int rs, const th::HostTensor& m, const th::HostTensor* inv) {
+  o.rotation = Rotation::matrix;
+  o.rotation_size = rs;
+  o.rotation_matrix = m.view();
+  if (inv) o.rotation_inverse = inv->view();
+  return o;
+}
+
+// The matrix as a host tensor of dtype dt (f32, or bf16: the values are bf16 already when asked).
+th::HostTensor matrix_tensor(const std::vector<float>& m, int rs, DType dt) {
+  th::HostTensor t(dt, rs, rs);
+  for (int i = 0; i < rs; ++i)
+    for (int j = 0; j < rs; ++j) t.set(i, j, m[std::size_t(i) * rs + j]);
+  return t;
+}
+
+// quantize, qdq and dequantize with a runtime matrix: the bytes of the same operations without a
+// rotation on the tensor rotated by the transcription (dequantize: decoded, then rotated back by the
+// inverse in the same arithmetic, rounded once to the dtype), both CPU backends, f32 and bf16 matrices,
+// every RS, MXFP4 / MXFP8 / NVFP4 (computed S: from the rotated amax), bf16 and f32 inputs.
+TEST(RotationMatrix, BytesEqualTheTranscribedArithmetic) {
+  for (int rs : kSizes)
+    for (DType mdt : {DType::f32, DType::bf16}) {
+      const auto [mv, iv] = random_rotation(rs, 40 + rs, mdt == DType::bf16);
+      const th::HostTensor m = matrix_tensor(mv, rs, mdt), inv = matrix_tensor(iv, rs, mdt);
+      for (const QuantOptions& base : {QuantOptions::mx(Format::mxfp4, ScaleRule::even),
+                                       QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::floor), QuantOptions::nvfp4()})
+        for (DType dt : {DType::bf16, DType::f32}) {
+          const std::string what = th::name_of(base) + " RS " + std::to_string(rs) + " matrix " +
+                                   std::string(to_string(mdt)) + " x " + std::string(to_string(dt));
+          const std::int64_t R = 6, K = 512;
+          const th::HostTensor x = th::llm_like(dt, R, K, 17);
+          th::HostTensor t(DType::f32, R, K);  // x rotated, by the transcription
+          for (std::int64_t row = 0; row < R; ++row)
+            for (std::int64_t k0 = 0; k0 < K; k0 += rs) {
+              float v[256];
+              for (int i = 0; i < rs; ++i) v[i] = x.get(row, k0 + i);
+              transcribed_matrix(v, rs, mv);
+              for (int i = 0; i < rs; ++i) t.set(row, k0 + i, v[i]);
+            }
+          for (Backend b : {Backend::reference, Backend::cpu}) {
+            QuantOptions plain = base, o = with_matrix(base, rs, m, &inv);
+            plain.backend = o.backend = b;
+            // quantize
+            th::Quantized qe(plain, R, K), qg(o, R, K);
+            quantize(t.view(), qe.out(), plain);
+            quantize(x.view(), qg.out(), o);
+            th::expect_same_bytes(qe.codes, qg.codes, what + ": codes");
+            th::expect_same_bytes(qe.scales, qg.scales, what + ": scales");
+            EXPECT_EQ(qe.S, qg.S) << what;
+            // qdq: the QDQ of the rotated tensor, in the rotated domain, rounded to the dtype
+            th::HostTensor te = t, ye(dt, R, K), yg(dt, R, K);
+            qdq(te.view(), te.view(), plain);
+            for (std::int64_t row = 0; row < R; ++row)
+              for (std::int64_t k = 0; k < K; ++k) ye.set(row, k, te.get(row, k));
+            qdq(x.view(), yg.view(), o);
+            th::expect_same_bytes(ye, yg, what + ": qdq");
+            // dequantize: decoded, rotated back by the inverse, rounded once to the dtype
+            QuantOptions pd = plain, od = o;
+            if (base.format == Format::nvfp4) pd.tensor_scale = od.tensor_scale = qe.S;
+            th::HostTensor d(DType::f32, R, K), de(dt, R, K), dg(dt, R, K);
+            dequantize(qe.in(), d.view(), pd);
+            for (std::int64_t row = 0; row < R; ++row)
+              for (std::int64_t k0 = 0; k0 < K; k0 += rs) {
+                float v[256];
+                for (int i = 0; i < rs; ++i) v[i] = d.get(row, k0 + i);
+                transcribed_matrix(v, rs, iv);
+                for (int i = 0; i < rs; ++i) de.set(row, k0 + i, v[i]);
+              }
+            dequantize(qg.in(), dg.view(), od);
+            th::expect_same_bytes(de, dg, what + ": dequantize");
+          }
+        }
+    }
+}
+
+// The normalised Hadamard matrix given as a runtime matrix: the same rotation as the built-in mode up
+// to its arithmetic (a float64 product rounded once against the fp32 butterfly): each element within
+// a few fp32 ulps of the group's scale; the round trip returns to the input; tensor_amax is that of
+// the rotated tensor.
+TEST(RotationMatrix, HadamardAsAMatrixAgreesWithTheButterfly) {
+  const int rs = 64;
+  std::vector<float> h(std::size_t(rs) * rs);
+  for (int i = 0; i < rs; ++i)
+    for (int j = 0; j < rs; ++j) h[std::size_t(i) * rs + j] = ((__builtin_popcount(unsigned(i & j)) & 1) ? -1.0f : 1.0f) / 8.0f;
+  const th::HostTensor m = matrix_tensor(h, rs, DType::f32);  // symmetric and orthogonal: its own inverse
+  const std::int64_t R = 8, K = 256;
+  const th::HostTensor x = th::llm_like(DType::f32, R, K, 23);
+  QuantOptions om = with_matrix(QuantOptions::nvfp4(), rs, m, &m), oh = rotated(QuantOptions::nvfp4(), Rotation::hadamard, rs);
+  om.backend = oh.backend = Backend::cpu;
+  const float am = tensor_amax(x.view(), om), ah = tensor_amax(x.view(), oh);
+  EXPECT_NEAR(am, ah, 4e-7 * ah);
+  // round trip through NVFP4 with a computed S returns to the input's domain
+  om.tensor_scale.reset();
+  th::Quantized q(om, R, K);
+  quantize(x.view(), q.out(), om);
+  EXPECT_EQ(q.S, nvfp4_tensor_scale_from_amax(am));
+  om.tensor_scale = q.S;
+  th::HostTensor y(DType::f32, R, K);
+  dequantize(q.in(), y.view(), om);
+  EXPECT_GT(sqnr_db(x, y), 15.0);
+}
+
+TEST(RotationMatrix, RefusalsNameTheOption) {
+  const th::HostTensor x = th::llm_like(DType::bf16, 2, 128, 1);
+  th::HostTensor y(DType::bf16, 2, 128);
+  const auto [mv, iv] = random_rotation(32, 3, false);
+  const th::HostTensor m = matrix_tensor(mv, 32, DType::f32), inv = matrix_tensor(iv, 32, DType::f32);
+  const th::HostTensor m16 = matrix_tensor(std::vector<float>(16 * 16, 0.0f), 16, DType::f32);
+  const th::HostTensor mf16(DType::f16, 32, 32);
+  const QuantOptions mx = QuantOptions::mx(Format::mxfp4, ScaleRule::even);
+  auto error_of = [&](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto qdq_error = [&](const QuantOptions& o) { return error_of([&] { qdq(x.view(), y.view(), o); }); };
+  QuantOptions o = with_matrix(mx, 32, m, nullptr);
+  o.rotation_matrix = Tensor{};
+  EXPECT_NE(qdq_error(o).find("option 'rotation_matrix': missing"), std::string::npos) << qdq_error(o);
+  EXPECT_NE(qdq_error(with_matrix(mx, 32, m16, nullptr)).find("shape [16, 16], expected [32, 32]"), std::string::npos);
+  EXPECT_NE(qdq_error(with_matrix(mx, 32, mf16, nullptr)).find("dtype f16, expected f32 or bf16"), std::string::npos);
+  QuantOptions strided = with_matrix(mx, 32, m, nullptr);
+  strided.rotation_matrix.row_stride = 40;
+  EXPECT_NE(qdq_error(strided).find("dense"), std::string::npos) << qdq_error(strided);
+  QuantOptions had = rotated(mx, Rotation::hadamard, 32);
+  had.rotation_matrix = m.view();
+  EXPECT_NE(qdq_error(had).find("option 'rotation_matrix' given with rotation 'hadamard'"), std::string::npos) << qdq_error(had);
+  // qdq and quantize need only R; dequantize needs R^-1
+  EXPECT_EQ(qdq_error(with_matrix(mx, 32, m, nullptr)), "no error");
+  const QuantOptions no_inv = with_matrix(mx, 32, m, nullptr);
+  th::Quantized q(no_inv, 2, 128);
+  quantize(x.view(), q.out(), no_inv);
+  const std::string deq = error_of([&] { dequantize(q.in(), y.view(), no_inv); });
+  EXPECT_NE(deq.find("option 'rotation_inverse': missing"), std::string::npos) << deq;
+  EXPECT_EQ(error_of([&] { dequantize(q.in(), y.view(), with_matrix(mx, 32, m, &inv)); }), "no error");
+  EXPECT_EQ(to_string(Rotation::matrix), "matrix");
+}
+
 // The CUDA backend against the reference, bytes: quantize (codes, scales, clip mask, S), qdq and
 // dequantize + un-rotate, for every format, the scale rules and roundings, the three dtypes, every
 // rotation size and both modes; dense tensors (the flat launches: 16-element chunks for 2-byte dtypes)

@@ -38,8 +38,9 @@ enum class ScaleRule : std::uint8_t {
 enum class Rounding : std::uint8_t { nearest_even, stochastic };
 
 // A rotation applied to each group of rotation_size elements before quantization (docs/numerics.md,
-// "Rotation"): the normalised Hadamard transform, or the randomised one (random signs from a seed).
-enum class Rotation : std::uint8_t { none, hadamard, random_hadamard };
+// "Rotation"): the normalised Hadamard transform, the randomised one (random signs from a seed), or
+// a matrix given at run time (QuantOptions::rotation_matrix; the CPU backends in this version).
+enum class Rotation : std::uint8_t { none, hadamard, random_hadamard, matrix };
 
 // Scale tensor layout: linear [rows, ceil(K/g)] row-major, or the 128x4 swizzled layout of
 // cuBLAS / CUTLASS block-scaled GEMMs (rows padded to 128, columns padded to 4, padding zero).
@@ -105,12 +106,19 @@ struct QuantOptions {
   // hardware stochastic-rounding converts take few bits). docs/numerics.md defines each.
   int random_bits = 32;
   ScaleLayout scale_layout = ScaleLayout::linear;
-  // Rotation before quantize and qdq, and its inverse after dequantize (every backend, the same bytes;
-  // the CUDA backend needs groups of 8 or more elements): rotation_size 16, 32, 64, 128 or 256,
-  // dividing K; rotation_seed draws the signs of random_hadamard.
+  // Rotation before quantize and qdq, and its inverse after dequantize (the Hadamard modes: every
+  // backend, the same bytes; the CUDA backend needs groups of 8 or more elements; Rotation::matrix:
+  // the CPU backends): rotation_size 16, 32, 64, 128 or 256, dividing K; rotation_seed draws the
+  // signs of random_hadamard.
   Rotation rotation = Rotation::none;
   int rotation_size = 0;
   std::uint64_t rotation_seed = 0;
+  // Rotation::matrix: R, rotation_size x rotation_size, f32 or bf16, dense, host memory; each group
+  // g becomes g @ R, each element computed in double (products exact, added in index order) and
+  // rounded once to fp32 (docs/numerics.md). rotation_inverse: R^-1 (R^T for an orthogonal R), the
+  // same layout, needed by dequantize (which rotates back). Empty views for other rotations.
+  Tensor rotation_matrix;
+  Tensor rotation_inverse;
   // NVFP4 only: the tensor ENCODE scale S (448 * 6 / amax). When absent, quantize computes it from
   // the tensor's amax; dequantize requires it.
   std::optional<float> tensor_scale;

@@ -72,7 +72,7 @@ std::string_view to_string(ScaleRule r) {
 }
 std::string_view to_string(Rounding r) { return r == Rounding::nearest_even ? "rne" : "stochastic"; }
 std::string_view to_string(Rotation r) {
-  return r == Rotation::none ? "none" : r == Rotation::hadamard ? "hadamard" : "random_hadamard";
+  return r == Rotation::none ? "none" : r == Rotation::hadamard ? "hadamard" : r == Rotation::random_hadamard ? "random_hadamard" : "matrix";
 }
 std::pair<Rotation, int> parse_rotation(std::string_view s) {
   const auto bad = [&]() -> std::pair<Rotation, int> {

@@ -113,8 +113,11 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
     if (!(s > 0.0f) || !is_finite_bits(f2u(s)))
       c.fail("option 'tensor_scale': " + std::to_string(s) + ", expected a finite value > 0 (the encode scale 448*6/amax)");
   }
-  if (static_cast<unsigned>(opt.rotation) > static_cast<unsigned>(Rotation::random_hadamard))
+  if (static_cast<unsigned>(opt.rotation) > static_cast<unsigned>(Rotation::matrix))
     c.fail("option 'rotation': invalid value " + std::to_string(int(opt.rotation)));
+  if (opt.rotation != Rotation::matrix && (opt.rotation_matrix.data || opt.rotation_inverse.data))
+    c.fail(std::string("option '") + (opt.rotation_matrix.data ? "rotation_matrix" : "rotation_inverse") +
+           "' given with rotation '" + std::string(to_string(opt.rotation)) + "' (set rotation = Rotation::matrix)");
   if (opt.rotation == Rotation::none) {
     if (opt.rotation_size != 0)
       c.fail("option 'rotation_size': " + std::to_string(opt.rotation_size) + " without a rotation (set option 'rotation')");
@@ -124,6 +127,23 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
     if (K % opt.rotation_size != 0)
       c.fail("option 'rotation_size': " + std::to_string(opt.rotation_size) + " does not divide K = " + std::to_string(K) +
              " (each group of rotation_size elements of a row is rotated)");
+    if (opt.rotation == Rotation::matrix) {
+      if (!opt.rotation_matrix.data) c.fail("option 'rotation_matrix': missing (rotation 'matrix' needs the matrix R)");
+      for (const auto& [arg, m] : {std::pair<const char*, const Tensor*>{"rotation_matrix", &opt.rotation_matrix},
+                                   {"rotation_inverse", &opt.rotation_inverse}}) {
+        if (!m->data) continue;
+        const std::string shape = "[" + std::to_string(m->rows) + ", " + std::to_string(m->cols) + "]";
+        if (m->rows != opt.rotation_size || m->cols != opt.rotation_size)
+          c.fail(std::string("option '") + arg + "': shape " + shape + ", expected [" + std::to_string(opt.rotation_size) + ", " +
+                 std::to_string(opt.rotation_size) + "] (rotation_size squared)");
+        if (m->dtype != DType::f32 && m->dtype != DType::bf16)
+          c.fail(std::string("option '") + arg + "': dtype " + std::string(to_string(m->dtype)) + ", expected f32 or bf16");
+        if (m->stride() != m->cols) c.fail(std::string("option '") + arg + "': rows with a stride, expected a dense matrix");
+        if (m->device != Device::cpu)
+          c.fail(std::string("option '") + arg + "': on the GPU; the matrix rotation runs on the CPU backends in this version "
+                 "(host memory expected)");
+      }
+    }
   }
   p.rows = rows;
   p.K = K;

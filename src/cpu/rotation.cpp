@@ -37,12 +37,51 @@ void store_row(const float* v, const Tensor& y, std::int64_t r) {
     dst[k] = static_cast<S>(v[k] != v[k] ? core::nan_bits(DT) : core::to_dtype_bits_nonnan<DT>(v[k]));
 }
 
+// The rotation of a row's groups: the Hadamard modes through core::rotate_group, a matrix R (or its
+// inverse) as v @ M per group: y_j = RN32(sum_i double(v_i) * double(M_ij)), i ascending (each
+// product exact in double), the documented order of every backend that supports it.
+class GroupRotation {
+ public:
+  GroupRotation(const QuantOptions& opt, bool inverse)
+      : opt_(opt), inverse_(inverse), signs_(core::rotation_signs(opt.rotation_seed)) {
+    if (opt.rotation != Rotation::matrix) return;
+    const Tensor& m = inverse ? opt.rotation_inverse : opt.rotation_matrix;
+    const int rs = opt.rotation_size;
+    m_.resize(std::size_t(rs) * rs);
+    for (std::size_t i = 0; i < m_.size(); ++i)
+      m_[i] = m.dtype == DType::f32 ? double(static_cast<const float*>(m.data)[i])
+                                    : double(bf16_to_f32(static_cast<const std::uint16_t*>(m.data)[i]));
+  }
+  // Every group of a row of K elements, in place; tmp: rotation_size floats of scratch.
+  void row(float* v, std::int64_t K, float* tmp) const {
+    const int rs = opt_.rotation_size;
+    for (std::int64_t k0 = 0; k0 < K; k0 += rs) {
+      float* g = v + k0;
+      if (m_.empty()) {
+        core::rotate_group(g, rs, opt_.rotation, signs_, inverse_);
+        continue;
+      }
+      for (int j = 0; j < rs; ++j) {
+        double acc = 0.0;
+        for (int i = 0; i < rs; ++i) acc += double(g[i]) * m_[std::size_t(i) * rs + j];
+        tmp[j] = float(acc);  // RN (the default rounding mode)
+      }
+      std::memcpy(g, tmp, sizeof(float) * std::size_t(rs));
+    }
+  }
+
+ private:
+  const QuantOptions& opt_;
+  bool inverse_;
+  core::RotationSigns signs_;
+  std::vector<double> m_;  // the matrix as double (exact from f32 or bf16), row-major
+};
+
 }  // namespace
 
 void rotate_rows(const Tensor& x, float* out, const QuantOptions& opt, bool inverse) {
   const std::int64_t K = x.cols;
-  const int rs = opt.rotation_size;
-  const core::RotationSigns signs = core::rotation_signs(opt.rotation_seed);
+  const GroupRotation rot(opt, inverse);
   core::dispatch_dtype(x.dtype, [&](auto dtc) {
     constexpr DType DT = decltype(dtc)::value;
 #if defined(MXQ_HAVE_OPENMP)
@@ -50,18 +89,18 @@ void rotate_rows(const Tensor& x, float* out, const QuantOptions& opt, bool inve
 #endif
     for (std::int64_t r = 0; r < x.rows; ++r) {
       float* row = out + r * K;
+      float tmp[256];
       // out may be x's own dense fp32 data (then the row is already there)
       const void* src = static_cast<const std::uint8_t*>(x.data) + r * x.stride() * core::dtype_size(DT);
       if (DT != DType::f32 || static_cast<const void*>(row) != src) load_row<DT>(x, r, row);
-      for (std::int64_t k0 = 0; k0 < K; k0 += rs) core::rotate_group(row + k0, rs, opt.rotation, signs, inverse);
+      rot.row(row, K, tmp);
     }
   });
 }
 
 float rotated_amax(const Tensor& x, const QuantOptions& opt) {
   const std::int64_t K = x.cols;
-  const int rs = opt.rotation_size;
-  const core::RotationSigns signs = core::rotation_signs(opt.rotation_seed);
+  const GroupRotation rot(opt, false);
   std::uint32_t m = 0;
   core::dispatch_dtype(x.dtype, [&](auto dtc) {
     constexpr DType DT = decltype(dtc)::value;
@@ -70,12 +109,13 @@ float rotated_amax(const Tensor& x, const QuantOptions& opt) {
 #endif
     {
       std::vector<float> row(static_cast<std::size_t>(K));  // one row per thread, not the tensor
+      float tmp[256];
 #if defined(MXQ_HAVE_OPENMP)
 #pragma omp for schedule(static)
 #endif
       for (std::int64_t r = 0; r < x.rows; ++r) {
         load_row<DT>(x, r, row.data());
-        for (std::int64_t k0 = 0; k0 < K; k0 += rs) core::rotate_group(row.data() + k0, rs, opt.rotation, signs, false);
+        rot.row(row.data(), K, tmp);
         for (float v : row) m = std::max(m, core::f2u(v) & 0x7FFFFFFFu);
       }
     }
