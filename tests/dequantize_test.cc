@@ -74,6 +74,38 @@ TEST_P(DequantizeBytes, ArbitraryCodeAndScaleBytesMatchReference) {
   }
 }
 
+// NVFP4, exhaustively: every scale byte (negative ones and the NaN byte included) with every code, in
+// each position of a block, under tensor scales that keep the values normal, make them subnormal in
+// the output dtype, or overflow it (S tiny: Inf), to every output dtype (the fast CPU path reads a
+// table of (scale byte, magnitude) pairs and flips the sign: this checks every entry and both signs).
+TEST_P(DequantizeBytes, Nvfp4EveryScaleByteAndCodeMatchesReference) {
+  const Backend b = GetParam();
+  TH_REQUIRE_BACKEND(b);
+  const std::int64_t R = 256, K = 256;  // row r: scale byte r in every block; codes 0..15 in each block
+  for (float S : {3.0f, 1e-3f, 1e-30f, 2.5e6f, 1e30f}) {
+    QuantOptions o = QuantOptions::nvfp4(S);
+    th::Quantized q(o, R, K);
+    for (std::int64_t r = 0; r < R; ++r) {
+      for (std::int64_t k = 0; k < K / 2; ++k) {
+        const std::uint8_t lo = std::uint8_t((k * 2 + r) % 16), hi = std::uint8_t((k * 2 + 1 + 3 * r) % 16);
+        q.codes.bytes[std::size_t(r * (K / 2) + k)] = std::uint8_t(lo | (hi << 4));
+      }
+      for (std::int64_t c = 0; c < K / 16; ++c) q.scales.bytes[std::size_t(r * (K / 16) + c)] = std::uint8_t(r);
+    }
+    th::Placed codes(b, q.codes), scales(b, q.scales);
+    for (DType ot : {DType::f32, DType::bf16, DType::f16}) {
+      th::HostTensor yr(ot, R, K);
+      o.backend = Backend::reference;
+      dequantize(q.in(), yr.view(), o);
+      th::Placed y(b, yr);
+      o.backend = b;
+      dequantize(QuantizedIn{codes.view(), scales.view()}, y.view(), o);
+      th::expect_same_bytes(yr, y.get(), "nvfp4 every scale byte and code, S " + std::to_string(S) + " to " +
+                                             std::string(to_string(ot)));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, DequantizeBytes, testing::ValuesIn(th::backends()), th::backend_name);
 
 }  // namespace

@@ -1,5 +1,6 @@
 // dequantize on the fast CPU path: codes decoded branch-free, blocks with NaN/Inf codes by the scalar codec.
 #include <bit>
+#include <vector>
 
 #include "cpu/fast_common.hpp"
 
@@ -40,8 +41,21 @@ MXQ_INLINE float decode_value(std::uint32_t code) {
   }
 }
 
+// NVFP4: the output bits of every (scale byte, E2M1 magnitude) pair, nvfp4_decode's arithmetic
+// ((E2M1 value * s) / S, each operation rounded once, then to DT) done once per pair instead of once
+// per element. A negative code is the same computation on -value: RN is symmetric, so the result is
+// the pair's with its sign flipped (zeros and infinities too), an XOR of DT's sign bit.
+template <DType DT>
+std::vector<std::uint32_t> nvfp4_decode_table(const NvTables& nv, float S) {
+  std::vector<std::uint32_t> t(256 * 8);
+  for (int sb = 0; sb < 256; ++sb)
+    for (std::uint32_t mag = 0; mag < 8; ++mag)
+      t[std::size_t(sb) * 8 + mag] = to_dtype_bits_nonnan_bf<DT>(div_rn(mul_rn(e2m1_value_bf(mag), nv.sval[sb]), S));
+  return t;
+}
+
 template <ElemType ET, DType DT, int G>
-MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Tensor& y, const NvTables* nv,
+MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Tensor& y, const std::uint32_t* nvt,
                                 std::int64_t r, std::int64_t b0, std::int64_t b1) {
   alignas(64) std::uint32_t codes[256], out[256];
   constexpr FloatSpec f = Elem<ET>::spec;
@@ -79,12 +93,9 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
       if ((sb & 0x7F) == kE4M3NaN) {
         for (int i = 0; i < g; ++i) out[i] = nan_bits(DT);
       } else {
-        // nvfp4_decode: (E2M1 value * s) / S, each operation rounded once
-        const float sval = nv->sval[sb], S = p.S;
-        for (int i = 0; i < g; ++i) {
-          const float ev = u2f(f2u(e2m1_value_bf(codes[i] & 7u)) | ((codes[i] >> 3) << 31));
-          out[i] = to_dtype_bits_nonnan_bf<DT>(div_rn(mul_rn(ev, sval), S));
-        }
+        // nvfp4_decode through the table of this scale byte's eight magnitudes
+        const std::uint32_t* t = nvt + std::size_t(sb) * 8;
+        for (int i = 0; i < g; ++i) out[i] = t[codes[i] & 7u] ^ (((codes[i] >> 3) & 1u) << kSignBit);
       }
     } else if (sb == kE8M0NaN) {
       for (int i = 0; i < g; ++i) out[i] = nan_bits(DT);
@@ -106,13 +117,13 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
 }  // namespace
 
 void dequantize(const Problem& p, const QuantizedIn& q, const Tensor& y) {
-  NvTables nv{};
-  if (p.nvfp4()) nv = make_nv_tables(p.S);
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(y.dtype, [&](auto dt) {
+      std::vector<std::uint32_t> nvt;
+      if (p.nvfp4()) nvt = nvfp4_decode_table<decltype(dt)::value>(make_nv_tables(p.S), p.S);
       dispatch_group<decltype(et)::value>(p.g, [&](auto gc) {
         parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
-          dequantize_tile<decltype(et)::value, decltype(dt)::value, decltype(gc)::value>(p, q, y, &nv, r, b0, b1);
+          dequantize_tile<decltype(et)::value, decltype(dt)::value, decltype(gc)::value>(p, q, y, nvt.data(), r, b0, b1);
         });
       });
     });
