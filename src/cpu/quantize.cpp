@@ -17,13 +17,14 @@ MXQ_INLINE void store_codes(std::uint8_t* row, std::int64_t k0, std::int64_t n, 
   if constexpr (Elem<ET>::spec.bits == 4) {
     std::uint8_t* d = row + k0 / 2;
     if (G != 0 && n == G) {
-      // narrow to bytes, then pack each little-endian byte pair c0 | c1 << 8 into c0 | c1 << 4: plain
-      // lane-wise loops that vectorise (a stride-2 gather of the 32-bit codes does not)
-      alignas(64) std::uint8_t c8[G];
-      alignas(64) std::uint16_t c16[G / 2];
-      for (int i = 0; i < G; ++i) c8[i] = static_cast<std::uint8_t>(codes[i] & 0xF);
-      std::memcpy(c16, c8, G);
-      for (int i = 0; i < G / 2; ++i) d[i] = static_cast<std::uint8_t>((c16[i] | (c16[i] >> 4)) & 0xFF);
+      // each pair of 32-bit codes read as one little-endian 64-bit word c0 | c1 << 32 and packed to
+      // c0 | c1 << 4 into a local array, then one copy (measured: 3.0 -> 3.3 GB/s single-thread for
+      // the MXFP4 quantize of bf16 against narrowing to bytes first and storing through d)
+      alignas(64) std::uint64_t c64[G / 2];
+      alignas(16) std::uint8_t pk[G / 2];
+      std::memcpy(c64, codes, sizeof(std::uint32_t) * G);
+      for (int i = 0; i < G / 2; ++i) pk[i] = static_cast<std::uint8_t>((c64[i] & 0xFu) | ((c64[i] >> 28) & 0xF0u));
+      std::memcpy(d, pk, G / 2);
     } else {
       for (std::int64_t i = 0; i < (n + 1) / 2; ++i)
         d[i] = static_cast<std::uint8_t>((codes[2 * i] & 0xF) | ((codes[2 * i + 1] & 0xF) << 4));
