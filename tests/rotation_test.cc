@@ -239,6 +239,18 @@ void transcribed_matrix(float* v, int rs, const std::vector<float>& m) {
   std::copy(y.begin(), y.end(), v);
 }
 
+// out = in with every group of rs elements of each row replaced by transcribed_matrix (out's dtype:
+// each result rounded to it).
+void by_groups(const th::HostTensor& in, th::HostTensor& out, int rs, const std::vector<float>& m) {
+  for (std::int64_t row = 0; row < in.rows; ++row)
+    for (std::int64_t k0 = 0; k0 < in.cols; k0 += rs) {
+      float v[256];
+      for (int i = 0; i < rs; ++i) v[i] = in.get(row, k0 + i);
+      transcribed_matrix(v, rs, m);
+      for (int i = 0; i < rs; ++i) out.set(row, k0 + i, v[i]);
+    }
+}
+
 // A random orthogonal matrix (Gram-Schmidt on Gaussian columns, in double, rounded to fp32) and its
 // transpose; `bf16`: the entries rounded to bf16 (then its transpose is the inverse only approximately,
 // which is the caller's business: the library applies what it is given).
@@ -301,13 +313,7 @@ TEST(RotationMatrix, BytesEqualTheTranscribedArithmetic) {
           const std::int64_t R = 6, K = 512;
           const th::HostTensor x = th::llm_like(dt, R, K, 17);
           th::HostTensor t(DType::f32, R, K);  // x rotated, by the transcription
-          for (std::int64_t row = 0; row < R; ++row)
-            for (std::int64_t k0 = 0; k0 < K; k0 += rs) {
-              float v[256];
-              for (int i = 0; i < rs; ++i) v[i] = x.get(row, k0 + i);
-              transcribed_matrix(v, rs, mv);
-              for (int i = 0; i < rs; ++i) t.set(row, k0 + i, v[i]);
-            }
+          by_groups(x, t, rs, mv);
           for (Backend b : {Backend::reference, Backend::cpu}) {
             QuantOptions plain = base, o = with_matrix(base, rs, m, &inv);
             plain.backend = o.backend = b;
@@ -330,13 +336,7 @@ TEST(RotationMatrix, BytesEqualTheTranscribedArithmetic) {
             if (base.format == Format::nvfp4) pd.tensor_scale = od.tensor_scale = qe.S;
             th::HostTensor d(DType::f32, R, K), de(dt, R, K), dg(dt, R, K);
             dequantize(qe.in(), d.view(), pd);
-            for (std::int64_t row = 0; row < R; ++row)
-              for (std::int64_t k0 = 0; k0 < K; k0 += rs) {
-                float v[256];
-                for (int i = 0; i < rs; ++i) v[i] = d.get(row, k0 + i);
-                transcribed_matrix(v, rs, iv);
-                for (int i = 0; i < rs; ++i) de.set(row, k0 + i, v[i]);
-              }
+            by_groups(d, de, rs, iv);
             dequantize(qg.in(), dg.view(), od);
             th::expect_same_bytes(de, dg, what + ": dequantize");
           }
