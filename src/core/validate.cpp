@@ -132,7 +132,7 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
       for (const auto& [arg, m] : {std::pair<const char*, const Tensor*>{"rotation_matrix", &opt.rotation_matrix},
                                    {"rotation_inverse", &opt.rotation_inverse}}) {
         if (!m->data) continue;
-        const std::string shape = "[" + std::to_string(m->rows) + ", " + std::to_string(m->cols) + "]";
+        const std::string shape = std::string("[").append(std::to_string(m->rows)).append(", ").append(std::to_string(m->cols)).append("]");
         if (m->rows != opt.rotation_size || m->cols != opt.rotation_size)
           c.fail(std::string("option '") + arg + "': shape " + shape + ", expected [" + std::to_string(opt.rotation_size) + ", " +
                  std::to_string(opt.rotation_size) + "] (rotation_size squared)");

@@ -155,7 +155,9 @@ CheckpointRotation checkpoint_rotation(const Checkpoint& c, const std::optional<
          "(docs/cli.md)");
   };
   if (tc["config_groups"].size() != 1) refuse("more than one transform scheme");
-  const auto& [scheme, g] = *tc["config_groups"].items().begin();
+  const auto first = tc["config_groups"].begin();  // an iterator kept alive (items()' proxy was a temporary)
+  const std::string scheme = first.key();
+  const json& g = first.value();
   if (!g.is_object() || g.value("type", std::string()) != "hadamard") refuse("scheme '" + scheme + "' is not of type hadamard");
   if (g.value("randomize", false)) refuse("scheme '" + scheme + "' is randomized");
   const json hd = g.value("head_dim", json());

@@ -152,11 +152,11 @@ void Staging::publish() {
     std::error_code ec;
     for (auto n = moved_new.rbegin(); n != moved_new.rend(); ++n) {
       fs::rename(out_ / *n, dir_ / *n, ec);
-      if (ec) stuck += " " + (out_ / *n).string();
+      if (ec) stuck.append(" ").append((out_ / *n).string());
     }
     for (auto n = moved_old.rbegin(); n != moved_old.rend(); ++n) {
       fs::rename(old / *n, out_ / *n, ec);
-      if (ec) stuck += " " + (old / *n).string() + " (a previous file)";
+      if (ec) stuck.append(" ").append((old / *n).string()).append(" (a previous file)");
     }
     if (stuck.empty()) fs::remove(old, ec);
     fail(error + (stuck.empty() ? "; nothing was published (the output directory is as it was before this run)"
