@@ -154,10 +154,12 @@ _EXPERTS_FUNCTIONS = ("grouped_mm", "batched_mm")
 
 
 def _default_gate(experts: nn.Module) -> bool:
-    """The experts module computes act_fn(gate) * up from a concatenated [gate; up] projection, with
-    no bias, no post-expert norm and no expert parallelism (what QDQExperts reproduces)."""
+    """The experts module computes act_fn(gate) * up from a concatenated [gate; up] projection through
+    transformers' default `_apply_gate` hook, with no bias, no post-expert norm and no expert
+    parallelism (what QDQExperts reproduces). A class without the hook is refused: its transformers'
+    experts functions may compute the gate inline, where QDQExperts could not QDQ its output."""
     gate = getattr(type(experts), "_apply_gate", None)
-    return (gate is None or getattr(gate, "__name__", "") == "_default_apply_gate") \
+    return (gate is not None and getattr(gate, "__name__", "") == "_default_apply_gate") \
         and getattr(experts, "has_gate", True) and not getattr(experts, "has_bias", False) \
         and getattr(experts, "is_concatenated", True) and not getattr(experts, "has_post_expert_norm", False) \
         and not getattr(experts, "_is_expert_parallel", False)
@@ -206,6 +208,9 @@ class QDQExperts(nn.Module):
             from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
         except ImportError:
             return None
+        # NOTE: the experts class has transformers' `_apply_gate` hook (_default_gate): the versions
+        # that install it compute the gate through it in these functions (the QDQ lives there);
+        # test_emulate checks the QDQ'd result against a per-token loop for each function
         return ALL_EXPERTS_FUNCTIONS.get(impl)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,

@@ -184,7 +184,9 @@ double Engine::dequantize(const QuantizedIn& in, const Tensor& y, const QuantOpt
 
 bool Engine::quantize_error(const Tensor& x, const QuantizedOut& q, const QuantOptions& o, ErrorTotals& t) {
 #if defined(MXQ_TOOL_HAVE_CUDA)
-  if (gpu_ && x.stride() == x.cols) {
+  // NOTE: dequantize needs NVFP4's tensor scale in o (the tool always gives it); without it the
+  // caller's host pass decides
+  if (gpu_ && x.stride() == x.cols && (o.format != Format::nvfp4 || o.tensor_scale)) {
     Gpu& g = *gpu_;
     // quantize() left x in buffer 0, the codes in 1 and the scales in 2 (same sizes: not reallocated)
     const Tensor xd = g.stage(0, x, false);

@@ -33,8 +33,8 @@ class Engine {
 
   // The error statistics of the conversion just made, on the GPU, where its input and result still
   // are: quantize_error right after quantize(x, q, o) (the codes dequantized there to fp32, with o),
-  // qdq_error right after qdq(x, y, o). False on the CPU engine, and for tensors with strided rows:
-  // the caller computes them on the host then.
+  // qdq_error right after qdq(x, y, o). False on the CPU engine, for tensors with strided rows and
+  // for NVFP4 without o.tensor_scale: the caller computes them on the host then.
   bool quantize_error(const Tensor& x, const QuantizedOut& q, const QuantOptions& o, ErrorTotals& t);
   bool qdq_error(const Tensor& x, const Tensor& y, ErrorTotals& t);
 
