@@ -123,6 +123,14 @@ void dequantize_module(Engine& eng, const st::View& v, const std::string& path, 
   }
 }
 
+// o with rotation r of size n (seed: random_hadamard's signs).
+QuantOptions with_rotation(QuantOptions o, Rotation r, int n, std::uint64_t seed = 0) {
+  o.rotation = r;
+  o.rotation_size = n;
+  o.rotation_seed = seed;
+  return o;
+}
+
 // The rotation a quantized checkpoint's weights carry: compressed-tensors' transform_config as `mxq
 // quantize --rotate` writes it (one hadamard scheme, online input + weight_input, exact names in
 // ignore), found in config.json or, beside a lone file, in quantization_config.json. size 0: none.
@@ -132,6 +140,11 @@ struct CheckpointRotation {
   std::string scheme;
   std::set<std::string> ignore;  // modules whose weights are not rotated
   bool rotates(const std::string& module) const { return size && !ignore.count(module); }
+  // A module's decoding options with the rotation undone by its dequantize.
+  QuantizedModule undone(QuantizedModule md) const {
+    md.options = with_rotation(md.options, Rotation::hadamard, size);
+    return md;
+  }
   // The matrix tensors of the scheme (not weights): <module>.<scheme>_input.weight and the like.
   bool is_matrix(const std::string& name) const {
     return size && (name.ends_with("." + scheme + "_input.weight") || name.ends_with("." + scheme + "_output.weight") ||
@@ -220,10 +233,7 @@ float weight_amax(const st::View& v, const st::TensorInfo& t, std::pair<Rotation
   }
   const Tensor x = Tensor::of(p, mxq_dtype(t.dtype), t.shape[0], t.shape[1]);
   if (rot.first == Rotation::none) return tensor_amax(x, Backend::cpu);
-  QuantOptions o = QuantOptions::nvfp4();
-  o.rotation = rot.first;
-  o.rotation_size = rot.second;
-  o.rotation_seed = rot_seed;
+  QuantOptions o = with_rotation(QuantOptions::nvfp4(), rot.first, rot.second, rot_seed);
   o.backend = Backend::cpu;
   return tensor_amax(x, o);
 }
@@ -955,13 +965,11 @@ int run_quantize(const QuantizeArgs& a) {
               "{}: NVFP4 global scale {} (the amax of {} is {}; docs/numerics.md: S = 1 when the amax is not finite)",
               t.name, *o.tensor_scale, gk.empty() ? "the tensor" : "its fused group " + gk, m));
       }
-      if (rot.first != Rotation::none) {  // the weight's input rotated: W @ (H / sqrt(RS)) per group of RS
-        o.rotation = rot.first;
-        o.rotation_size = rot.second;
-        o.rotation_seed = a.rotate_seed;  // rhad (qdq only)
-      }
+      // the weight's input rotated: W @ (H / sqrt(RS)) per group of RS (the seed: rhad, qdq only)
+      if (rot.first != Rotation::none) o = with_rotation(o, rot.first, rot.second, a.rotate_seed);
       if (a.fake) {
         std::vector<std::uint8_t> yq(src.size());
+        const Tensor yt = Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K);
         try {
           if (rot.first != Rotation::none) {  // rotate, quantize, dequantize, rotate back
             // NVFP4: the (fused group's) global scale from the rotated weights' amax, as quantize --rotate
@@ -972,12 +980,14 @@ int run_quantize(const QuantizeArgs& a) {
             q.scales = Tensor::of(scales.data(), DType::u8, ss.rows, ss.cols);
             float S = 1.0f;
             q.tensor_scale = format == Format::nvfp4 ? &S : nullptr;
-            ph.time(ph.convert, [&] { eng.quantize(xt, q, o); });
-            QuantOptions od = o;
-            if (format == Format::nvfp4) od.tensor_scale = S;
-            eng.dequantize(QuantizedIn{q.codes, q.scales}, Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K), od);
+            ph.time(ph.convert, [&] {
+              eng.quantize(xt, q, o);
+              QuantOptions od = o;
+              if (format == Format::nvfp4) od.tensor_scale = S;
+              eng.dequantize(QuantizedIn{q.codes, q.scales}, yt, od);
+            });
           } else {
-            ph.time(ph.convert, [&] { eng.qdq(xt, Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K), o); });
+            ph.time(ph.convert, [&] { eng.qdq(xt, yt, o); });
           }
         } catch (const std::exception& e) {
           fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
@@ -986,7 +996,7 @@ int run_quantize(const QuantizeArgs& a) {
         ErrorSum err;
         ph.time(ph.error, [&] {
           ErrorTotals gt;  // on the GPU where the engine has the tensors there (no rotation)
-          if (rot.first == Rotation::none && eng.qdq_error(xt, Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K), gt)) {
+          if (rot.first == Rotation::none && eng.qdq_error(xt, yt, gt)) {
             err = ErrorSum::of(gt);
             return;
           }
@@ -1307,10 +1317,7 @@ int run_dequantize(const DequantizeArgs& a) {
         if (md.K % rot.size != 0)
           fail(path + ": module '" + m + "': K = " + std::to_string(md.K) + " is not a multiple of the transform's head_dim " +
                std::to_string(rot.size));
-        QuantizedModule mr = md;
-        mr.options.rotation = Rotation::hadamard;
-        mr.options.rotation_size = rot.size;
-        dequantize_module(cpu_eng, v, path, m, mr, odt, y.data());
+        dequantize_module(cpu_eng, v, path, m, rot.undone(md), odt, y.data());
       } else {
         dequantize_module(eng, v, path, m, md, odt, y.data());
       }
@@ -1393,10 +1400,7 @@ int run_inspect_against(const std::string& file, const std::string& original) {
     const std::int64_t N = md.N, K = md.K;
     std::vector<float> y(N * K);
     if (rot.rotates(m) && K % rot.size == 0) {
-      QuantizedModule mr = md;
-      mr.options.rotation = Rotation::hadamard;
-      mr.options.rotation_size = rot.size;
-      dequantize_module(cpu_eng, v, file, m, mr, DType::f32, y.data());
+      dequantize_module(cpu_eng, v, file, m, rot.undone(md), DType::f32, y.data());
     } else {
       dequantize_module(eng, v, file, m, md, DType::f32, y.data());
     }
