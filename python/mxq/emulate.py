@@ -14,6 +14,7 @@ compare with: bench/generate_bench.py runs a model through both).
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Union
@@ -153,6 +154,16 @@ def _is_experts(m: nn.Module) -> bool:
 _EXPERTS_FUNCTIONS = ("grouped_mm", "batched_mm")
 
 
+@functools.lru_cache(maxsize=None)
+def _experts_registry() -> Any:
+    """transformers' registry of experts functions (imported once, not on every forward), or None."""
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    except ImportError:
+        return None
+    return ALL_EXPERTS_FUNCTIONS
+
+
 def _default_gate(experts: nn.Module) -> bool:
     """The experts module computes act_fn(gate) * up from a concatenated [gate; up] projection through
     transformers' default `_apply_gate` hook, with no bias, no post-expert norm and no expert
@@ -199,19 +210,14 @@ class QDQExperts(nn.Module):
         return _apply(self.act_fn(gate) * up, self.activation_spec)
 
     def _function(self) -> Optional[Callable]:
-        if not self._transformers_functions:
-            return None
         impl = getattr(self.config, "_experts_implementation", None)
-        if impl not in _EXPERTS_FUNCTIONS:
-            return None
-        try:
-            from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-        except ImportError:
+        functions = _experts_registry() if self._transformers_functions else None
+        if functions is None or impl not in _EXPERTS_FUNCTIONS:
             return None
         # NOTE: the experts class has transformers' `_apply_gate` hook (_default_gate): the versions
         # that install it compute the gate through it in these functions (the QDQ lives there);
         # test_emulate checks the QDQ'd result against a per-token loop for each function
-        return ALL_EXPERTS_FUNCTIONS.get(impl)
+        return functions.get(impl)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
