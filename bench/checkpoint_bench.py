@@ -157,10 +157,11 @@ def main() -> int:
     lines = [f"## Checkpoint conversion: `mxq {args.op}` of a {nbytes / 1e9:.2f} GB Llama-shaped bf16 checkpoint",
              "", f"{os.cpu_count()} CPU cores; reading every shard once: {nbytes / read_s / 1e9:.2f} GB/s "
              f"(page cache; generated in {gen_s:.0f} s). Throughput = input bytes / wall time; one run each.", "",
-             "The last column is the tool's own account (its `time:` line): planning (NVFP4 amax pass), conversion "
-             "(kernels and transfers), error statistics, writing (with the fsync of each shard), the rest (reading, "
-             "page faults, setup), seconds.", "",
-             "| format | device | wall s | GB/s of input | peak RSS MiB | rc | plan / conv / error / write / rest s |",
+             "The last column is the tool's own account (its `time:` line): setup (the GPU's context, headers), "
+             "planning (NVFP4 amax pass), conversion (staging, kernels and transfers; the time waited for them), "
+             "error statistics, writing (the time waited for the writer thread, with the fsync of each shard), the "
+             "rest (reading, page faults), seconds; the wall time also counts the process's start and exit.", "",
+             "| format | device | wall s | GB/s of input | peak RSS MiB | rc | setup / plan / conv / error / write / rest s |",
              "|---|---|---:|---:|---:|---:|---|"]
     print("\n".join(lines), flush=True)
     out = os.path.join(args.dir, "out")
@@ -174,12 +175,15 @@ def main() -> int:
                 first = False
             w, rss, rc, tail = run_child(cmd)
             rc_all |= rc
-            m = re.search(r"planning ([\d.]+) s, conversion ([\d.]+) s, error statistics ([\d.]+) s, writing ([\d.]+) s, "
-                          r"the rest \(reading, page faults, setup\) (-?[\d.]+) s", tail)
+            m = re.search(r"setup ([\d.]+) s, planning ([\d.]+) s, conversion ([\d.]+) s(?: \([^)]*\))?, error statistics ([\d.]+) s, "
+                          r"writing ([\d.]+) s, the rest \(reading, page faults\) (-?[\d.]+) s", tail)
             phases = " / ".join(m.groups()) if m else "-"
             row = f"| {fmt} | {dev} | {w:.1f} | {nbytes / w / 1e9:.2f} | {rss:.0f} | {rc} | {phases} |"
             lines.append(row)
             print(row, flush=True)
+            t = re.search(r"^time: .*$", tail, re.M)
+            if t:
+                print("    " + t.group(0), flush=True)
             if rc:
                 print(tail, file=sys.stderr)
             shutil.rmtree(out, ignore_errors=True)

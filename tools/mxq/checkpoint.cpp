@@ -383,6 +383,29 @@ ErrorSum error_sum(const std::uint8_t* xp, SrcType xty, int es, std::int64_t N, 
   return total;
 }
 
+// A conversion's output bytes: allocated without being zeroed first (the conversion writes every
+// byte; a zeroing pass would fault every page in on the main thread).
+template <class T>
+struct NoInit : std::allocator<T> {
+  using value_type = T;
+  template <class U>
+  struct rebind {
+    using other = NoInit<U>;
+  };
+  NoInit() = default;
+  template <class U>
+  NoInit(const NoInit<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+using Bytes = std::vector<std::uint8_t, NoInit<std::uint8_t>>;
+
 // Writes behind the conversion: tasks (a tensor's write, a shard's commit) run in order on one
 // thread while the next tensors convert; at most kDepth wait, so memory stays bounded by the outputs
 // of a few tensors. The first failure is rethrown by the next submit() or by drain(), and the tasks
@@ -455,19 +478,25 @@ class WriteBehind {
 // disk or the page cache decides it rather than the conversion).
 struct Phases {
   using clock = std::chrono::steady_clock;
-  double plan = 0, convert = 0, error = 0, write = 0;
+  double setup = 0, plan = 0, convert = 0, error = 0, write = 0;
   clock::time_point start = clock::now();
+  void mark_setup() { setup = std::chrono::duration<double>(clock::now() - start).count(); }
   template <class F>
   void time(double& acc, F&& f) {
     const clock::time_point t0 = clock::now();
     f();
     acc += std::chrono::duration<double>(clock::now() - t0).count();
   }
+  std::optional<Engine::Breakdown> gpu;  // the GPU engine's account of its conversion time
   std::string str() const {
     const double all = std::chrono::duration<double>(clock::now() - start).count();
-    return fmt::format("time: {:.2f} s in all; planning {:.2f} s, conversion {:.2f} s, error statistics {:.2f} s, writing "
-                       "{:.2f} s, the rest (reading, page faults, setup) {:.2f} s",
-                       all, plan, convert, error, write, all - plan - convert - error - write);
+    const std::string conv =
+        gpu ? fmt::format(" (staging {:.2f} s, buffers {:.2f} s, waiting for the GPU {:.2f} s, results {:.2f} s)", gpu->staging,
+                          gpu->buffers, gpu->waiting, gpu->results)
+            : std::string();
+    return fmt::format("time: {:.2f} s in all; setup {:.2f} s, planning {:.2f} s, conversion {:.2f} s{}, error statistics "
+                       "{:.2f} s, writing {:.2f} s, the rest (reading, page faults) {:.2f} s",
+                       all, setup, plan, convert, conv, error, write, all - setup - plan - convert - error - write);
   }
 };
 
@@ -666,6 +695,7 @@ int finish_part(const QuantizeArgs& a, const Part& part, const Checkpoint& c, St
 constexpr const char* kRotationScheme = "mxq";
 
 int run_quantize(const QuantizeArgs& a) {
+  Phases ph;  // from here: the GPU's context, the checkpoint's headers and the output's set-up are "setup"
   Format format;
   ScaleRule rule;
   std::string ct_format;
@@ -711,14 +741,23 @@ int run_quantize(const QuantizeArgs& a) {
     if (a.device == "cuda") fail("--rotate: the tool rotates on the CPU in this version (use --device cpu or auto)");
   }
 
-  Engine eng(rot.first != Rotation::none ? std::string("cpu") : a.device);
+  // A GPU is set up on a thread of its own while the checkpoint is opened and planned (and, with
+  // cpu_while_gpu_sets_up, the first tensors convert on the CPU meanwhile): the device line comes
+  // once the choice is settled.
+  Engine eng(rot.first != Rotation::none ? std::string("cpu") : a.device, a.cpu_while_gpu_sets_up);
+  bool device_said = false;
+  auto say_device = [&](bool wait) {
+    if (device_said || !(wait || eng.settled())) return;
+    device_said = true;
+    if (rot.first != Rotation::none) fmt::print("device: cpu (--rotate runs on the CPU in this version)\n");
+    else fmt::print("device: {} ({})\n", eng.name(), eng.why());
+  };
   const Checkpoint c = open_checkpoint(a.in);
   std::optional<json> config = read_config(c, a.in);
   check_output(fs::path(a.in), out_dir, a.overwrite);
   Staging stage{out_dir, a.overwrite};
   const fs::path& out = stage.dir();
-  if (rot.first != Rotation::none) fmt::print("device: cpu (--rotate runs on the CPU in this version)\n");
-  else fmt::print("device: {} ({})\n", eng.name(), eng.why());
+  say_device(false);
   const LoaderFusion fusion = loader_fusion(config);
   if (!a.fake) {
     fmt::print("fused projections: {} ({})\n", fusion.family, fusion.source);
@@ -730,7 +769,7 @@ int run_quantize(const QuantizeArgs& a) {
                  "modules decodes them with another member's NVFP4 global scale\n", fusion.source);
   }
 
-  Phases ph;
+  ph.mark_setup();
   const Phases::clock::time_point plan_t0 = Phases::clock::now();
   // Plan: which tensors are quantized, and (NVFP4) the tensor amax of each, for the shared scales.
   struct Plan {
@@ -865,6 +904,52 @@ int run_quantize(const QuantizeArgs& a) {
   // next tensors convert. Declared after `stage`: on an exception its destructor stops it before the
   // staging directory is removed.
   WriteBehind wb;
+  // What follows each tensor's conversion (its error line, its write), in file order: a tensor's
+  // conversion runs on the engine while the next one's input is staged (the GPU engine keeps two in
+  // flight), and the writes must follow the order declared. A job with `conv` waits for the engine's
+  // oldest conversion; the others (an unchanged tensor's write, a shard's commit) only for the jobs
+  // before them.
+  struct Job {
+    bool conv;
+    std::function<void(const std::optional<ErrorTotals>&)> complete;
+  };
+  std::deque<Job> jobs;
+  auto complete_front = [&] {
+    Job j = std::move(jobs.front());
+    jobs.pop_front();
+    std::optional<ErrorTotals> t;
+    if (j.conv) ph.time(ph.convert, [&] { t = eng.finish(); });
+    j.complete(t);
+  };
+  // the jobs that need not wait (an engine that converts in start_* finishes there)
+  auto complete_ready = [&] {
+    while (!jobs.empty() && (!jobs.front().conv || eng.oldest_ready())) complete_front();
+  };
+  // room on the engine for one more conversion
+  auto make_room = [&] {
+    while (eng.in_flight() >= eng.depth()) complete_front();
+  };
+  auto then = [&](std::function<void()> f) {
+    jobs.push_back({false, [f = std::move(f)](const std::optional<ErrorTotals>&) { f(); }});
+    complete_ready();
+  };
+  // A converted tensor's error line: NaN/Inf weights counted per block (such a block is stored as NaN
+  // and decodes to NaN everywhere; the error pass saw them first, so finite tensors cost no extra
+  // pass), its pages released, the line printed.
+  auto finish_tensor = [&](const st::File& f, std::size_t idx, const st::TensorInfo& t, const std::uint8_t* xp,
+                           const std::string& to, const ErrorSum& err) {
+    if (err.bad_in) {
+      const std::int64_t N = t.shape[0], K = t.shape[1];
+      const NonFinite nf = count_nonfinite(xp, t.dtype, N, K, g);
+      not_finite.push_back(fmt::format("{}: {} NaN/Inf values in {} of {} blocks of {}: those blocks decode to NaN", t.name,
+                                       nf.values, nf.blocks, N * ((K + g - 1) / g), g));
+    }
+    f.release(t);
+    ++n_quant;
+    progress.clear_line();
+    fmt::print("[{}/{}] {} [{}, {}] {} -> {}: {}\n", idx, total, t.name, t.shape[0], t.shape[1], t.dtype, to, err.str());
+    std::fflush(stdout);
+  };
   for (std::size_t si = 0; si < c.shards.size(); ++si) {
     const std::string& shard = c.shards[si];
     if (part.n && int(si % std::size_t(part.n)) != part.i - 1) {  // another part's shard
@@ -872,7 +957,8 @@ int run_quantize(const QuantizeArgs& a) {
       continue;
     }
     check_interrupted();
-    // shared with the writer thread's tasks (the unchanged tensors are written from the mapping)
+    // shared with the jobs and the writer thread's tasks (the unchanged tensors are written from the
+    // mapping; the jobs of a shard may complete while the next shard converts)
     const auto file = std::make_shared<const st::File>((c.dir / shard).string());
     const st::File& f = *file;
     const auto writer = std::make_shared<st::Writer>((out / shard).string());
@@ -908,34 +994,24 @@ int run_quantize(const QuantizeArgs& a) {
       weight_map[rot_name] = shard;
     }
 
-    // A converted tensor: its pages released, counted, and its error line printed.
-    auto finish_tensor = [&](const st::TensorInfo& t, const std::uint8_t* xp, const std::string& to, const ErrorSum& err) {
-      // NaN/Inf weights, counted per block (such a block is stored as NaN and decodes to NaN
-      // everywhere); the error pass saw them first, so finite tensors cost no extra pass.
-      if (err.bad_in) {
-        const std::int64_t N = t.shape[0], K = t.shape[1];
-        const NonFinite nf = count_nonfinite(xp, t.dtype, N, K, g);
-        not_finite.push_back(fmt::format("{}: {} NaN/Inf values in {} of {} blocks of {}: those blocks decode to NaN", t.name,
-                                         nf.values, nf.blocks, N * ((K + g - 1) / g), g));
-      }
-      f.release(t);
-      ++n_quant;
-      progress.clear_line();
-      fmt::print("[{}/{}] {} [{}, {}] {} -> {}: {}\n", done, total, t.name, t.shape[0], t.shape[1], t.dtype, to, err.str());
-      std::fflush(stdout);
-    };
     for (const st::TensorInfo& t : f.view().tensors()) {
       check_interrupted();
-      ++done;
+      if (!device_said) {
+        progress.clear_line();
+        say_device(false);
+      }
+      const std::size_t idx = ++done;
       const auto src = f.view().data(t);
       bytes_in += double(src.size());
       progress.step(t.name, double(src.size()));
       if (!plan[shard + "/" + t.name].quantize) {
-        ph.time(ph.write, [&] {
-          // t by value: the tensor list may be a temporary of this loop
-          wb.submit([writer, file, t, src] {
-            writer->write(t.name, src);
-            file->release(t);
+        // t by value: the tensor list may be a temporary of this loop
+        then([&ph, &wb, writer, file, t, src] {
+          ph.time(ph.write, [&] {
+            wb.submit([writer, file, t, src] {
+              writer->write(t.name, src);
+              file->release(t);
+            });
           });
         });
         bytes_out += double(src.size());
@@ -945,13 +1021,13 @@ int run_quantize(const QuantizeArgs& a) {
       const std::string module = t.name.substr(0, t.name.size() - 7);
       const std::int64_t N = t.shape[0], K = t.shape[1];
       // The mapped bytes themselves, or an aligned copy where the file puts the tensor at an offset
-      // that is not a multiple of its element size.
+      // that is not a multiple of its element size (kept until the tensor's job completes).
       const int es = st::find_dtype(t.dtype)->bytes;
-      std::vector<std::uint8_t> xcopy;
+      auto xcopy = std::make_shared<std::vector<std::uint8_t>>();
       const std::uint8_t* xp = src.data();
       if (reinterpret_cast<std::uintptr_t>(xp) % std::uintptr_t(es) != 0) {
-        xcopy.assign(src.begin(), src.end());
-        xp = xcopy.data();
+        xcopy->assign(src.begin(), src.end());
+        xp = xcopy->data();
         f.release(t);
       }
       const Tensor xt = Tensor::of(const_cast<std::uint8_t*>(xp), mxq_dtype(t.dtype), N, K);  // read only
@@ -967,11 +1043,29 @@ int run_quantize(const QuantizeArgs& a) {
       }
       // the weight's input rotated: W @ (H / sqrt(RS)) per group of RS (the seed: rhad, qdq only)
       if (rot.first != Rotation::none) o = with_rotation(o, rot.first, rot.second, a.rotate_seed);
+      const SrcType xty = src_type(t.dtype);
       if (a.fake) {
-        std::vector<std::uint8_t> yq(src.size());
-        const Tensor yt = Tensor::of(yq.data(), mxq_dtype(t.dtype), N, K);
+        auto yq = std::make_shared<Bytes>(src.size());
+        const Tensor yt = Tensor::of(yq->data(), mxq_dtype(t.dtype), N, K);
+        const std::string to = "qdq " + a.format + (a.rotate.empty() ? std::string() : " " + a.rotate);
+        // the error line and the write, once the QDQ'd values are on the host
+        auto complete = [&, file, idx, t, xp, xcopy, yq, writer, to, xty, es, N, K](const std::optional<ErrorTotals>& gt) {
+          ErrorSum err;
+          ph.time(ph.error, [&] {
+            if (gt) {  // on the GPU, where the engine had the tensors
+              err = ErrorSum::of(*gt);
+              return;
+            }
+            err = error_sum(xp, xty, es, N, K, [&](std::int64_t r0, std::int64_t nr, float* y) {
+              const std::uint8_t* q = yq->data() + r0 * K * es;
+              for (std::int64_t i = 0; i < nr * K; ++i) y[i] = load_f32(q + i * es, xty);
+            });
+          });
+          ph.time(ph.write, [&] { wb.submit([writer, name = t.name, yq] { writer->write(name, *yq); }); });
+          finish_tensor(*file, idx, t, xp, to, err);
+        };
         try {
-          if (rot.first != Rotation::none) {  // rotate, quantize, dequantize, rotate back
+          if (rot.first != Rotation::none) {  // rotate, quantize, dequantize, rotate back (the CPU engine)
             // NVFP4: the (fused group's) global scale from the rotated weights' amax, as quantize --rotate
             const Shape2 ss = scale_shape(o, N, K);
             std::vector<std::uint8_t> codes(N * code_cols(format, K)), scales(ss.rows * ss.cols);
@@ -980,82 +1074,75 @@ int run_quantize(const QuantizeArgs& a) {
             q.scales = Tensor::of(scales.data(), DType::u8, ss.rows, ss.cols);
             float S = 1.0f;
             q.tensor_scale = format == Format::nvfp4 ? &S : nullptr;
+            while (eng.in_flight()) complete_front();  // the one-shot API runs with nothing in flight
             ph.time(ph.convert, [&] {
               eng.quantize(xt, q, o);
               QuantOptions od = o;
               if (format == Format::nvfp4) od.tensor_scale = S;
               eng.dequantize(QuantizedIn{q.codes, q.scales}, yt, od);
             });
+            jobs.push_back({false, complete});
           } else {
-            ph.time(ph.convert, [&] { eng.qdq(xt, yt, o); });
+            make_room();
+            ph.time(ph.convert, [&] { eng.start_qdq(xt, yt, o); });
+            jobs.push_back({true, complete});
           }
         } catch (const std::exception& e) {
           fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
         }
-        const SrcType xty = src_type(t.dtype);
-        ErrorSum err;
-        ph.time(ph.error, [&] {
-          ErrorTotals gt;  // on the GPU where the engine has the tensors there (no rotation)
-          if (rot.first == Rotation::none && eng.qdq_error(xt, yt, gt)) {
-            err = ErrorSum::of(gt);
-            return;
-          }
-          err = error_sum(xp, xty, es, N, K, [&](std::int64_t r0, std::int64_t nr, float* y) {
-            const std::uint8_t* q = yq.data() + r0 * K * es;
-            for (std::int64_t i = 0; i < nr * K; ++i) y[i] = load_f32(q + i * es, xty);
-          });
-        });
-        ph.time(ph.write, [&] {
-          wb.submit([writer, name = t.name, y = std::make_shared<const std::vector<std::uint8_t>>(std::move(yq))] {
-            writer->write(name, *y);
-          });
-        });
         bytes_out += double(src.size());  // the same size as the input
-        finish_tensor(t, xp, "qdq " + a.format + (a.rotate.empty() ? std::string() : " " + a.rotate), err);
+        complete_ready();
         continue;
       }
       const Shape2 ss = scale_shape(o, N, K);
-      std::vector<std::uint8_t> codes(N * code_cols(format, K)), scales(ss.rows * ss.cols);
+      const std::int64_t cc = code_cols(format, K);
+      auto codes = std::make_shared<Bytes>(N * cc);
+      auto scales = std::make_shared<Bytes>(ss.rows * ss.cols);
       QuantizedOut q;
-      q.codes = Tensor::of(codes.data(), DType::u8, N, code_cols(format, K));
-      q.scales = Tensor::of(scales.data(), DType::u8, ss.rows, ss.cols);
+      q.codes = Tensor::of(codes->data(), DType::u8, N, cc);
+      q.scales = Tensor::of(scales->data(), DType::u8, ss.rows, ss.cols);
       try {
-        ph.time(ph.convert, [&] { eng.quantize(xt, q, o); });
+        make_room();
+        ph.time(ph.convert, [&] { eng.start_quantize(xt, q, o); });
       } catch (const std::exception& e) {
         fail((c.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
       }
-      // The error this tensor carries: the codes dequantized a band of rows at a time on the host's
-      // cores and compared (no full-size fp32 copies: peak memory stays about the input tensor plus
-      // its outputs and a band per thread). The host's dequantize whatever the engine: the codes are
-      // on the host already, and the bytes are the same on every backend.
-      check_interrupted();
-      QuantOptions oh = o;
-      oh.backend = Backend::cpu;
-      const std::int64_t cc = code_cols(format, K);
-      ErrorSum err;
-      ph.time(ph.error, [&] {
-        ErrorTotals gt;  // on the GPU where the engine has the tensors there
-        if (eng.quantize_error(xt, q, o, gt)) {
-          err = ErrorSum::of(gt);
-          return;
-        }
-        err = error_sum(xp, src_type(t.dtype), es, N, K, [&](std::int64_t r0, std::int64_t nr, float* y) {
-          mxq::dequantize(QuantizedIn{Tensor::of(codes.data() + r0 * cc, DType::u8, nr, cc),
-                                      Tensor::of(scales.data() + r0 * ss.cols, DType::u8, nr, ss.cols)},
-                          Tensor::of(y, DType::f32, nr, K), oh);
-        });
-      });
-      bytes_out += double(codes.size() + scales.size()) + (format == Format::nvfp4 ? 4 : 0);
-      ph.time(ph.write, [&] {
-        wb.submit([writer, module, fp8 = format == Format::mxfp8_e4m3, S = format == Format::nvfp4 ? *o.tensor_scale : NAN,
-                   cs = std::make_shared<const std::vector<std::uint8_t>>(std::move(codes)),
-                   ss = std::make_shared<const std::vector<std::uint8_t>>(std::move(scales))] {
-          writer->write(module + (fp8 ? ".weight" : ".weight_packed"), *cs);
-          writer->write(module + ".weight_scale", *ss);
-          if (!std::isnan(S)) writer->write(module + ".weight_global_scale", {reinterpret_cast<const std::uint8_t*>(&S), 4});
-        });
-      });
-      finish_tensor(t, xp, a.format + (a.rotate.empty() ? std::string() : " " + a.rotate), err);
+      bytes_out += double(codes->size() + scales->size()) + (format == Format::nvfp4 ? 4 : 0);
+      const std::string to = a.format + (a.rotate.empty() ? std::string() : " " + a.rotate);
+      jobs.push_back({true, [&, file, idx, t, xp, xcopy, codes, scales, writer, module, to, o, ss, cc, es, N, K](
+                                const std::optional<ErrorTotals>& gt) {
+                        // The error this tensor carries: on the GPU where the engine had the tensors; else
+                        // the codes dequantized a band of rows at a time on the host's cores and compared
+                        // (no full-size fp32 copies: peak memory stays about the input tensor plus its
+                        // outputs and a band per thread). The host's dequantize whatever the engine: the
+                        // bytes are the same on every backend.
+                        check_interrupted();
+                        ErrorSum err;
+                        ph.time(ph.error, [&] {
+                          if (gt) {
+                            err = ErrorSum::of(*gt);
+                            return;
+                          }
+                          QuantOptions oh = o;
+                          oh.backend = Backend::cpu;
+                          err = error_sum(xp, src_type(t.dtype), es, N, K, [&](std::int64_t r0, std::int64_t nr, float* y) {
+                            mxq::dequantize(QuantizedIn{Tensor::of(codes->data() + r0 * cc, DType::u8, nr, cc),
+                                                        Tensor::of(scales->data() + r0 * ss.cols, DType::u8, nr, ss.cols)},
+                                            Tensor::of(y, DType::f32, nr, K), oh);
+                          });
+                        });
+                        ph.time(ph.write, [&] {
+                          wb.submit([writer, module, fp8 = format == Format::mxfp8_e4m3,
+                                     S = format == Format::nvfp4 ? *o.tensor_scale : NAN, codes, scales] {
+                            writer->write(module + (fp8 ? ".weight" : ".weight_packed"), *codes);
+                            writer->write(module + ".weight_scale", *scales);
+                            if (!std::isnan(S))
+                              writer->write(module + ".weight_global_scale", {reinterpret_cast<const std::uint8_t*>(&S), 4});
+                          });
+                        });
+                        finish_tensor(*file, idx, t, xp, to, err);
+                      }});
+      complete_ready();
     }
     if (shard == rot_shard) {  // the Sylvester Hadamard matrix, entries +-1 (the loader normalises)
       const int n = rot.second;
@@ -1063,13 +1150,22 @@ int run_quantize(const QuantizeArgs& a) {
       for (int i = 0; i < n; ++i)
         for (int j = 0; j < n; ++j) h[std::size_t(i) * n + j] = (__builtin_popcount(unsigned(i & j)) & 1) ? -1.0f : 1.0f;
       bytes_out += double(h.size() * sizeof(float));
-      wb.submit([writer, rot_name, hm = std::make_shared<const std::vector<float>>(std::move(h))] {
-        writer->write(rot_name, {reinterpret_cast<const std::uint8_t*>(hm->data()), hm->size() * sizeof(float)});
+      then([&wb, writer, rot_name, hm = std::make_shared<const std::vector<float>>(std::move(h))] {
+        wb.submit([writer, rot_name, hm] {
+          writer->write(rot_name, {reinterpret_cast<const std::uint8_t*>(hm->data()), hm->size() * sizeof(float)});
+        });
       });
     }
-    ph.time(ph.write, [&] { wb.submit([writer] { writer->commit(); }); });
+    then([&ph, &wb, writer] { ph.time(ph.write, [&] { wb.submit([writer] { writer->commit(); }); }); });
   }
+  while (!jobs.empty()) complete_front();
   ph.time(ph.write, [&] { wb.drain(); });  // every shard written and synced (a failure throws here)
+  progress.clear_line();
+  say_device(true);
+  if (eng.gpu()) ph.gpu = eng.breakdown();
+  if (eng.converted_while_setting_up())
+    fmt::print("device: the first {} conversions ran on the CPU while the GPU was being set up (the same bytes)\n",
+               eng.converted_while_setting_up());
 
   Finish fin;
   fin.index = c.index;

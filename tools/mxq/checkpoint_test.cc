@@ -30,6 +30,7 @@
 
 #include "commands.hpp"
 #include "convert.hpp"
+#include "engine.hpp"
 #include "safetensors.hpp"
 #include "staging.hpp"
 
@@ -388,10 +389,22 @@ TEST(CheckpointDevice, RefusesUnknownOrUnusableDevices) {
   qa.device = "gpu";
   const std::string unknown = quantize_failure(qa, "--device gpu");
   EXPECT_NE(unknown.find("expected cpu, cuda or auto"), std::string::npos) << unknown;
-  if (!mxq::cuda_available()) {
+  if (!mxq::cuda_available()) {  // found once the GPU's set-up (on a thread of its own) is settled
+    const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_nodev_" + std::to_string(::getpid()));
+    fs::remove_all(root);
+    make_checkpoint(root / "in");
+    qa.in = (root / "in").string();
+    qa.out = (root / "out").string();
     qa.device = "cuda";
-    const std::string unusable = quantize_failure(qa, "--device cuda without a GPU");
-    EXPECT_NE(unusable.find("--device cuda"), std::string::npos) << unusable;
+    for (const bool early : {true, false}) {
+      qa.cpu_while_gpu_sets_up = early;
+      testing::internal::CaptureStdout();
+      const std::string unusable = quantize_failure(qa, "--device cuda without a GPU");
+      testing::internal::GetCapturedStdout();
+      EXPECT_NE(unusable.find("--device cuda: no usable GPU"), std::string::npos) << unusable;
+      EXPECT_FALSE(fs::exists(root / "out")) << "a failed conversion left its output";
+    }
+    fs::remove_all(root);
   }
 }
 
@@ -404,20 +417,26 @@ TEST(CheckpointDevice, GpuWritesTheSameBytesAsCpu) {
   fs::remove_all(root);
   make_checkpoint(root / "in");
   for (const std::string format : {"mxfp4", "mxfp8", "nvfp4", "mxfp6_e3m2"}) {
-    std::map<std::string, std::string> tree[2];
-    std::vector<std::string> lines[2];  // the per-tensor lines: the error figures (GPU: summed on the device)
-    for (int d = 0; d < 2; ++d) {
-      const std::string dev = d ? "cuda" : "cpu", tag = format + "_" + dev;
+    // the CPU; the GPU for every tensor; the GPU with the first tensors on the CPU while it is set up
+    std::map<std::string, std::string> tree[3];
+    std::vector<std::string> lines[3];  // the per-tensor lines: the error figures (GPU: summed on the device)
+    for (int d = 0; d < 3; ++d) {
+      const std::string dev = d ? "cuda" : "cpu", tag = format + "_" + dev + std::to_string(d);
       mxq::cli::QuantizeArgs qa;
       qa.in = (root / "in").string();
       qa.out = (root / ("q_" + tag)).string();
       qa.format = format;
       qa.device = dev;
+      qa.cpu_while_gpu_sets_up = d == 2;
       qa.fake = format == "mxfp6_e3m2";
       testing::internal::CaptureStdout();
       const int rc = mxq::cli::run_quantize(qa);
       std::istringstream log(testing::internal::GetCapturedStdout());
       ASSERT_EQ(rc, 0) << tag << "\n" << log.str();
+      if (d == 1) {  // every conversion on the GPU
+        EXPECT_NE(log.str().find("device: cuda"), std::string::npos) << log.str();
+        EXPECT_EQ(log.str().find("while the GPU was being set up"), std::string::npos) << log.str();
+      }
       for (std::string l; std::getline(log, l);)
         if (l.starts_with("[")) lines[d].push_back(l);
       tree[d] = read_tree(qa.out);
@@ -434,15 +453,107 @@ TEST(CheckpointDevice, GpuWritesTheSameBytesAsCpu) {
       }
     }
     EXPECT_FALSE(lines[0].empty()) << format;
-    EXPECT_EQ(lines[0], lines[1]) << format << ": the error lines differ between the GPU and the CPU";
     EXPECT_GT(tree[0].size(), 3u) << format;
-    ASSERT_EQ(tree[0].size(), tree[1].size()) << format;
-    for (const auto& [n, b] : tree[0]) {
-      ASSERT_TRUE(tree[1].count(n)) << format << ": " << n << " missing from the GPU's output";
-      EXPECT_TRUE(tree[1][n] == b) << format << ": " << n << " differs between the GPU and the CPU";
+    for (int d = 1; d < 3; ++d) {
+      EXPECT_EQ(lines[0], lines[d]) << format << " " << d << ": the error lines differ between the GPU and the CPU";
+      ASSERT_EQ(tree[0].size(), tree[d].size()) << format << " " << d;
+      for (const auto& [n, b] : tree[0]) {
+        ASSERT_TRUE(tree[d].count(n)) << format << " " << d << ": " << n << " missing from the GPU's output";
+        EXPECT_TRUE(tree[d][n] == b) << format << " " << d << ": " << n << " differs between the GPU and the CPU";
+      }
     }
   }
   fs::remove_all(root);
+}
+
+// The engine's overlapped conversions (the checkpoint conversion's path) give the one-shot
+// conversion's bytes, finish in the order started, carry the error statistics on the GPU (equal to a
+// host double sum up to the summation order) and none on the CPU; starting beyond depth() and the
+// one-shot API with conversions in flight are refused.
+TEST(Engine, OverlappedConversionsMatchOneShot) {
+  std::vector<std::string> devs{"cpu"};
+  std::string why;
+  if (mxq::cuda_available(&why)) devs.push_back("cuda");
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const std::int64_t shapes[3][2] = {{64, 256}, {33, 96}, {128, 512}};
+  std::vector<std::uint16_t> x[3];
+  for (int i = 0; i < 3; ++i) {
+    x[i].resize(shapes[i][0] * shapes[i][1]);
+    for (auto& v : x[i]) v = to_bf16(nd(rng) * (rng() % 41 == 0 ? 30.0f : 1.0f));
+  }
+  for (const std::string& dev : devs) {
+    mxq::cli::Engine eng(dev);
+    ASSERT_EQ(eng.depth(), dev == "cuda" ? 2 : 1);
+    for (const bool fake : {false, true}) {
+      const mxq::QuantOptions o = mxq::QuantOptions::nvfp4();
+      mxq::QuantOptions os = o;
+      os.tensor_scale = 0.75f;
+      std::vector<std::uint8_t> codes[3], scales[3], y[3];
+      auto start = [&](int i) {
+        const std::int64_t N = shapes[i][0], K = shapes[i][1];
+        const mxq::Tensor xt = mxq::Tensor::of(x[i].data(), mxq::DType::bf16, N, K);
+        if (fake) {
+          y[i].assign(N * K * 2, 0xAB);
+          eng.start_qdq(xt, mxq::Tensor::of(y[i].data(), mxq::DType::bf16, N, K), os);
+          return;
+        }
+        codes[i].assign(N * K / 2, 0xAB);
+        scales[i].assign(N * K / 16, 0xAB);
+        mxq::QuantizedOut q;
+        q.codes = mxq::Tensor::of(codes[i].data(), mxq::DType::u8, N, K / 2);
+        q.scales = mxq::Tensor::of(scales[i].data(), mxq::DType::u8, N, K / 16);
+        eng.start_quantize(xt, q, os);
+      };
+      auto check = [&](int i, const std::optional<mxq::cli::ErrorTotals>& t) {
+        const std::int64_t N = shapes[i][0], K = shapes[i][1];
+        const mxq::Tensor xt = mxq::Tensor::of(x[i].data(), mxq::DType::bf16, N, K);
+        mxq::QuantOptions oc = os;
+        oc.backend = mxq::Backend::cpu;
+        std::vector<std::uint8_t> rc(N * K / 2), rs(N * K / 16), ry(N * K * 2);
+        std::vector<float> deq(N * K);
+        if (fake) {
+          mxq::qdq(xt, mxq::Tensor::of(ry.data(), mxq::DType::bf16, N, K), oc);
+          EXPECT_TRUE(ry == y[i]) << dev << " qdq tensor " << i;
+          for (std::int64_t k = 0; k < N * K; ++k) deq[k] = mxq::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(ry.data())[k]);
+        } else {
+          mxq::QuantizedOut q;
+          q.codes = mxq::Tensor::of(rc.data(), mxq::DType::u8, N, K / 2);
+          q.scales = mxq::Tensor::of(rs.data(), mxq::DType::u8, N, K / 16);
+          mxq::quantize(xt, q, oc);
+          EXPECT_TRUE(rc == codes[i] && rs == scales[i]) << dev << " quantize tensor " << i;
+          mxq::dequantize(mxq::QuantizedIn{q.codes, q.scales}, mxq::Tensor::of(deq.data(), mxq::DType::f32, N, K), oc);
+        }
+        ASSERT_EQ(t.has_value(), dev == "cuda") << dev;
+        if (!t) return;
+        double e = 0, r = 0;
+        for (std::int64_t k = 0; k < N * K; ++k) {
+          const double xv = mxq::bf16_to_f32(x[i][k]), d = double(deq[k]) - xv;
+          e += d * d;
+          r += xv * xv;
+        }
+        EXPECT_NEAR(t->e, e, 1e-9 * e) << dev << " tensor " << i;
+        EXPECT_NEAR(t->r, r, 1e-9 * r) << dev << " tensor " << i;
+        EXPECT_EQ(t->bad_in, 0);
+        EXPECT_EQ(t->bad_out, 0);
+      };
+      int next = 0, finished = 0;
+      while (next < eng.depth()) start(next++);
+      EXPECT_THROW(start(next), std::logic_error) << dev;
+      EXPECT_THROW(eng.qdq(mxq::Tensor::of(x[0].data(), mxq::DType::bf16, 64, 256),
+                           mxq::Tensor::of(y[0].data(), mxq::DType::bf16, 64, 256), os),
+                   std::logic_error)
+          << dev;
+      while (finished < 3) {
+        check(finished, eng.finish());
+        ++finished;
+        if (next < 3) start(next++);
+      }
+      EXPECT_EQ(eng.in_flight(), 0);
+      EXPECT_FALSE(eng.oldest_ready());
+      EXPECT_THROW(eng.finish(), std::logic_error);
+    }
+  }
 }
 
 namespace {

@@ -91,6 +91,7 @@ class PinnedBuffer {
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
   void* get() const { return p_; }
+  std::size_t size() const { return n_; }
   void reserve(std::size_t n) {
     if (p_ && n_ >= n) return;
     cudaFreeHost(p_);
@@ -145,6 +146,16 @@ class EventTimer {
     float ms = 0;
     check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
     return ms / 1e3;
+  }
+  // Whether the stream has passed stop (seconds() would not wait); an error there is the timed work's.
+  bool done() const {
+    const cudaError_t e = cudaEventQuery(stop_);
+    if (e == cudaErrorNotReady) {
+      cudaGetLastError();
+      return false;
+    }
+    check(e, "the timed GPU work");
+    return true;
   }
   // start, f(), stop and seconds(): f's GPU time on stream s.
   template <class F>

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
+#include <future>
 #include <stdexcept>
 #include <vector>
 
@@ -34,36 +36,91 @@ std::int64_t bytes_of(const Tensor& t) {
   return ((t.rows - 1) * t.stride() + t.cols) * es;
 }
 
-struct Engine::Gpu {
+// A stream with the device buffers and page-locked staging of one conversion at a time.
+struct Lane {
+  Engine::Breakdown* bd;
+  explicit Lane(Engine::Breakdown* b) : bd(b) {}
   cuda_util::Stream stream;
-  cuda_util::EventTimer timer;
+  cuda_util::EventTimer timer;  // around the work; its stop also marks the lane's end (downloads included)
   // x, codes/y, scales, mask, 4-byte scalar; the error pass: fp32 dequantized values, partial sums
   cuda_util::DeviceBuffer buf[7];
-  cuda_util::PinnedBuffer pinned[3];  // the uploads' staging (x or codes, -, scales)
-  std::string device_name = cuda_util::device_properties().name;
+  cuda_util::PinnedBuffer up[3];    // the uploads' staging (x or codes, -, scales)
+  cuda_util::PinnedBuffer down[7];  // the downloads of a conversion in flight (same indices as buf)
+  struct Dest {
+    void* host;
+    std::size_t n;
+    int buf;
+  };
+  std::vector<Dest> dests;  // where finish() copies down[] to
+  bool stats = false;       // down[6] holds the error statistics' partials
 
   // Device buffer i of at least n bytes (contents undefined; kept while it need not grow).
   void* get(int i, std::size_t n) {
-    buf[i].reserve(n);
+    if (n > buf[i].size()) bd->buffers += wall([&] { buf[i].reserve(n); });
     return buf[i].get();
+  }
+  static void grow(Engine::Breakdown* bd, cuda_util::PinnedBuffer& h, std::size_t n) {
+    if (n > h.size()) bd->buffers += wall([&] { h.reserve(n); });
   }
   // A device tensor shaped as t in buffer i, with t's contents when upload. An upload goes through
   // page-locked memory, filled by every core (the host tensor is often a file mapping: its pages
-  // are faulted in in parallel), then copied at the link's speed. Safe to reuse at the next call:
-  // every operation waits for its stream before returning (finish()).
+  // are faulted in in parallel), then copied at the link's speed. The staging is reused by the lane's
+  // next conversion, which starts after this one has finished.
   Tensor stage(int i, const Tensor& t, bool upload) {
     const std::size_t n = std::size_t(bytes_of(t));
     Tensor d = t;
     d.data = get(i, n);
     d.device = Device::cuda;
     if (upload && n) {
-      cuda_util::PinnedBuffer& h = pinned[i < 3 ? i : 0];
-      h.reserve(n);
-      parallel_copy(h.get(), t.data, n);
+      cuda_util::PinnedBuffer& h = up[i < 3 ? i : 0];
+      grow(bd, h, n);
+      bd->staging += wall([&] { parallel_copy(h.get(), t.data, n); });
       buf[i].upload_async(h.get(), n, stream);
     }
     return d;
   }
+  // Enqueues the copy of buffer i to page-locked memory; finish() copies it on to host.
+  void download_later(int i, void* host, std::size_t n) {
+    if (!n) return;
+    grow(bd, down[i], n);
+    buf[i].download_async(down[i].get(), n, stream);
+    dests.push_back({host, n, i});
+  }
+  void download_later(int i, const Tensor& host) { download_later(i, host.data, std::size_t(bytes_of(host))); }
+  QuantOptions on_stream(QuantOptions o) {
+    o.stream = stream;
+    o.backend = Backend::cuda;
+    o.workspace = get(4, 4);
+    return o;
+  }
+  // The error statistics of x against y (device tensors, dense), enqueued.
+  void stats_later(const Tensor& xd, const Tensor& yd) {
+    grow(bd, down[6], sizeof(double) * gpu::kErrorPartials);
+    gpu::error_totals_async(xd.data, xd.dtype, yd.data, yd.dtype, xd.rows * xd.cols,
+                            static_cast<double*>(get(6, sizeof(double) * gpu::kErrorPartials)),
+                            static_cast<double*>(down[6].get()), stream);
+    stats = true;
+  }
+  // Waits for the lane's work, copies its downloads to their host memory; the statistics if any.
+  std::optional<ErrorTotals> finish() {
+    bd->waiting += wall([&] { timer.seconds(); });  // an error there is the conversion's
+    bd->results += wall([&] {
+      for (const Dest& d : dests) parallel_copy(d.host, down[d.buf].get(), d.n);
+    });
+    dests.clear();
+    std::optional<ErrorTotals> t;
+    if (stats) t = gpu::sum_partials(static_cast<const double*>(down[6].get()));
+    stats = false;
+    return t;
+  }
+  // The one-shot API: downloads straight to the host memory, then waits.
+  void download_now(int i, void* host, std::size_t n) { buf[i].download_async(host, n, stream); }
+  void download_now(int i, const Tensor& host) { download_now(i, host.data, std::size_t(bytes_of(host))); }
+  double wait() {
+    stream.sync("the GPU operation");
+    return timer.seconds();
+  }
+
   static void parallel_copy(void* dst, const void* src, std::size_t n) {
     constexpr std::size_t kChunk = std::size_t(4) << 20;
     const std::int64_t chunks = std::int64_t((n + kChunk - 1) / kChunk);
@@ -75,24 +132,16 @@ struct Engine::Gpu {
       std::memcpy(static_cast<char*>(dst) + o, static_cast<const char*>(src) + o, std::min(kChunk, n - o));
     }
   }
-  void download(int i, void* host, std::size_t n) { buf[i].download_async(host, n, stream); }
-  void download(int i, const Tensor& host) { download(i, host.data, std::size_t(bytes_of(host))); }
-  template <class F>
-  void timed(F&& f) {
-    timer.start(stream);
-    f();
-    timer.stop(stream);
-  }
-  double finish() {
-    stream.sync("the GPU operation");
-    return timer.seconds();
-  }
-  QuantOptions on_stream(QuantOptions o) {
-    o.stream = stream;
-    o.backend = Backend::cuda;
-    o.workspace = get(4, 4);
-    return o;
-  }
+};
+
+struct Engine::Gpu {
+  static constexpr int kDepth = 2;
+  Engine::Breakdown bd;
+  Lane lanes[kDepth]{Lane(&bd), Lane(&bd)};
+  std::deque<int> order;  // the lanes in flight, oldest first
+  std::string device_name = cuda_util::device_properties().name;
+
+  int next_lane() const { return order.empty() ? 0 : (order.back() + 1) % kDepth; }
 };
 
 #else
@@ -101,34 +150,88 @@ struct Engine::Gpu {};
 
 #endif
 
-Engine::Engine(const std::string& device) {
+Engine::Engine(const std::string& device, bool early_cpu) : device_(device), early_cpu_(early_cpu) {
   if (device != "cpu" && device != "cuda" && device != "auto")
     throw std::runtime_error("--device '" + device + "': expected cpu, cuda or auto");
-  std::string why_not;
-  const bool usable = cuda_available(&why_not);
-  if (device == "cuda" && !usable) throw std::runtime_error("--device cuda: no usable GPU: " + why_not);
-  if (device == "cpu" || !usable) {
+  if (device == "cpu") {
     name_ = "cpu";
-    why_ = device == "cpu" ? "asked for" : "no usable GPU: " + why_not;
+    why_ = "asked for";
     return;
   }
 #if defined(MXQ_TOOL_HAVE_CUDA)
-  gpu_ = std::make_unique<Gpu>();
-  name_ = "cuda";
-  why_ = (device == "cuda" ? "asked for: " : "a GPU is usable: ") + gpu_->device_name;
+  auto probed = std::make_shared<std::promise<std::string>>();
+  probe_ = probed->get_future().share();
+  setup_ = std::async(std::launch::async, [probed] {
+    std::string why_not;
+    const bool usable = cuda_available(&why_not);
+    probed->set_value(usable ? std::string() : why_not);
+    if (!usable) throw std::runtime_error(why_not);
+    return std::make_unique<Gpu>();
+  });
 #else
-  if (device == "cuda") throw std::runtime_error("--device cuda: this build of the tool has no CUDA support");
+  std::string why_not;
+  const bool usable = cuda_available(&why_not);
+  const std::string why = usable ? "this build of the tool has no CUDA support" : "no usable GPU: " + why_not;
+  if (device == "cuda") throw std::runtime_error("--device cuda: " + why);
   name_ = "cpu";
-  why_ = "this build of the tool has no CUDA support";
+  why_ = why;
 #endif
+}
+
+bool Engine::settle(bool wait) const {
+  if (!failed_.empty()) throw std::runtime_error(failed_);
+  if (!setup_.valid()) return true;
+  // not waiting: a usable GPU still being set up (an unusable one is settled here, before any
+  // conversion starts on the CPU)
+  if (!wait && probe_.get().empty() && setup_.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+    return false;
+  try {
+    gpu_ = setup_.get();
+#if defined(MXQ_TOOL_HAVE_CUDA)
+    name_ = "cuda";
+    why_ = (device_ == "cuda" ? "asked for: " : "a GPU is usable: ") + gpu_->device_name;
+#endif
+  } catch (const std::exception& e) {
+    if (device_ == "cuda") {
+      failed_ = std::string("--device cuda: no usable GPU: ") + e.what();
+      throw std::runtime_error(failed_);
+    }
+    name_ = "cpu";
+    why_ = std::string("no usable GPU: ") + e.what();
+  }
+  return true;
+}
+
+bool Engine::gpu() const {
+  settle(true);
+  return gpu_ != nullptr;
+}
+
+const std::string& Engine::name() const {
+  settle(true);
+  return name_;
+}
+
+const std::string& Engine::why() const {
+  settle(true);
+  return why_;
 }
 
 Engine::~Engine() = default;
 
+void Engine::check_idle(const char* what) const {
+  if (in_flight_) throw std::logic_error(std::string("Engine::") + what + ": conversions are in flight (finish() them first)");
+}
+
+void Engine::check_room() const {
+  if (in_flight_ >= depth()) throw std::logic_error("Engine::start_*: depth() conversions are in flight already");
+}
+
 double Engine::quantize(const Tensor& x, const QuantizedOut& q, const QuantOptions& o) {
+  check_idle("quantize");
 #if defined(MXQ_TOOL_HAVE_CUDA)
-  if (gpu_) {
-    Gpu& g = *gpu_;
+  if (gpu()) {
+    Lane& g = gpu_->lanes[0];
     const Tensor xd = g.stage(0, x, true);
     QuantizedOut qd;
     qd.codes = g.stage(1, q.codes, false);
@@ -136,29 +239,32 @@ double Engine::quantize(const Tensor& x, const QuantizedOut& q, const QuantOptio
     if (q.clip_mask.data) qd.clip_mask = g.stage(3, q.clip_mask, false);
     if (q.tensor_scale) qd.tensor_scale = static_cast<float*>(g.get(4, 4));
     const QuantOptions od = g.on_stream(o);
-    g.timed([&] { mxq::quantize(xd, qd, od); });
-    g.download(1, q.codes);
-    g.download(2, q.scales);
-    if (q.clip_mask.data) g.download(3, q.clip_mask);
-    if (q.tensor_scale) g.download(4, q.tensor_scale, 4);
-    return g.finish();
+    g.timer.start(g.stream);
+    mxq::quantize(xd, qd, od);
+    g.timer.stop(g.stream);
+    g.download_now(1, q.codes);
+    g.download_now(2, q.scales);
+    if (q.clip_mask.data) g.download_now(3, q.clip_mask);
+    if (q.tensor_scale) g.download_now(4, q.tensor_scale, 4);
+    return g.wait();
   }
 #endif
   return wall([&] { mxq::quantize(x, q, o); });
 }
 
 double Engine::qdq(const Tensor& x, const Tensor& y, const QuantOptions& o, int reps) {
+  check_idle("qdq");
   reps = reps < 1 ? 1 : reps;
 #if defined(MXQ_TOOL_HAVE_CUDA)
-  if (gpu_) {
-    Gpu& g = *gpu_;
+  if (gpu()) {
+    Lane& g = gpu_->lanes[0];
     const Tensor xd = g.stage(0, x, true), yd = g.stage(1, y, false);
     const QuantOptions od = g.on_stream(o);
-    g.timed([&] {
-      for (int r = 0; r < reps; ++r) mxq::qdq(xd, yd, od);
-    });
-    g.download(1, y);
-    return g.finish() / reps;
+    g.timer.start(g.stream);
+    for (int r = 0; r < reps; ++r) mxq::qdq(xd, yd, od);
+    g.timer.stop(g.stream);
+    g.download_now(1, y);
+    return g.wait() / reps;
   }
 #endif
   return wall([&] {
@@ -168,56 +274,132 @@ double Engine::qdq(const Tensor& x, const Tensor& y, const QuantOptions& o, int 
 }
 
 double Engine::dequantize(const QuantizedIn& in, const Tensor& y, const QuantOptions& o) {
+  check_idle("dequantize");
 #if defined(MXQ_TOOL_HAVE_CUDA)
-  if (gpu_) {
-    Gpu& g = *gpu_;
+  if (gpu()) {
+    Lane& g = gpu_->lanes[0];
     const QuantizedIn ind{g.stage(0, in.codes, true), g.stage(2, in.scales, true)};
     const Tensor yd = g.stage(1, y, false);
     const QuantOptions od = g.on_stream(o);
-    g.timed([&] { mxq::dequantize(ind, yd, od); });
-    g.download(1, y);
-    return g.finish();
+    g.timer.start(g.stream);
+    mxq::dequantize(ind, yd, od);
+    g.timer.stop(g.stream);
+    g.download_now(1, y);
+    return g.wait();
   }
 #endif
   return wall([&] { mxq::dequantize(in, y, o); });
 }
 
-bool Engine::quantize_error(const Tensor& x, const QuantizedOut& q, const QuantOptions& o, ErrorTotals& t) {
+Engine::Breakdown Engine::breakdown() const {
 #if defined(MXQ_TOOL_HAVE_CUDA)
-  // NOTE: dequantize needs NVFP4's tensor scale in o (the tool always gives it); without it the
-  // caller's host pass decides
-  if (gpu_ && x.stride() == x.cols && (o.format != Format::nvfp4 || o.tensor_scale)) {
-    Gpu& g = *gpu_;
-    // quantize() left x in buffer 0, the codes in 1 and the scales in 2 (same sizes: not reallocated)
-    const Tensor xd = g.stage(0, x, false);
-    const QuantizedIn qd{g.stage(1, q.codes, false), g.stage(2, q.scales, false)};
-    Tensor yd = Tensor::of(g.get(5, std::size_t(x.rows * x.cols) * 4), DType::f32, x.rows, x.cols);
-    yd.device = Device::cuda;
-    mxq::dequantize(qd, yd, g.on_stream(o));
-    t = gpu::error_totals(xd.data, x.dtype, yd.data, DType::f32, x.rows * x.cols,
-                          static_cast<double*>(g.get(6, sizeof(double) * gpu::kErrorPartials)), g.stream);
-    return true;
-  }
-#else
-  (void)x, (void)q, (void)o, (void)t;
+  if (gpu_) return gpu_->bd;
 #endif
-  return false;
+  return {};
 }
 
-bool Engine::qdq_error(const Tensor& x, const Tensor& y, ErrorTotals& t) {
+int Engine::depth() const {
+  settle(false);
+  return gpu_ || setup_.valid() ? 2 : 1;
+}
+
+bool Engine::oldest_ready() const {
+  if (!in_flight_) return false;
 #if defined(MXQ_TOOL_HAVE_CUDA)
-  if (gpu_ && x.stride() == x.cols && y.stride() == y.cols) {
-    Gpu& g = *gpu_;
-    // qdq() left x in buffer 0 and y in buffer 1
-    const Tensor xd = g.stage(0, x, false), yd = g.stage(1, y, false);
-    t = gpu::error_totals(xd.data, x.dtype, yd.data, y.dtype, x.rows * x.cols,
-                          static_cast<double*>(g.get(6, sizeof(double) * gpu::kErrorPartials)), g.stream);
-    return true;
+  if (order_.front()) return gpu_->lanes[gpu_->order.front()].timer.done();
+#endif
+  return true;  // converted on the CPU in start_*
+}
+
+void Engine::start_quantize(const Tensor& x, const QuantizedOut& q, const QuantOptions& o) {
+  check_room();
+  settle(!early_cpu_);
+#if defined(MXQ_TOOL_HAVE_CUDA)
+  if (gpu_) {
+    const int li = gpu_->next_lane();
+    Lane& g = gpu_->lanes[li];
+    g.dests.clear();
+    g.stats = false;
+    g.timer.start(g.stream);
+    const Tensor xd = g.stage(0, x, true);
+    QuantizedOut qd;
+    qd.codes = g.stage(1, q.codes, false);
+    qd.scales = g.stage(2, q.scales, false);
+    if (q.clip_mask.data) qd.clip_mask = g.stage(3, q.clip_mask, false);
+    if (q.tensor_scale) qd.tensor_scale = static_cast<float*>(g.get(4, 4));
+    const QuantOptions od = g.on_stream(o);
+    mxq::quantize(xd, qd, od);
+    // the statistics: the codes dequantized on the device to fp32 (needs NVFP4's tensor scale in o)
+    if (x.stride() == x.cols && (o.format != Format::nvfp4 || o.tensor_scale)) {
+      Tensor yd = Tensor::of(g.get(5, std::size_t(x.rows * x.cols) * 4), DType::f32, x.rows, x.cols);
+      yd.device = Device::cuda;
+      mxq::dequantize(QuantizedIn{qd.codes, qd.scales}, yd, od);
+      g.stats_later(xd, yd);
+    }
+    g.download_later(1, q.codes);
+    g.download_later(2, q.scales);
+    if (q.clip_mask.data) g.download_later(3, q.clip_mask);
+    if (q.tensor_scale) g.download_later(4, q.tensor_scale, 4);
+    g.timer.stop(g.stream);
+    gpu_->order.push_back(li);
+    order_.push_back(true);
+    ++in_flight_;
+    return;
+  }
+#endif
+  QuantOptions oc = o;
+  oc.backend = Backend::cpu;
+  mxq::quantize(x, q, oc);
+  early_ += setup_.valid();
+  order_.push_back(false);
+  ++in_flight_;
+}
+
+void Engine::start_qdq(const Tensor& x, const Tensor& y, const QuantOptions& o) {
+  check_room();
+  settle(!early_cpu_);
+#if defined(MXQ_TOOL_HAVE_CUDA)
+  if (gpu_) {
+    const int li = gpu_->next_lane();
+    Lane& g = gpu_->lanes[li];
+    g.dests.clear();
+    g.stats = false;
+    g.timer.start(g.stream);
+    const Tensor xd = g.stage(0, x, true), yd = g.stage(1, y, false);
+    mxq::qdq(xd, yd, g.on_stream(o));
+    if (x.stride() == x.cols && y.stride() == y.cols) g.stats_later(xd, yd);
+    g.download_later(1, y);
+    g.timer.stop(g.stream);
+    gpu_->order.push_back(li);
+    order_.push_back(true);
+    ++in_flight_;
+    return;
+  }
+#endif
+  QuantOptions oc = o;
+  oc.backend = Backend::cpu;
+  mxq::qdq(x, y, oc);
+  early_ += setup_.valid();
+  order_.push_back(false);
+  ++in_flight_;
+}
+
+std::optional<ErrorTotals> Engine::finish() {
+  if (!in_flight_) throw std::logic_error("Engine::finish: no conversion in flight");
+  const bool on_gpu = order_.front();
+  // the slot is free again whatever happens: an error is the conversion's, thrown to the caller
+  order_.pop_front();
+  --in_flight_;
+#if defined(MXQ_TOOL_HAVE_CUDA)
+  if (on_gpu) {
+    const int li = gpu_->order.front();
+    gpu_->order.pop_front();
+    return gpu_->lanes[li].finish();
   }
 #else
-  (void)x, (void)y, (void)t;
+  (void)on_gpu;
 #endif
-  return false;
+  return std::nullopt;
 }
 
 }  // namespace mxq::cli

@@ -2,7 +2,10 @@
 // Where the tool's conversions run: on the CPU with the host tensors themselves, or on the GPU with
 // the host tensors staged through device buffers (grown as needed, reused from tensor to tensor).
 // The results are the same bytes either way (the backends are bit-exact with the reference).
+#include <deque>
+#include <future>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <mxq/mxq.hpp>
@@ -13,16 +16,23 @@ namespace mxq::cli {
 
 class Engine {
  public:
-  // device: "cpu", "cuda" or "auto" (the GPU when one is usable). "cuda" without a usable GPU fails,
-  // naming why; anything else fails naming the accepted values.
-  explicit Engine(const std::string& device);
+  // device: "cpu", "cuda" or "auto" (the GPU when one is usable); anything else fails naming the
+  // accepted values. For "cuda" and "auto" the GPU is probed and set up (driver, context, streams: a
+  // few tenths of a second) on a thread of its own while the caller goes on: the first call that
+  // needs the choice waits for it, and there "cuda" without a usable GPU fails, naming why. With
+  // early_cpu, start_quantize / start_qdq convert on the CPU (the same bytes) while a usable GPU's
+  // context is being created (they wait for the probe itself).
+  explicit Engine(const std::string& device, bool early_cpu = false);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  bool gpu() const { return gpu_ != nullptr; }
-  const std::string& name() const { return name_; }  // "cpu" or "cuda"
-  const std::string& why() const { return why_; }    // how the choice was made, for one line of output
+  bool gpu() const;
+  bool settled() const { return settle(false); }  // the choice is made (gpu(), name() would not wait)
+  const std::string& name() const;  // "cpu" or "cuda"
+  const std::string& why() const;   // how the choice was made, for one line of output
+  // Conversions started on the CPU while the GPU was being set up.
+  int converted_while_setting_up() const { return early_; }
 
   // Host tensors in, host tensors out (dense rows). Each returns the seconds the operation itself took
   // (on the GPU: between events around the kernels, transfers excluded).
@@ -31,17 +41,45 @@ class Engine {
   double qdq(const Tensor& x, const Tensor& y, const QuantOptions& o, int reps = 1);
   double dequantize(const QuantizedIn& in, const Tensor& y, const QuantOptions& o);
 
-  // The error statistics of the conversion just made, on the GPU, where its input and result still
-  // are: quantize_error right after quantize(x, q, o) (the codes dequantized there to fp32, with o),
-  // qdq_error right after qdq(x, y, o). False on the CPU engine, for tensors with strided rows and
-  // for NVFP4 without o.tensor_scale: the caller computes them on the host then.
-  bool quantize_error(const Tensor& x, const QuantizedOut& q, const QuantOptions& o, ErrorTotals& t);
-  bool qdq_error(const Tensor& x, const Tensor& y, ErrorTotals& t);
+  // Conversions overlapped with the host's work (the checkpoint conversion). start_quantize and
+  // start_qdq begin a conversion with its error statistics and return once x has been read (its memory
+  // may be released then); the outputs' host memory (q's, y's) must stay alive and is written by the
+  // time finish() returns that conversion. Conversions finish in the order started. The GPU engine keeps
+  // up to depth() = 2 in flight, each with a stream and buffers of its own: the next tensor's staging
+  // copy and upload overlap the previous one's kernels and download. The CPU engine converts in
+  // start_* (depth 1). finish() waits for the oldest and returns its statistics, computed on the
+  // device where the input and the result are (dense x, and NVFP4 with o.tensor_scale); otherwise
+  // none: the caller sums them on the host. Starting beyond depth() is refused (std::logic_error),
+  // as is the one-shot API above while conversions are in flight.
+  int depth() const;
+  int in_flight() const { return in_flight_; }
+  bool oldest_ready() const;  // finish() would not wait (false when none is in flight)
+  void start_quantize(const Tensor& x, const QuantizedOut& q, const QuantOptions& o);
+  void start_qdq(const Tensor& x, const Tensor& y, const QuantOptions& o);
+  std::optional<ErrorTotals> finish();
+
+  // Where the GPU engine's conversion time went (seconds, host wall time): copying inputs into
+  // page-locked staging, growing device and page-locked buffers, waiting for the GPU in finish(),
+  // copying results out of page-locked memory.
+  struct Breakdown {
+    double staging = 0, buffers = 0, waiting = 0, results = 0;
+  };
+  Breakdown breakdown() const;
 
  private:
   struct Gpu;
-  std::unique_ptr<Gpu> gpu_;
-  std::string name_, why_;
+  void check_idle(const char* what) const;
+  void check_room() const;
+  // Takes the set-up's outcome when it is there (wait: waits for it); true when it is settled.
+  bool settle(bool wait) const;
+  std::string device_;
+  bool early_cpu_;
+  mutable std::future<std::unique_ptr<Gpu>> setup_;  // the GPU's set-up in flight
+  mutable std::shared_future<std::string> probe_;     // its first step: "" when a GPU is usable, else why not
+  mutable std::unique_ptr<Gpu> gpu_;
+  mutable std::string name_, why_, failed_;
+  std::deque<bool> order_;  // the conversions in flight, oldest first: true on the GPU
+  int in_flight_ = 0, early_ = 0;
 };
 
 }  // namespace mxq::cli

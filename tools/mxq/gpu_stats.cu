@@ -5,8 +5,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <vector>
-
 #include "cuda_util.hpp"
 
 namespace mxq::cli::gpu {
@@ -62,18 +60,23 @@ void launch(const void* x, const void* y, DType yt, long long n, double* partial
 
 }  // namespace
 
-ErrorTotals error_totals(const void* x, DType xt, const void* y, DType yt, std::int64_t n, double* partials, void* stream) {
-  ErrorTotals t;
-  if (n <= 0) return t;
+void error_totals_async(const void* x, DType xt, const void* y, DType yt, std::int64_t n, double* partials,
+                        double* host_partials, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (xt == DType::f32) launch<DType::f32>(x, y, yt, n, partials, s);
-  else if (xt == DType::bf16) launch<DType::bf16>(x, y, yt, n, partials, s);
-  else launch<DType::f16>(x, y, yt, n, partials, s);
-  cuda_util::check(cudaGetLastError(), "the error statistics kernel");
-  std::vector<double> h(kErrorPartials);
-  cuda_util::check(cudaMemcpyAsync(h.data(), partials, sizeof(double) * h.size(), cudaMemcpyDeviceToHost, s),
+  if (n > 0) {
+    if (xt == DType::f32) launch<DType::f32>(x, y, yt, n, partials, s);
+    else if (xt == DType::bf16) launch<DType::bf16>(x, y, yt, n, partials, s);
+    else launch<DType::f16>(x, y, yt, n, partials, s);
+    cuda_util::check(cudaGetLastError(), "the error statistics kernel");
+  } else {
+    cuda_util::check(cudaMemsetAsync(partials, 0, sizeof(double) * kErrorPartials, s), "cudaMemsetAsync");
+  }
+  cuda_util::check(cudaMemcpyAsync(host_partials, partials, sizeof(double) * kErrorPartials, cudaMemcpyDeviceToHost, s),
                    "copy of the error statistics from the GPU");
-  cuda_util::check(cudaStreamSynchronize(s), "the error statistics kernel");
+}
+
+ErrorTotals sum_partials(const double* h) {
+  ErrorTotals t;
   for (int b = 0; b < kBlocks; ++b) {
     t.e += h[4 * b];
     t.r += h[4 * b + 1];

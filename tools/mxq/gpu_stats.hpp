@@ -19,11 +19,15 @@ namespace gpu {
 // Doubles of device scratch error_totals needs (its per-block partial sums).
 constexpr int kErrorPartials = 4 * 1024;
 
-// The totals of n dense elements of x (dtype xt: f32, bf16 or f16) against y (dtype yt), device
-// pointers, on stream `stream` (a cudaStream_t). A fixed grid's per-block sums (partials: device
-// scratch of kErrorPartials doubles) are added on the host in block order: the same figures on
-// every run of a given GPU. Waits for the stream; throws std::runtime_error on a CUDA error.
-ErrorTotals error_totals(const void* x, DType xt, const void* y, DType yt, std::int64_t n, double* partials, void* stream);
+// Enqueues the totals of n dense elements of x (dtype xt: f32, bf16 or f16) against y (dtype yt),
+// device pointers, on stream `stream` (a cudaStream_t): a fixed grid's per-block sums into `partials`
+// (device scratch of kErrorPartials doubles), copied to `host_partials` (page-locked, as many). Returns
+// at once; throws std::runtime_error on a launch error.
+void error_totals_async(const void* x, DType xt, const void* y, DType yt, std::int64_t n, double* partials,
+                        double* host_partials, void* stream);
+// The totals from host_partials once the stream has passed the copy: the blocks' sums added in block
+// order (the same figures on every run of a given GPU).
+ErrorTotals sum_partials(const double* host_partials);
 
 }  // namespace gpu
 }  // namespace mxq::cli
