@@ -406,6 +406,43 @@ struct NoInit : std::allocator<T> {
 };
 using Bytes = std::vector<std::uint8_t, NoInit<std::uint8_t>>;
 
+// Output buffers recycled from tensor to tensor: a buffer goes back to the pool when its last owner
+// (the write task) drops it, and the next output of at most its capacity takes it again, its pages
+// already faulted in (fresh allocations of this size are new mappings, faulted page by page). At
+// most kKeep wait in the pool; the pool's state outlives the pool in the owners still holding one.
+class BytesPool {
+ public:
+  std::shared_ptr<Bytes> get(std::size_t n) {
+    std::unique_ptr<Bytes> b;
+    {
+      std::lock_guard<std::mutex> l(st_->m);
+      auto& free = st_->free;
+      auto best = free.end();
+      for (auto it = free.begin(); it != free.end(); ++it)
+        if ((*it)->capacity() >= n && (best == free.end() || (*it)->capacity() < (*best)->capacity())) best = it;
+      if (best != free.end()) {
+        b = std::move(*best);
+        free.erase(best);
+      }
+    }
+    if (!b) b = std::make_unique<Bytes>();
+    b->resize(n);  // no zeroing (NoInit)
+    return std::shared_ptr<Bytes>(b.release(), [st = st_](Bytes* p) {
+      std::unique_ptr<Bytes> owned(p);
+      std::lock_guard<std::mutex> l(st->m);
+      if (st->free.size() < kKeep) st->free.push_back(std::move(owned));
+    });
+  }
+
+ private:
+  static constexpr std::size_t kKeep = 12;
+  struct State {
+    std::mutex m;
+    std::vector<std::unique_ptr<Bytes>> free;
+  };
+  std::shared_ptr<State> st_ = std::make_shared<State>();
+};
+
 // Writes behind the conversion: tasks (a tensor's write, a shard's commit) run in order on one
 // thread while the next tensors convert; at most kDepth wait, so memory stays bounded by the outputs
 // of a few tensors. The first failure is rethrown by the next submit() or by drain(), and the tasks
@@ -780,6 +817,7 @@ int run_quantize(const QuantizeArgs& a) {
   std::vector<std::string> ignored_modules, unfit;
   std::map<std::string, float> amax;  // NVFP4: per module
   std::map<std::string, std::size_t> shard_tensors;
+  Engine::Sizes largest;  // of the conversions to come: the GPU engine's buffers, sized once
   for (const std::string& shard : c.shards) {
     const st::File f((c.dir / shard).string());
     for (const st::TensorInfo& t : f.view().tensors()) {
@@ -824,15 +862,27 @@ int run_quantize(const QuantizeArgs& a) {
         unfit.push_back(t.name);
       } else {
         p.quantize = true;
-        if (format == Format::nvfp4) {
-          check_interrupted();
-          amax[module] = weight_amax(f.view(), t, rot, a.rotate_seed);
-          f.release(t);
-        }
+        const std::int64_t N = t.shape[0], K = t.shape[1];
+        const std::size_t xb = std::size_t(N * K * st::find_dtype(t.dtype)->bytes);
+        largest.x = std::max(largest.x, xb);
+        largest.y = std::max(largest.y, a.fake ? xb : std::size_t(N * code_cols(format, K)));
+        largest.scales = std::max(largest.scales, std::size_t(N * ((K + g - 1) / g)));
+        largest.elems = std::max(largest.elems, std::size_t(N * K));
       }
       plan[shard + "/" + t.name] = p;
     }
   }
+  if (rot.first == Rotation::none) eng.expect(largest);  // (on the GPU's set-up thread, while the amax pass runs)
+  if (format == Format::nvfp4)  // the tensor amax of each quantized weight, for the global scales
+    for (const std::string& shard : c.shards) {
+      const st::File f((c.dir / shard).string());
+      for (const st::TensorInfo& t : f.view().tensors())
+        if (plan[shard + "/" + t.name].quantize) {
+          check_interrupted();
+          amax[t.name.substr(0, t.name.size() - 7)] = weight_amax(f.view(), t, rot, a.rotate_seed);
+          f.release(t);
+        }
+    }
   // A fused parameter holds one precision (vLLM refuses a layer with some shards quantized and
   // others not): a member left unquantized (--exclude, --include, a name too long) leaves the whole
   // group unquantized, each member saying why.
@@ -903,6 +953,7 @@ int run_quantize(const QuantizeArgs& a) {
   // The writes and each shard's commit (flush, fsync, rename) run on the writer thread while the
   // next tensors convert. Declared after `stage`: on an exception its destructor stops it before the
   // staging directory is removed.
+  BytesPool pool;  // before the writer: its tasks hold the pool's buffers
   WriteBehind wb;
   // What follows each tensor's conversion (its error line, its write), in file order: a tensor's
   // conversion runs on the engine while the next one's input is staged (the GPU engine keeps two in
@@ -1045,7 +1096,7 @@ int run_quantize(const QuantizeArgs& a) {
       if (rot.first != Rotation::none) o = with_rotation(o, rot.first, rot.second, a.rotate_seed);
       const SrcType xty = src_type(t.dtype);
       if (a.fake) {
-        auto yq = std::make_shared<Bytes>(src.size());
+        auto yq = pool.get(src.size());
         const Tensor yt = Tensor::of(yq->data(), mxq_dtype(t.dtype), N, K);
         const std::string to = "qdq " + a.format + (a.rotate.empty() ? std::string() : " " + a.rotate);
         // the error line and the write, once the QDQ'd values are on the host
@@ -1096,8 +1147,8 @@ int run_quantize(const QuantizeArgs& a) {
       }
       const Shape2 ss = scale_shape(o, N, K);
       const std::int64_t cc = code_cols(format, K);
-      auto codes = std::make_shared<Bytes>(N * cc);
-      auto scales = std::make_shared<Bytes>(ss.rows * ss.cols);
+      auto codes = pool.get(N * cc);
+      auto scales = pool.get(ss.rows * ss.cols);
       QuantizedOut q;
       q.codes = Tensor::of(codes->data(), DType::u8, N, cc);
       q.scales = Tensor::of(scales->data(), DType::u8, ss.rows, ss.cols);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
 
@@ -138,6 +139,22 @@ struct Engine::Gpu {
   static constexpr int kDepth = 2;
   Engine::Breakdown bd;
   Lane lanes[kDepth]{Lane(&bd), Lane(&bd)};
+  // Every buffer a conversion of up to these sizes needs, in every lane.
+  void reserve(const Engine::Sizes& s) {
+    for (Lane& l : lanes) {
+      l.get(0, s.x);
+      l.get(1, s.y);
+      l.get(2, s.scales);
+      l.get(4, 4);
+      l.get(5, s.elems * 4);
+      l.get(6, sizeof(double) * gpu::kErrorPartials);
+      Lane::grow(&bd, l.up[0], s.x);
+      Lane::grow(&bd, l.down[1], s.y);
+      Lane::grow(&bd, l.down[2], s.scales);
+      Lane::grow(&bd, l.down[4], 4);
+      Lane::grow(&bd, l.down[6], sizeof(double) * gpu::kErrorPartials);
+    }
+  }
   std::deque<int> order;  // the lanes in flight, oldest first
   std::string device_name = cuda_util::device_properties().name;
 
@@ -146,9 +163,17 @@ struct Engine::Gpu {
 
 #else
 
-struct Engine::Gpu {};
+struct Engine::Gpu {
+  void reserve(const Engine::Sizes&) {}
+};
 
 #endif
+
+struct Engine::Hint {
+  std::mutex m;
+  std::optional<Sizes> sizes;  // given by expect()
+  bool set_up = false;         // the set-up thread is past the point where it takes them
+};
 
 Engine::Engine(const std::string& device, bool early_cpu) : device_(device), early_cpu_(early_cpu) {
   if (device != "cpu" && device != "cuda" && device != "auto")
@@ -161,12 +186,18 @@ Engine::Engine(const std::string& device, bool early_cpu) : device_(device), ear
 #if defined(MXQ_TOOL_HAVE_CUDA)
   auto probed = std::make_shared<std::promise<std::string>>();
   probe_ = probed->get_future().share();
-  setup_ = std::async(std::launch::async, [probed] {
+  hint_ = std::make_shared<Hint>();
+  setup_ = std::async(std::launch::async, [probed, hint = hint_] {
     std::string why_not;
     const bool usable = cuda_available(&why_not);
     probed->set_value(usable ? std::string() : why_not);
     if (!usable) throw std::runtime_error(why_not);
-    return std::make_unique<Gpu>();
+    auto g = std::make_unique<Gpu>();
+    std::lock_guard<std::mutex> l(hint->m);
+    if (hint->sizes) g->reserve(*hint->sizes);
+    g->bd.buffers = 0;  // spent here, off the caller's thread
+    hint->set_up = true;
+    return g;
   });
 #else
   std::string why_not;
@@ -289,6 +320,17 @@ double Engine::dequantize(const QuantizedIn& in, const Tensor& y, const QuantOpt
   }
 #endif
   return wall([&] { mxq::dequantize(in, y, o); });
+}
+
+void Engine::expect(const Sizes& s) {
+  if (hint_) {
+    std::lock_guard<std::mutex> l(hint_->m);
+    if (!hint_->set_up) {  // the set-up thread takes them
+      hint_->sizes = s;
+      return;
+    }
+  }
+  if (gpu()) gpu_->reserve(s);
 }
 
 Engine::Breakdown Engine::breakdown() const {

@@ -58,6 +58,14 @@ class Engine {
   void start_qdq(const Tensor& x, const Tensor& y, const QuantOptions& o);
   std::optional<ErrorTotals> finish();
 
+  // The largest conversion to come (bytes of its input, of its codes or y, of its scales; elements):
+  // the GPU engine sizes its buffers once, on the set-up thread when that is still running, instead
+  // of growing them tensor by tensor on the caller's. Nothing on the CPU engine.
+  struct Sizes {
+    std::size_t x = 0, y = 0, scales = 0, elems = 0;
+  };
+  void expect(const Sizes& s);
+
   // Where the GPU engine's conversion time went (seconds, host wall time): copying inputs into
   // page-locked staging, growing device and page-locked buffers, waiting for the GPU in finish(),
   // copying results out of page-locked memory.
@@ -74,6 +82,8 @@ class Engine {
   bool settle(bool wait) const;
   std::string device_;
   bool early_cpu_;
+  struct Hint;
+  std::shared_ptr<Hint> hint_;  // expect()'s sizes, for the set-up thread
   mutable std::future<std::unique_ptr<Gpu>> setup_;  // the GPU's set-up in flight
   mutable std::shared_future<std::string> probe_;     // its first step: "" when a GPU is usable, else why not
   mutable std::unique_ptr<Gpu> gpu_;
