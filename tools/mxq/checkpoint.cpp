@@ -783,8 +783,9 @@ int run_quantize(const QuantizeArgs& a) {
   // once the choice is settled.
   Engine eng(rot.first != Rotation::none ? std::string("cpu") : a.device, a.cpu_while_gpu_sets_up);
   bool device_said = false;
-  auto say_device = [&](bool wait) {
-    if (device_said || !(wait || eng.settled())) return;
+  // wait: 0 not, 1 for the GPU's probe (a refused --device cuda fails there), 2 for the choice
+  auto say_device = [&](int wait) {
+    if (device_said || !(wait == 2 || eng.settled(wait == 1))) return;
     device_said = true;
     if (rot.first != Rotation::none) fmt::print("device: cpu (--rotate runs on the CPU in this version)\n");
     else fmt::print("device: {} ({})\n", eng.name(), eng.why());
@@ -794,7 +795,7 @@ int run_quantize(const QuantizeArgs& a) {
   check_output(fs::path(a.in), out_dir, a.overwrite);
   Staging stage{out_dir, a.overwrite};
   const fs::path& out = stage.dir();
-  say_device(false);
+  say_device(0);
   const LoaderFusion fusion = loader_fusion(config);
   if (!a.fake) {
     fmt::print("fused projections: {} ({})\n", fusion.family, fusion.source);
@@ -1049,7 +1050,7 @@ int run_quantize(const QuantizeArgs& a) {
       check_interrupted();
       if (!device_said) {
         progress.clear_line();
-        say_device(false);
+        say_device(plan[shard + "/" + t.name].quantize ? 1 : 0);
       }
       const std::size_t idx = ++done;
       const auto src = f.view().data(t);
@@ -1212,7 +1213,7 @@ int run_quantize(const QuantizeArgs& a) {
   while (!jobs.empty()) complete_front();
   ph.time(ph.write, [&] { wb.drain(); });  // every shard written and synced (a failure throws here)
   progress.clear_line();
-  say_device(true);
+  say_device(2);
   if (eng.gpu()) ph.gpu = eng.breakdown();
   if (eng.converted_while_setting_up())
     fmt::print("device: the first {} conversions ran on the CPU while the GPU was being set up (the same bytes)\n",

@@ -209,13 +209,13 @@ Engine::Engine(const std::string& device, bool early_cpu) : device_(device), ear
 #endif
 }
 
-bool Engine::settle(bool wait) const {
+bool Engine::settle(Wait w) const {
   if (!failed_.empty()) throw std::runtime_error(failed_);
   if (!setup_.valid()) return true;
-  // not waiting: a usable GPU still being set up (an unusable one is settled here, before any
-  // conversion starts on the CPU)
-  if (!wait && probe_.get().empty() && setup_.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
-    return false;
+  const auto ready = [](const auto& f) { return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready; };
+  if (w == Wait::no && !ready(setup_)) return false;
+  // the probe's answer: an unusable GPU is settled here, before any conversion starts on the CPU
+  if (w == Wait::probe && probe_.get().empty() && !ready(setup_)) return false;
   try {
     gpu_ = setup_.get();
 #if defined(MXQ_TOOL_HAVE_CUDA)
@@ -234,17 +234,17 @@ bool Engine::settle(bool wait) const {
 }
 
 bool Engine::gpu() const {
-  settle(true);
+  settle(Wait::all);
   return gpu_ != nullptr;
 }
 
 const std::string& Engine::name() const {
-  settle(true);
+  settle(Wait::all);
   return name_;
 }
 
 const std::string& Engine::why() const {
-  settle(true);
+  settle(Wait::all);
   return why_;
 }
 
@@ -341,7 +341,7 @@ Engine::Breakdown Engine::breakdown() const {
 }
 
 int Engine::depth() const {
-  settle(false);
+  settle(Wait::no);
   return gpu_ || setup_.valid() ? 2 : 1;
 }
 
@@ -355,7 +355,7 @@ bool Engine::oldest_ready() const {
 
 void Engine::start_quantize(const Tensor& x, const QuantizedOut& q, const QuantOptions& o) {
   check_room();
-  settle(!early_cpu_);
+  settle(early_cpu_ ? Wait::probe : Wait::all);
 #if defined(MXQ_TOOL_HAVE_CUDA)
   if (gpu_) {
     const int li = gpu_->next_lane();
@@ -399,7 +399,7 @@ void Engine::start_quantize(const Tensor& x, const QuantizedOut& q, const QuantO
 
 void Engine::start_qdq(const Tensor& x, const Tensor& y, const QuantOptions& o) {
   check_room();
-  settle(!early_cpu_);
+  settle(early_cpu_ ? Wait::probe : Wait::all);
 #if defined(MXQ_TOOL_HAVE_CUDA)
   if (gpu_) {
     const int li = gpu_->next_lane();

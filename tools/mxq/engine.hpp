@@ -28,7 +28,9 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   bool gpu() const;
-  bool settled() const { return settle(false); }  // the choice is made (gpu(), name() would not wait)
+  // The choice is made (gpu(), name() would not wait); probe: waits for the GPU's probe (throws for
+  // "cuda" without a usable GPU), not for the rest of its set-up.
+  bool settled(bool probe = false) const { return settle(probe ? Wait::probe : Wait::no); }
   const std::string& name() const;  // "cpu" or "cuda"
   const std::string& why() const;   // how the choice was made, for one line of output
   // Conversions started on the CPU while the GPU was being set up.
@@ -78,8 +80,10 @@ class Engine {
   struct Gpu;
   void check_idle(const char* what) const;
   void check_room() const;
-  // Takes the set-up's outcome when it is there (wait: waits for it); true when it is settled.
-  bool settle(bool wait) const;
+  // Takes the set-up's outcome when it is there; true when it is settled. Wait::all waits for it,
+  // Wait::probe for the probe only (an unusable GPU is settled then), Wait::no for nothing.
+  enum class Wait { no, probe, all };
+  bool settle(Wait w) const;
   std::string device_;
   bool early_cpu_;
   struct Hint;
