@@ -96,13 +96,13 @@ struct PlacedQuantized {
   Quantized host;  // shapes
   Placed codes, scales, mask;
   Scalar S;
-  PlacedQuantized(mxq::Backend b, const mxq::QuantOptions& o, std::int64_t r, std::int64_t k)
-      : host(o, r, k, true), codes(b, host.codes), scales(b, host.scales), mask(b, host.mask), S(b) {}
+  PlacedQuantized(mxq::Backend b, const mxq::QuantOptions& o, std::int64_t r, std::int64_t k, bool with_mask = true)
+      : host(o, r, k, with_mask), codes(b, host.codes), scales(b, host.scales), mask(b, host.mask), S(b) {}
   mxq::QuantizedOut out() {
     mxq::QuantizedOut o;
     o.codes = codes.view();
     o.scales = scales.view();
-    o.clip_mask = mask.view();
+    if (!host.mask.bytes.empty()) o.clip_mask = mask.view();
     o.tensor_scale = S.ptr();
     return o;
   }

@@ -37,7 +37,7 @@ using namespace mxq::core;
 constexpr std::int64_t kTileBlocks = 64;
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define MXQ_CLONES __attribute__((target_clones("avx2", "default")))
+#define MXQ_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define MXQ_CLONES
 #endif

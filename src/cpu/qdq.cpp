@@ -60,6 +60,37 @@ MXQ_INLINE void qdq_block_direct(const Problem& p, const void* src, void* dst) {
   }
 }
 
+// QDQ of eight full NVFP4 blocks (128 elements, bf16/fp32, straight from x to y), RNE: the staged
+// path's arithmetic below (amax, scale code, the element code, nvfp4_decode) a step at a time across
+// the eight blocks, so that each step vectorises.
+template <DType DT>
+MXQ_INLINE void nvfp4_qdq_blocks8(const Storage<DT>* s, float S, const NvTables& nv, Storage<DT>* y) {
+  alignas(64) std::uint32_t xb[128], am[8], sc[8], ok[8];
+  alignas(64) float m[8], sv[8];
+  for (int i = 0; i < 128; ++i) xb[i] = abs_f32_bits<DT>(s[i]);
+  for (int j = 0; j < 8; ++j) {
+    std::uint32_t a = 0;
+    for (int i = 0; i < 16; ++i) a = std::max(a, xb[16 * j + i]);
+    am[j] = a;
+  }
+  for (int j = 0; j < 8; ++j) sc[j] = e4m3_code_rne_sat(div_rn(mul_rn(u2f(am[j]), S), 6.0f));
+  for (int j = 0; j < 8; ++j) {
+    ok[j] = 0u - std::uint32_t(am[j] < 0x7F800000u);  // else a NaN or Inf: NaN everywhere
+    const std::uint32_t c = sc[j] & ok[j];
+    m[j] = nv.m[c];
+    sv[j] = nv.sval[c];
+  }
+  constexpr std::uint32_t kNaN = nan_bits(DT);
+  for (int j = 0; j < 8; ++j)
+    for (int i = 0; i < 16; ++i) {
+      const std::uint32_t raw = std::uint32_t(s[16 * j + i]);
+      const std::uint32_t code = nvfp4_code_rne_bf(DT == DType::f32 ? raw : raw << 16, m[j]);
+      const float v = div_rn(mul_rn(e2m1_value_bf(code & 7u), sv[j]), S);
+      const std::uint32_t o = to_dtype_bits_nonnan_bf<DT>(u2f(f2u(v) | ((code >> 3) << 31)));
+      y[16 * j + i] = static_cast<Storage<DT>>(bsel(ok[j] != 0, o, kNaN));
+    }
+}
+
 template <ElemType ET, DType DT, int G>
 MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, const NvTables* nv, std::int64_t r,
                          std::int64_t b0, std::int64_t b1) {
@@ -75,7 +106,16 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
   const bool direct = !sr && !nv4 && G != 0 && DT != DType::f16 && rule != ScaleRule::quest &&
                       rule != ScaleRule::qutlass_absmax;
   const int g = G ? G : p.g;
-  for (std::int64_t b = b0; b < b1; ++b) {
+  std::int64_t b = b0;
+  if constexpr (ET == ElemType::e2m1 && G == 16 && DT != DType::f16) {
+    if (nv4 && !sr) {  // NVFP4's full blocks, eight at a time
+      const Storage<DT>* xrow =
+          reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
+      for (; b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8)
+        nvfp4_qdq_blocks8<DT>(xrow + b * 16, p.S, *nv, static_cast<Storage<DT>*>(yrow) + b * 16);
+    }
+  }
+  for (; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
     if constexpr (G != 0 && DT != DType::f16) {
       if (direct && n == G) {

@@ -22,11 +22,8 @@ MXQ_INLINE void store_codes(std::uint8_t* row, std::int64_t k0, std::int64_t n, 
       // each pair of 32-bit codes read as one little-endian 64-bit word c0 | c1 << 32 and packed to
       // c0 | c1 << 4 into a local array, then one copy (measured: 3.0 -> 3.3 GB/s single-thread for
       // the MXFP4 quantize of bf16 against narrowing to bytes first and storing through d)
-      static_assert(std::endian::native == std::endian::little, "the FP4 packing reads code pairs as little-endian words");
-      alignas(64) std::uint64_t c64[G / 2];
       alignas(16) std::uint8_t pk[G / 2];
-      std::memcpy(c64, codes, sizeof(std::uint32_t) * G);
-      for (int i = 0; i < G / 2; ++i) pk[i] = static_cast<std::uint8_t>((c64[i] & 0xFu) | ((c64[i] >> 28) & 0xF0u));
+      for (int i = 0; i < G / 2; ++i) pk[i] = static_cast<std::uint8_t>((codes[2 * i] & 0xFu) | ((codes[2 * i + 1] & 0xFu) << 4));
       std::memcpy(d, pk, G / 2);
     } else {
       for (std::int64_t i = 0; i < (n + 1) / 2; ++i)
@@ -92,6 +89,37 @@ MXQ_INLINE bool quantize_block_direct(ScaleRule rule, const Storage<DT>* s, std:
   return true;
 }
 
+// Eight full NVFP4 blocks (128 elements from bf16/fp32 storage, no staging), RNE: the arithmetic of
+// the staged path below (amax, nvfp4_block_scale_code, the table's multiplier, nvfp4_code_rne_bf) a
+// step at a time across the eight blocks, so that each step vectorises (the scale's division among
+// them). d: the 64 packed code bytes; sb: the eight scale bytes.
+template <DType DT>
+MXQ_INLINE void nvfp4_blocks8(const Storage<DT>* s, float S, const float* mtab, std::uint8_t* d, std::uint8_t* sb) {
+  alignas(64) std::uint32_t xb[128], codes[128], am[8], sc[8], ok[8];
+  alignas(64) float m[8];
+  for (int i = 0; i < 128; ++i) xb[i] = abs_bits_of<DT>(s[i]);
+  for (int j = 0; j < 8; ++j) {
+    std::uint32_t a = 0;
+    for (int i = 0; i < 16; ++i) a = std::max(a, xb[16 * j + i]);
+    am[j] = a;
+  }
+  for (int j = 0; j < 8; ++j) sc[j] = e4m3_code_rne_sat(div_rn(mul_rn(u2f(am[j]), S), 6.0f));
+  for (int j = 0; j < 8; ++j) {
+    ok[j] = 0u - std::uint32_t(am[j] < 0x7F800000u);  // else a NaN or Inf: the NaN scale, zero codes
+    const std::uint32_t c = sc[j] & ok[j];
+    m[j] = mtab[c];
+    sb[j] = static_cast<std::uint8_t>(bsel(ok[j] != 0, c, kE4M3NaN));
+  }
+  for (int j = 0; j < 8; ++j)
+    for (int i = 0; i < 16; ++i) {
+      const std::uint32_t raw = std::uint32_t(s[16 * j + i]);
+      codes[16 * j + i] = nvfp4_code_rne_bf(DT == DType::f32 ? raw : raw << 16, m[j]) & ok[j];
+    }
+  alignas(16) std::uint8_t pk[64];
+  for (int i = 0; i < 64; ++i) pk[i] = static_cast<std::uint8_t>((codes[2 * i] & 0xFu) | ((codes[2 * i + 1] & 0xFu) << 4));
+  std::memcpy(d, pk, 64);
+}
+
 // One tile: every block staged to fp32 (load_block), its scale from the amax, its codes by the
 // branch-free helpers (mx_block_codes; NVFP4: nvfp4_encode_rne_readoff, or nvfp4_encode_sr), the
 // stochastic comparison words one Philox call per counter (sr_words). Bit-exact with the scalar codec.
@@ -107,7 +135,19 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
   // full blocks of the amax rules: straight from the source (bf16/fp32)
   const bool direct = !nv4 && !sr && G != 0 && DT != DType::f16 && rule != ScaleRule::quest &&
                       rule != ScaleRule::qutlass_absmax;
-  for (std::int64_t b = b0; b < b1; ++b) {
+  std::int64_t b = b0;
+  if constexpr (ET == ElemType::e2m1 && G == 16 && DT != DType::f16) {
+    if (nv4 && !sr && !o.mask_row) {  // NVFP4's full blocks, eight at a time, straight from the source
+      const Storage<DT>* row =
+          reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
+      for (; b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8) {
+        std::uint8_t sb8[8];
+        nvfp4_blocks8<DT>(row + b * 16, p.S, nv->m, o.codes_row + b * 8, sb8);
+        for (int j = 0; j < 8; ++j) o.scales[p.scale_offset(r, b + j, o.scale_stride)] = sb8[j];
+      }
+    }
+  }
+  for (; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
     std::uint8_t sb;
     if constexpr (G != 0 && DT != DType::f16) {
