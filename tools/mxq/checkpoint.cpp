@@ -775,20 +775,18 @@ int run_quantize(const QuantizeArgs& a) {
     if (!a.fake && rot.first == Rotation::random_hadamard)
       fail("--rotate " + a.rotate + ": `mxq quantize` writes the deterministic Hadamard only (had<RS>): vLLM ignores "
            "compressed-tensors' `randomize` and its random-hadamard matrices are not mxq's random signs");
-    if (a.device == "cuda") fail("--rotate: the tool rotates on the CPU in this version (use --device cpu or auto)");
   }
 
   // A GPU is set up on a thread of its own while the checkpoint is opened and planned (and, with
   // cpu_while_gpu_sets_up, the first tensors convert on the CPU meanwhile): the device line comes
   // once the choice is settled.
-  Engine eng(rot.first != Rotation::none ? std::string("cpu") : a.device, a.cpu_while_gpu_sets_up);
+  Engine eng(a.device, a.cpu_while_gpu_sets_up);
   bool device_said = false;
   // wait: 0 not, 1 for the GPU's probe (a refused --device cuda fails there), 2 for the choice
   auto say_device = [&](int wait) {
     if (device_said || !(wait == 2 || eng.settled(wait == 1))) return;
     device_said = true;
-    if (rot.first != Rotation::none) fmt::print("device: cpu (--rotate runs on the CPU in this version)\n");
-    else fmt::print("device: {} ({})\n", eng.name(), eng.why());
+    fmt::print("device: {} ({})\n", eng.name(), eng.why());
   };
   const Checkpoint c = open_checkpoint(a.in);
   std::optional<json> config = read_config(c, a.in);
@@ -873,7 +871,7 @@ int run_quantize(const QuantizeArgs& a) {
       plan[shard + "/" + t.name] = p;
     }
   }
-  if (rot.first == Rotation::none) eng.expect(largest);  // (on the GPU's set-up thread, while the amax pass runs)
+  eng.expect(largest);  // (on the GPU's set-up thread, while the amax pass runs)
   if (format == Format::nvfp4)  // the tensor amax of each quantized weight, for the global scales
     for (const std::string& shard : c.shards) {
       const st::File f((c.dir / shard).string());
@@ -1117,7 +1115,7 @@ int run_quantize(const QuantizeArgs& a) {
           finish_tensor(*file, idx, t, xp, to, err);
         };
         try {
-          if (rot.first != Rotation::none) {  // rotate, quantize, dequantize, rotate back (the CPU engine)
+          if (rot.first != Rotation::none) {  // rotate, quantize, dequantize, rotate back (one-shot, in order)
             // NVFP4: the (fused group's) global scale from the rotated weights' amax, as quantize --rotate
             const Shape2 ss = scale_shape(o, N, K);
             std::vector<std::uint8_t> codes(N * code_cols(format, K)), scales(ss.rows * ss.cols);
@@ -1420,9 +1418,8 @@ int run_dequantize(const DequantizeArgs& a) {
   check_output(fs::path(a.in), fs::path(a.out), a.overwrite);
   Staging stage{fs::path(a.out), a.overwrite};
   const fs::path& out = stage.dir();
-  fmt::print("device: {} ({})\n", rot.size ? "cpu" : eng.name(), rot.size ? "a rotated checkpoint: the tool rotates on the CPU" : eng.why());
+  fmt::print("device: {} ({})\n", eng.name(), eng.why());
   if (rot.size) fmt::print("rotation: hadamard, blocks of {} (transform_config scheme '{}'): rotated back\n", rot.size, rot.scheme);
-  Engine cpu_eng("cpu");
   json weight_map = json::object();
   std::int64_t n_deq = 0;
   for (const std::string& shard : c.shards) {
@@ -1465,7 +1462,7 @@ int run_dequantize(const DequantizeArgs& a) {
         if (md.K % rot.size != 0)
           fail(path + ": module '" + m + "': K = " + std::to_string(md.K) + " is not a multiple of the transform's head_dim " +
                std::to_string(rot.size));
-        dequantize_module(cpu_eng, v, path, m, rot.undone(md), odt, y.data());
+        dequantize_module(eng, v, path, m, rot.undone(md), odt, y.data());
       } else {
         dequantize_module(eng, v, path, m, md, odt, y.data());
       }

@@ -416,19 +416,31 @@ TEST(CheckpointDevice, GpuWritesTheSameBytesAsCpu) {
   const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_dev_" + std::to_string(::getpid()));
   fs::remove_all(root);
   make_checkpoint(root / "in");
-  for (const std::string format : {"mxfp4", "mxfp8", "nvfp4", "mxfp6_e3m2"}) {
+  struct Case {
+    std::string format, rotate;
+    bool fake;
+  };
+  // the vLLM layouts, a fake-quantized copy, and rotated ones (quantize --rotate, its dequantize
+  // rotating back; qdq --rotate with random signs)
+  const Case cases[] = {{"mxfp4", "", false}, {"mxfp8", "", false},      {"nvfp4", "", false},
+                        {"mxfp6_e3m2", "", true}, {"mxfp4", "had32", false}, {"nvfp4", "had64", false},
+                        {"mxfp4", "rhad32", true}};
+  for (const Case& cs : cases) {
+    const std::string format = cs.format + (cs.rotate.empty() ? "" : " --rotate " + cs.rotate) + (cs.fake ? " (qdq)" : "");
     // the CPU; the GPU for every tensor; the GPU with the first tensors on the CPU while it is set up
     std::map<std::string, std::string> tree[3];
     std::vector<std::string> lines[3];  // the per-tensor lines: the error figures (GPU: summed on the device)
     for (int d = 0; d < 3; ++d) {
-      const std::string dev = d ? "cuda" : "cpu", tag = format + "_" + dev + std::to_string(d);
+      const std::string dev = d ? "cuda" : "cpu",
+                        tag = cs.format + cs.rotate + (cs.fake ? "_qdq_" : "_") + dev + std::to_string(d);
       mxq::cli::QuantizeArgs qa;
       qa.in = (root / "in").string();
       qa.out = (root / ("q_" + tag)).string();
-      qa.format = format;
+      qa.format = cs.format;
+      qa.rotate = cs.rotate;
       qa.device = dev;
       qa.cpu_while_gpu_sets_up = d == 2;
-      qa.fake = format == "mxfp6_e3m2";
+      qa.fake = cs.fake;
       testing::internal::CaptureStdout();
       const int rc = mxq::cli::run_quantize(qa);
       std::istringstream log(testing::internal::GetCapturedStdout());

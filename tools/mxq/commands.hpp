@@ -29,7 +29,7 @@ struct QuantizeArgs {
   // mxq qdq: "had<RS>" or "rhad<RS>": each weight is rotated, quantized, dequantized and rotated back
   // (the error a rotated quantized weight carries, in the model's own domain). mxq quantize: "had<RS>":
   // each quantized weight stored rotated, with compressed-tensors' transform_config telling the loader
-  // to rotate the activations (docs/cli.md). CPU only for now.
+  // to rotate the activations (docs/cli.md).
   std::string rotate;
   std::uint64_t rotate_seed = 0;
   // With a GPU device the first tensors are converted on the CPU while the GPU is set up (the same

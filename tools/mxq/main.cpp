@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   c_quant->add_option("--rotate", quant.rotate,
                       "had<RS> (RS 16..256): rotate each quantized Linear's input by the normalised "
                       "Hadamard transform per block of RS (the weight here, the activations by the loader: "
-                      "compressed-tensors' transform_config, which vLLM applies); CPU only for now");
+                      "compressed-tensors' transform_config, which vLLM applies)");
   c_quant->add_option("--part", quant.part,
                       "I/N: convert only every N-th shard starting at the I-th, into OUTPUT.part-I-of-N; then `mxq merge "
                       "OUTPUT` (spread a large checkpoint over a Slurm array, torchrun or Ray workers)");
@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   c_qdq->add_option("--rotate", fq.rotate,
                     "had<RS> or rhad<RS> (RS 16..256): rotate each weight's groups of RS before quantizing and rotate back "
                     "after (the weights stay in the model's domain); weights whose K is not a multiple of RS are left "
-                    "unchanged; CPU only for now");
+                    "unchanged");
   c_qdq->add_option("--rotate-seed", fq.rotate_seed, "the seed of rhad's random signs")->capture_default_str();
   c_qdq->add_option("--part", fq.part, "I/N: one part of the conversion, as for quantize (then `mxq merge OUTPUT`)");
 
