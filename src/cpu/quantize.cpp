@@ -1,6 +1,7 @@
 // quantize on the fast CPU path: every format and rounding branch-free per element (fast_common.hpp).
 #include <bit>
 
+#include "core/format_traits.hpp"
 #include "cpu/fast_common.hpp"
 
 namespace mxq::cpu {
@@ -89,6 +90,53 @@ MXQ_INLINE bool quantize_block_direct(ScaleRule rule, const Storage<DT>* s, std:
   return true;
 }
 
+// Eight full MX blocks of 32 (an amax rule, RNE, no clip mask) straight from bf16/fp32 storage: the
+// arithmetic of quantize_block_direct a step at a time across the eight blocks (the rule's exponent
+// by amax_rule_exp, which fastmath_test holds equal to mx_scale_exp). Returns false, writing nothing,
+// when a block is zero, not finite or scaled outside MxFastRange (the caller takes them one by one).
+template <ElemType ET, DType DT>
+MXQ_INLINE bool mx_blocks8_direct(const core::AmaxRule& k, const Storage<DT>* s, std::uint8_t* d, std::uint8_t* sb) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  constexpr int kSignShift = DT == DType::f32 ? 31 : 15;
+  constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
+  alignas(64) std::uint32_t xb[256], codes[256], am[8];
+  int e[8];
+  for (int i = 0; i < 256; ++i) xb[i] = abs_bits_of<DT>(s[i]);
+  for (int j = 0; j < 8; ++j) {
+    std::uint32_t a = 0;
+    for (int i = 0; i < 32; ++i) a = std::max(a, xb[32 * j + i]);
+    am[j] = a;
+  }
+  bool ok = true;
+  for (int j = 0; j < 8; ++j) {
+    ok &= am[j] != 0 && am[j] < 0x7F800000u;
+    e[j] = core::amax_rule_exp<f.mbits>(k, am[j] | std::uint32_t(am[j] == 0));  // (a zero block is refused above)
+    ok &= MxFastRange<ET>::contains(e[j]);
+  }
+  if (!ok) return false;
+  for (int j = 0; j < 8; ++j) {
+    const std::uint32_t lo = std::uint32_t(f.emin + e[j] + 127) << 23, hi = std::uint32_t(f.emax + 1 + e[j] + 127) << 23;
+    for (int i = 0; i < 32; ++i) {
+      const std::uint32_t x = xb[32 * j + i];
+      const std::uint32_t be = umin(umax(x & 0x7F800000u, lo), hi), cb = be + kC;
+      const std::uint32_t t = f2u(add_rn(u2f(x), u2f(cb)));
+      codes[32 * j + i] = sign_code<ET>(umin(readoff_mag<f.mbits>(t, be, cb, lo), f.maxcode),
+                                        std::uint32_t(s[32 * j + i]) >> kSignShift);
+    }
+    sb[j] = static_cast<std::uint8_t>(e[j] + kE8M0Bias);
+  }
+  if constexpr (f.bits == 4) {
+    alignas(16) std::uint8_t pk[128];
+    for (int i = 0; i < 128; ++i) pk[i] = static_cast<std::uint8_t>((codes[2 * i] & 0xFu) | ((codes[2 * i + 1] & 0xFu) << 4));
+    std::memcpy(d, pk, 128);
+  } else {
+    alignas(16) std::uint8_t c8[256];
+    for (int i = 0; i < 256; ++i) c8[i] = static_cast<std::uint8_t>(codes[i]);
+    std::memcpy(d, c8, 256);
+  }
+  return true;
+}
+
 // Eight full NVFP4 blocks (128 elements from bf16/fp32 storage, no staging), RNE: the arithmetic of
 // the staged path below (amax, nvfp4_block_scale_code, the table's multiplier, nvfp4_code_rne_bf) a
 // step at a time across the eight blocks, so that each step vectorises (the scale's division among
@@ -136,6 +184,19 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
   const bool direct = !nv4 && !sr && G != 0 && DT != DType::f16 && rule != ScaleRule::quest &&
                       rule != ScaleRule::qutlass_absmax;
   std::int64_t b = b0;
+  if constexpr (G == 32 && DT != DType::f16) {
+    if (direct && !o.mask_row) {  // MX full blocks, eight at a time where all eight are plain
+      const core::AmaxRule k = core::amax_rule(rule, f);
+      const Storage<DT>* row =
+          reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
+      constexpr int cpb = f.bits == 4 ? 16 : 32;  // code bytes per block
+      for (; b + 8 <= b1 && (b + 8) * 32 <= p.K; b += 8) {
+        std::uint8_t sb8[8];
+        if (!mx_blocks8_direct<ET, DT>(k, row + b * 32, o.codes_row + b * cpb, sb8)) break;
+        for (int j = 0; j < 8; ++j) o.scales[p.scale_offset(r, b + j, o.scale_stride)] = sb8[j];
+      }
+    }
+  }
   if constexpr (ET == ElemType::e2m1 && G == 16 && DT != DType::f16) {
     if (nv4 && !sr && !o.mask_row) {  // NVFP4's full blocks, eight at a time, straight from the source
       const Storage<DT>* row =
