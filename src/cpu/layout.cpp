@@ -33,6 +33,23 @@ void unswizzle_scales(const Tensor& swizzled, const Tensor& linear) {
     for (std::int64_t c = 0; c < linear.cols; ++c) d[r * linear.stride() + c] = s[swizzled_offset(r, c, swizzled.cols)];
 }
 
+namespace {
+// The largest |x| bits of one row of bf16 or fp32 storage, in fp32 bit positions: the max of the
+// magnitude bits themselves (for bf16 the high half of fp32's, an order-preserving shift).
+template <DType DT>
+MXQ_CLONES std::uint32_t row_amax_bits(const Storage<DT>* s, std::int64_t K) {
+  if constexpr (DT == DType::bf16) {
+    std::uint16_t m = 0;
+    for (std::int64_t k = 0; k < K; ++k) m = std::max<std::uint16_t>(m, s[k] & 0x7FFFu);
+    return std::uint32_t(m) << 16;
+  } else {
+    std::uint32_t m = 0;
+    for (std::int64_t k = 0; k < K; ++k) m = std::max<std::uint32_t>(m, s[k] & 0x7FFFFFFFu);
+    return m;
+  }
+}
+}  // namespace
+
 float tensor_amax(const Tensor& x) {
   std::uint32_t m = 0;
   const std::int64_t K = x.cols;
@@ -40,11 +57,18 @@ float tensor_amax(const Tensor& x) {
 #pragma omp parallel for schedule(static) reduction(max : m)
 #endif
   for (std::int64_t r = 0; r < x.rows; ++r) {
+    const char* row = static_cast<const char*>(x.data) + r * x.stride() * dtype_size(x.dtype);
+    if (x.dtype == DType::bf16) {
+      m = std::max(m, row_amax_bits<DType::bf16>(reinterpret_cast<const Storage<DType::bf16>*>(row), K));
+      continue;
+    }
+    if (x.dtype == DType::f32) {
+      m = std::max(m, row_amax_bits<DType::f32>(reinterpret_cast<const Storage<DType::f32>*>(row), K));
+      continue;
+    }
     alignas(64) float xf[256];
     for (std::int64_t k0 = 0; k0 < K; k0 += 256) {
-      if (x.dtype == DType::bf16) load_block<DType::bf16, 256>(x, r, k0, K, 256, xf);
-      else if (x.dtype == DType::f32) load_block<DType::f32, 256>(x, r, k0, K, 256, xf);
-      else load_block<DType::f16, 256>(x, r, k0, K, 256, xf);
+      load_block<DType::f16, 256>(x, r, k0, K, 256, xf);
       m = std::max(m, amax_bits<256>(xf, 256));
     }
   }
