@@ -1,5 +1,8 @@
 // dequantize on the fast CPU path: codes decoded branch-free, blocks with NaN/Inf codes by the scalar codec.
 #include <bit>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <vector>
 
 #include "cpu/fast_common.hpp"
@@ -61,12 +64,15 @@ typedef std::uint32_t v8u __attribute__((vector_size(32)));
 template <DType DT>
 MXQ_INLINE void nvfp4_dequant_block16(const std::uint8_t* c, std::uint8_t sb, const std::uint32_t* nvt, std::uint32_t* out) {
   constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
-  v8u t, lo, hi;
+  v8u t;
   std::memcpy(&t, nvt + std::size_t(sb) * 8, sizeof t);
-  for (int i = 0; i < 8; ++i) {
-    lo[i] = (std::uint32_t(c[i / 2]) >> (4 * (i & 1))) & 0xFu;
-    hi[i] = (std::uint32_t(c[4 + i / 2]) >> (4 * (i & 1))) & 0xFu;
-  }
+  // element i of a little-endian 32-bit word of codes is its nibble i
+  static_assert(std::endian::native == std::endian::little, "the NVFP4 codes are read as little-endian words");
+  std::uint32_t w0, w1;
+  std::memcpy(&w0, c, 4);
+  std::memcpy(&w1, c + 4, 4);
+  const v8u sh = {0, 4, 8, 12, 16, 20, 24, 28}, fifteen = {15, 15, 15, 15, 15, 15, 15, 15};
+  const v8u lo = ((v8u{} + w0) >> sh) & fifteen, hi = ((v8u{} + w1) >> sh) & fifteen;
   const v8u seven = {7, 7, 7, 7, 7, 7, 7, 7};
   v8u a = __builtin_shuffle(t, lo & seven) ^ (((lo >> 3) & 1u) << kSignBit);
   v8u b = __builtin_shuffle(t, hi & seven) ^ (((hi >> 3) & 1u) << kSignBit);
@@ -77,6 +83,44 @@ MXQ_INLINE void nvfp4_dequant_block16(const std::uint8_t* c, std::uint8_t sb, co
   std::memcpy(out, &a, sizeof a);
   std::memcpy(out + 8, &b, sizeof b);
 }
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define MXQ_NVFP4_DEQUANT_AVX2 1
+// The same per block with AVX2's lane permute (vpermd reads each index's low three bits), for nb
+// consecutive full blocks of a row: codes c, scale bytes sb[], outputs y (DT storage). Called only
+// where the CPU has AVX2 (nvfp4_avx2()).
+template <DType DT>
+__attribute__((target("avx2"))) void nvfp4_dequant_blocks_avx2(const std::uint8_t* c, const std::uint8_t* sb, int nb,
+                                                              const std::uint32_t* nvt, void* y) {
+  constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
+  const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), f15 = _mm256_set1_epi32(15),
+                nan = _mm256_set1_epi32(int(nan_bits(DT))), one = _mm256_set1_epi32(1);
+  for (int j = 0; j < nb; ++j) {
+    const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nvt + std::size_t(sb[j]) * 8));
+    std::uint32_t w0, w1;
+    std::memcpy(&w0, c + 8 * j, 4);
+    std::memcpy(&w1, c + 8 * j + 4, 4);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(w0)), sh), f15);
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(w1)), sh), f15);
+    __m256i a = _mm256_xor_si256(_mm256_permutevar8x32_epi32(t, lo),
+                                 _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(lo, 3), one), kSignBit));
+    __m256i b = _mm256_xor_si256(_mm256_permutevar8x32_epi32(t, hi),
+                                 _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hi, 3), one), kSignBit));
+    if ((sb[j] & 0x7F) == kE4M3NaN) a = b = nan;
+    if constexpr (DT == DType::f32) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint32_t*>(y) + 16 * j), a);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint32_t*>(y) + 16 * j + 8), b);
+    } else {  // 16-bit outputs: pack (per 128-bit half), then put the quarters back in order
+      const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(y) + 16 * j), p);
+    }
+  }
+}
+inline bool nvfp4_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+#endif
 
 template <ElemType ET, DType DT, int G>
 MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Tensor& y, const std::uint32_t* nvt,
@@ -89,7 +133,22 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
   void* yrow = row_ptr(y, r);
   const bool nv4 = p.nvfp4();
   const int g = G ? G : p.g;
-  for (std::int64_t b = b0; b < b1; ++b) {
+  std::int64_t b = b0;
+#if defined(MXQ_NVFP4_DEQUANT_AVX2)
+  if constexpr (ET == ElemType::e2m1 && G == 16) {
+    if (nv4 && nvfp4_avx2()) {  // the tile's full blocks in one call
+      const std::int64_t full = std::min(b1, p.K / 16);
+      if (full > b) {
+        alignas(64) std::uint8_t sb[kTileBlocks];
+        for (std::int64_t j = b; j < full; ++j) sb[j - b] = scales[p.scale_offset(r, j, q.scales.stride())];
+        nvfp4_dequant_blocks_avx2<DT>(crow + b * 8, sb, int(full - b), nvt,
+                                      static_cast<char*>(yrow) + b * 16 * dtype_size(DT));
+        b = full;
+      }
+    }
+  }
+#endif
+  for (; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
     if constexpr (ET == ElemType::e2m1 && G == 16) {
       if (nv4 && n == 16) {
