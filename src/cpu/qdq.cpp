@@ -65,20 +65,12 @@ MXQ_INLINE void qdq_block_direct(const Problem& p, const void* src, void* dst) {
 // the eight blocks, so that each step vectorises.
 template <DType DT>
 MXQ_INLINE void nvfp4_qdq_blocks8(const Storage<DT>* s, float S, const NvTables& nv, Storage<DT>* y) {
-  alignas(64) std::uint32_t xb[128], am[8], sc[8], ok[8];
+  alignas(64) std::uint32_t sc[8], ok[8];
   alignas(64) float m[8], sv[8];
-  for (int i = 0; i < 128; ++i) xb[i] = abs_f32_bits<DT>(s[i]);
+  nvfp4_scale_codes8<DT>(s, S, sc, ok);  // a block not finite: NaN everywhere
   for (int j = 0; j < 8; ++j) {
-    std::uint32_t a = 0;
-    for (int i = 0; i < 16; ++i) a = std::max(a, xb[16 * j + i]);
-    am[j] = a;
-  }
-  for (int j = 0; j < 8; ++j) sc[j] = e4m3_code_rne_sat(div_rn(mul_rn(u2f(am[j]), S), 6.0f));
-  for (int j = 0; j < 8; ++j) {
-    ok[j] = 0u - std::uint32_t(am[j] < 0x7F800000u);  // else a NaN or Inf: NaN everywhere
-    const std::uint32_t c = sc[j] & ok[j];
-    m[j] = nv.m[c];
-    sv[j] = nv.sval[c];
+    m[j] = nv.m[sc[j]];
+    sv[j] = nv.sval[sc[j]];
   }
   constexpr std::uint32_t kNaN = nan_bits(DT);
   for (int j = 0; j < 8; ++j)

@@ -143,20 +143,12 @@ MXQ_INLINE bool mx_blocks8_direct(const core::AmaxRule& k, const Storage<DT>* s,
 // them). d: the 64 packed code bytes; sb: the eight scale bytes.
 template <DType DT>
 MXQ_INLINE void nvfp4_blocks8(const Storage<DT>* s, float S, const float* mtab, std::uint8_t* d, std::uint8_t* sb) {
-  alignas(64) std::uint32_t xb[128], codes[128], am[8], sc[8], ok[8];
+  alignas(64) std::uint32_t codes[128], sc[8], ok[8];
   alignas(64) float m[8];
-  for (int i = 0; i < 128; ++i) xb[i] = abs_bits_of<DT>(s[i]);
-  for (int j = 0; j < 8; ++j) {
-    std::uint32_t a = 0;
-    for (int i = 0; i < 16; ++i) a = std::max(a, xb[16 * j + i]);
-    am[j] = a;
-  }
-  for (int j = 0; j < 8; ++j) sc[j] = e4m3_code_rne_sat(div_rn(mul_rn(u2f(am[j]), S), 6.0f));
-  for (int j = 0; j < 8; ++j) {
-    ok[j] = 0u - std::uint32_t(am[j] < 0x7F800000u);  // else a NaN or Inf: the NaN scale, zero codes
-    const std::uint32_t c = sc[j] & ok[j];
-    m[j] = mtab[c];
-    sb[j] = static_cast<std::uint8_t>(bsel(ok[j] != 0, c, kE4M3NaN));
+  nvfp4_scale_codes8<DT>(s, S, sc, ok);
+  for (int j = 0; j < 8; ++j) {  // a block not finite: the NaN scale, zero codes
+    m[j] = mtab[sc[j]];
+    sb[j] = static_cast<std::uint8_t>(bsel(ok[j] != 0, sc[j], kE4M3NaN));
   }
   for (int j = 0; j < 8; ++j)
     for (int i = 0; i < 16; ++i) {
