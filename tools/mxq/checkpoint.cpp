@@ -40,6 +40,7 @@
 #include "commands.hpp"
 #include "convert.hpp"
 #include "engine.hpp"
+#include "error_sum.hpp"
 #include "fusion.hpp"
 #include "safetensors.hpp"
 #include "staging.hpp"
@@ -258,129 +259,6 @@ NonFinite count_nonfinite(const std::uint8_t* x, const std::string& dtype, std::
       r.blocks += bad != 0;
     }
   return r;
-}
-
-// Signal and error energy: SQNR = 10 log10(sum x^2 / sum (y - x)^2). A non-finite input, or a
-// non-finite output of a finite input (the rest of a NaN block), makes the statistics "not finite":
-// never a perfect score computed over what is left.
-struct ErrorSum {
-  double e = 0, r = 0;
-  std::int64_t bad_in = 0, bad_out = 0;
-  void add(float x, float y) {
-    if (!std::isfinite(x)) {
-      ++bad_in;
-      return;
-    }
-    if (!std::isfinite(y)) {
-      ++bad_out;
-      return;
-    }
-    const double d = double(y) - x;
-    e += d * d;
-    r += double(x) * x;
-  }
-  static ErrorSum of(const ErrorTotals& t) {
-    ErrorSum s;
-    s.e = t.e;
-    s.r = t.r;
-    s.bad_in = t.bad_in;
-    s.bad_out = t.bad_out;
-    return s;
-  }
-  void merge(const ErrorSum& o) {
-    e += o.e;
-    r += o.r;
-    bad_in += o.bad_in;
-    bad_out += o.bad_out;
-  }
-  bool finite() const { return bad_in == 0 && bad_out == 0; }
-  double sqnr_db() const { return e == 0 ? INFINITY : 10 * std::log10(r / e); }
-  std::string str() const {
-    if (finite()) return fmt::format("SQNR {:.2f} dB", sqnr_db());
-    return fmt::format("SQNR not finite ({} non-finite inputs, {} more non-finite outputs)", bad_in, bad_out);
-  }
-};
-
-// ErrorSum of n elements of x (dtype T) against y, in 8 interleaved partial sums (a fixed order: the
-// same figures every run; one dependent chain of double adds per element bounded the loop), written
-// with GCC vector types (the compiler did not vectorise the scalar form), an AVX2 clone where the CPU
-// has it. Non-finite lanes are masked out, counted in bad_in / bad_out.
-using Vd = double __attribute__((vector_size(32)));
-using Vl = long long __attribute__((vector_size(32)));
-template <SrcType T>
-__attribute__((target_clones("avx2", "default"))) ErrorSum band_sum(const std::uint8_t* x, const float* y, std::int64_t n) {
-  constexpr int es = T == SrcType::f32 ? 4 : 2;
-  Vd e[2] = {}, r[2] = {};
-  Vl bad_in[2] = {}, bad_out[2] = {};
-  for (std::int64_t i0 = 0; i0 < n; i0 += 8) {
-    const int m = int(std::min<std::int64_t>(8, n - i0));  // past the end: zeros (finite, adding 0)
-    for (int h = 0; h < 2; ++h) {
-      Vd xv, yv;
-      for (int l = 0; l < 4; ++l) {
-        const int k = 4 * h + l;
-        xv[l] = k < m ? double(load_f32(x + (i0 + k) * es, T)) : 0.0;
-        yv[l] = k < m ? double(y[i0 + k]) : 0.0;
-      }
-      const Vl fx = (xv - xv) == 0.0, fy = (yv - yv) == 0.0, ok = fx & fy;  // x - x is 0 iff x is finite
-      bad_in[h] -= ~fx;  // masks are -1 where true
-      bad_out[h] -= fx & ~fy;
-      const Vd xd = (Vd)((Vl)xv & ok), d = (Vd)((Vl)yv & ok) - xd;
-      e[h] += d * d;
-      r[h] += xd * xd;
-    }
-  }
-  ErrorSum s;
-  for (int h = 0; h < 2; ++h)
-    for (int l = 0; l < 4; ++l) {
-      s.e += e[h][l];
-      s.r += r[h][l];
-      s.bad_in += bad_in[h][l];
-      s.bad_out += bad_out[h][l];
-    }
-  return s;
-}
-
-// The statistics of a [N, K] weight x (dense rows, dtype xty of es bytes) against its conversion y:
-// y_of(r0, nr, y) writes rows [r0, r0 + nr) of y as fp32 (a dequantize, or a load of the QDQ'd
-// bytes). Bands of rows of about 2^18 elements run in parallel on the host's cores (a library call
-// inside runs on its thread alone: OpenMP's nested regions have one thread); their sums are combined
-// in band order, so the figures do not depend on the number of threads. Peak memory: one band of
-// fp32 per thread. The first exception a band throws is rethrown here.
-template <class F>
-ErrorSum error_sum(const std::uint8_t* xp, SrcType xty, int es, std::int64_t N, std::int64_t K, F&& y_of) {
-  if (N == 0 || K == 0) return {};
-  const std::int64_t band = std::max<std::int64_t>(1, (std::int64_t(1) << 18) / K), nb = (N + band - 1) / band;
-  std::vector<ErrorSum> part(static_cast<std::size_t>(nb));
-  std::exception_ptr error;
-#if defined(MXQ_TOOL_HAVE_OPENMP)
-#pragma omp parallel if (nb > 1)
-#endif
-  {
-    std::vector<float> y;
-#if defined(MXQ_TOOL_HAVE_OPENMP)
-#pragma omp for schedule(dynamic, 1)
-#endif
-    for (std::int64_t b = 0; b < nb; ++b) {
-      try {
-        const std::int64_t r0 = b * band, nr = std::min(band, N - r0);
-        y.resize(std::size_t(band * K));
-        y_of(r0, nr, y.data());
-        const std::uint8_t* x = xp + r0 * K * es;
-        part[std::size_t(b)] = xty == SrcType::bf16 ? band_sum<SrcType::bf16>(x, y.data(), nr * K)
-                               : xty == SrcType::f16 ? band_sum<SrcType::f16>(x, y.data(), nr * K)
-                                                     : band_sum<SrcType::f32>(x, y.data(), nr * K);
-      } catch (...) {
-#if defined(MXQ_TOOL_HAVE_OPENMP)
-#pragma omp critical(mxq_error_sum)
-#endif
-        if (!error) error = std::current_exception();
-      }
-    }
-  }
-  if (error) std::rethrow_exception(error);
-  ErrorSum total;
-  for (const ErrorSum& s : part) total.merge(s);
-  return total;
 }
 
 // A conversion's output bytes: allocated without being zeroed first (the conversion writes every

@@ -479,9 +479,9 @@ TEST(CheckpointDevice, GpuWritesTheSameBytesAsCpu) {
 }
 
 // The engine's overlapped conversions (the checkpoint conversion's path) give the one-shot
-// conversion's bytes, finish in the order started, carry the error statistics on the GPU (equal to a
-// host double sum up to the summation order) and none on the CPU; starting beyond depth() and the
-// one-shot API with conversions in flight are refused.
+// conversion's bytes, finish in the order started, carry their error statistics (equal to a host
+// double sum in element order up to the summation order; on the CPU computed band by band with the
+// conversion); starting beyond depth() and the one-shot API with conversions in flight are refused.
 TEST(Engine, OverlappedConversionsMatchOneShot) {
   std::vector<std::string> devs{"cpu"};
   std::string why;
@@ -536,8 +536,7 @@ TEST(Engine, OverlappedConversionsMatchOneShot) {
           EXPECT_TRUE(rc == codes[i] && rs == scales[i]) << dev << " quantize tensor " << i;
           mxq::dequantize(mxq::QuantizedIn{q.codes, q.scales}, mxq::Tensor::of(deq.data(), mxq::DType::f32, N, K), oc);
         }
-        ASSERT_EQ(t.has_value(), dev == "cuda") << dev;
-        if (!t) return;
+        ASSERT_TRUE(t.has_value()) << dev;  // the GPU's on the device, the CPU's band by band
         double e = 0, r = 0;
         for (std::int64_t k = 0; k < N * K; ++k) {
           const double xv = mxq::bf16_to_f32(x[i][k]), d = double(deq[k]) - xv;

@@ -2,6 +2,8 @@
 // tensors copied through device buffers on a stream of its own.
 #include "engine.hpp"
 
+#include "error_sum.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -24,6 +26,60 @@ double wall(F&& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The CPU engine's conversion with its error statistics in one pass: bands of rows converted and
+// compared while they are in cache (error_sum's bands, in parallel; the library's calls inside run
+// on one thread each). Only where a band's conversion is the whole tensor's rows: dense rows, linear
+// scales, no clip mask, NVFP4 with its tensor scale given, no stochastic rounding or random signs
+// (their counters and seeds run over the whole tensor). Else none: the caller sums on the host.
+bool bandable(const Tensor& x, const QuantOptions& o) {
+  return x.stride() == x.cols && x.rows > 0 && x.cols > 0 && o.scale_layout == ScaleLayout::linear &&
+         o.rounding != Rounding::stochastic && o.rotation != Rotation::random_hadamard &&
+         (o.format != Format::nvfp4 || o.tensor_scale) &&
+         (x.dtype == DType::bf16 || x.dtype == DType::f16 || x.dtype == DType::f32);
+}
+std::int64_t elem_bytes(DType t) { return t == DType::f32 ? 4 : (t == DType::bf16 || t == DType::f16) ? 2 : 1; }
+SrcType src_of(DType t) { return t == DType::f32 ? SrcType::f32 : t == DType::bf16 ? SrcType::bf16 : SrcType::f16; }
+Tensor rows_of(const Tensor& t, std::int64_t r0, std::int64_t nr) {
+  Tensor b = t;
+  b.data = static_cast<char*>(t.data) + r0 * t.stride() * elem_bytes(t.dtype);
+  b.rows = nr;
+  return b;
+}
+
+std::optional<ErrorTotals> cpu_quantize(const Tensor& x, const QuantizedOut& q, const QuantOptions& o) {
+  if (!bandable(x, o) || q.clip_mask.data || q.codes.stride() != q.codes.cols || q.scales.stride() != q.scales.cols) {
+    mxq::quantize(x, q, o);
+    return std::nullopt;
+  }
+  const ErrorSum s = error_sum(static_cast<const std::uint8_t*>(x.data), src_of(x.dtype), int(elem_bytes(x.dtype)), x.rows,
+                               x.cols, [&](std::int64_t r0, std::int64_t nr, float* y) {
+                                 QuantizedOut qb;
+                                 qb.codes = rows_of(q.codes, r0, nr);
+                                 qb.scales = rows_of(q.scales, r0, nr);
+                                 qb.tensor_scale = q.tensor_scale;  // the given scale, written by every band alike
+                                 mxq::quantize(rows_of(x, r0, nr), qb, o);
+                                 mxq::dequantize(QuantizedIn{qb.codes, qb.scales}, Tensor::of(y, DType::f32, nr, x.cols), o);
+                               });
+  return ErrorTotals{s.e, s.r, s.bad_in, s.bad_out};
+}
+
+std::optional<ErrorTotals> cpu_qdq(const Tensor& x, const Tensor& y, const QuantOptions& o) {
+  if (!bandable(x, o) || y.stride() != y.cols) {
+    mxq::qdq(x, y, o);
+    return std::nullopt;
+  }
+  const SrcType yt = src_of(y.dtype);
+  const int yes = int(elem_bytes(y.dtype));
+  const ErrorSum s = error_sum(static_cast<const std::uint8_t*>(x.data), src_of(x.dtype), int(elem_bytes(x.dtype)), x.rows,
+                               x.cols, [&](std::int64_t r0, std::int64_t nr, float* yf) {
+                                 const Tensor yb = rows_of(y, r0, nr);
+                                 mxq::qdq(rows_of(x, r0, nr), yb, o);
+                                 const std::uint8_t* p = static_cast<const std::uint8_t*>(yb.data);
+                                 for (std::int64_t i = 0; i < nr * x.cols; ++i) yf[i] = load_f32(p + i * yes, yt);
+                               });
+  return ErrorTotals{s.e, s.r, s.bad_in, s.bad_out};
 }
 
 }  // namespace
@@ -391,7 +447,7 @@ void Engine::start_quantize(const Tensor& x, const QuantizedOut& q, const QuantO
 #endif
   QuantOptions oc = o;
   oc.backend = Backend::cpu;
-  mxq::quantize(x, q, oc);
+  cpu_totals_.push_back(cpu_quantize(x, q, oc));
   early_ += setup_.valid();
   order_.push_back(false);
   ++in_flight_;
@@ -420,7 +476,7 @@ void Engine::start_qdq(const Tensor& x, const Tensor& y, const QuantOptions& o) 
 #endif
   QuantOptions oc = o;
   oc.backend = Backend::cpu;
-  mxq::qdq(x, y, oc);
+  cpu_totals_.push_back(cpu_qdq(x, y, oc));
   early_ += setup_.valid();
   order_.push_back(false);
   ++in_flight_;
@@ -441,7 +497,9 @@ std::optional<ErrorTotals> Engine::finish() {
 #else
   (void)on_gpu;
 #endif
-  return std::nullopt;
+  std::optional<ErrorTotals> t = cpu_totals_.front();
+  cpu_totals_.pop_front();
+  return t;
 }
 
 }  // namespace mxq::cli

@@ -49,8 +49,9 @@ class Engine {
   // time finish() returns that conversion. Conversions finish in the order started. The GPU engine keeps
   // up to depth() = 2 in flight, each with a stream and buffers of its own: the next tensor's staging
   // copy and upload overlap the previous one's kernels and download. The CPU engine converts in
-  // start_* (depth 1). finish() waits for the oldest and returns its statistics, computed on the
-  // device where the input and the result are (dense x, and NVFP4 with o.tensor_scale); otherwise
+  // start_* (depth 1), a band of rows at a time with each band's statistics while it is in cache.
+  // finish() waits for the oldest and returns its statistics (dense x, linear scales, no clip mask,
+  // NVFP4 with o.tensor_scale; on the CPU also no stochastic rounding or random signs); otherwise
   // none: the caller sums them on the host. Starting beyond depth() is refused (std::logic_error),
   // as is the one-shot API above while conversions are in flight.
   int depth() const;
@@ -93,6 +94,7 @@ class Engine {
   mutable std::unique_ptr<Gpu> gpu_;
   mutable std::string name_, why_, failed_;
   std::deque<bool> order_;  // the conversions in flight, oldest first: true on the GPU
+  std::deque<std::optional<ErrorTotals>> cpu_totals_;  // those on the CPU: their statistics
   int in_flight_ = 0, early_ = 0;
 };
 
