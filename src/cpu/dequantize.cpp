@@ -1,8 +1,5 @@
 // dequantize on the fast CPU path: codes decoded branch-free, blocks with NaN/Inf codes by the scalar codec.
 #include <bit>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 #include <vector>
 
 #include "cpu/fast_common.hpp"
@@ -84,17 +81,13 @@ MXQ_INLINE void nvfp4_dequant_block16(const std::uint8_t* c, std::uint8_t sb, co
   std::memcpy(out + 8, &b, sizeof b);
 }
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define MXQ_NVFP4_DEQUANT_AVX2 1
-// The same per block with AVX2's lane permute (vpermd reads each index's low three bits), for nb
-// consecutive full blocks of a row: codes c, scale bytes sb[], outputs y (DT storage). Called only
-// where the CPU has AVX2 (nvfp4_avx2()).
+#if defined(MXQ_CPU_NVFP4_AVX2)
+// The same per block with AVX2 (nvfp4_store16_avx2), for nb consecutive full blocks of a row: codes
+// c, scale bytes sb[], outputs y. Called only where the CPU has AVX2.
 template <DType DT>
 __attribute__((target("avx2"))) void nvfp4_dequant_blocks_avx2(const std::uint8_t* c, const std::uint8_t* sb, int nb,
-                                                              const std::uint32_t* nvt, void* y) {
-  constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
-  const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), f15 = _mm256_set1_epi32(15),
-                nan = _mm256_set1_epi32(int(nan_bits(DT))), one = _mm256_set1_epi32(1);
+                                                              const std::uint32_t* nvt, Storage<DT>* y) {
+  const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), f15 = _mm256_set1_epi32(15);
   for (int j = 0; j < nb; ++j) {
     const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nvt + std::size_t(sb[j]) * 8));
     std::uint32_t w0, w1;
@@ -102,23 +95,8 @@ __attribute__((target("avx2"))) void nvfp4_dequant_blocks_avx2(const std::uint8_
     std::memcpy(&w1, c + 8 * j + 4, 4);
     const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(w0)), sh), f15);
     const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(w1)), sh), f15);
-    __m256i a = _mm256_xor_si256(_mm256_permutevar8x32_epi32(t, lo),
-                                 _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(lo, 3), one), kSignBit));
-    __m256i b = _mm256_xor_si256(_mm256_permutevar8x32_epi32(t, hi),
-                                 _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hi, 3), one), kSignBit));
-    if ((sb[j] & 0x7F) == kE4M3NaN) a = b = nan;
-    if constexpr (DT == DType::f32) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint32_t*>(y) + 16 * j), a);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint32_t*>(y) + 16 * j + 8), b);
-    } else {  // 16-bit outputs: pack (per 128-bit half), then put the quarters back in order
-      const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(y) + 16 * j), p);
-    }
+    nvfp4_store16_avx2<DT>(t, lo, hi, (sb[j] & 0x7F) != kE4M3NaN, y + 16 * j);
   }
-}
-inline bool nvfp4_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
 }
 #endif
 
@@ -134,15 +112,14 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
   const bool nv4 = p.nvfp4();
   const int g = G ? G : p.g;
   std::int64_t b = b0;
-#if defined(MXQ_NVFP4_DEQUANT_AVX2)
+#if defined(MXQ_CPU_NVFP4_AVX2)
   if constexpr (ET == ElemType::e2m1 && G == 16) {
-    if (nv4 && nvfp4_avx2()) {  // the tile's full blocks in one call
+    if (nv4 && cpu_has_avx2()) {  // the tile's full blocks in one call
       const std::int64_t full = std::min(b1, p.K / 16);
       if (full > b) {
         alignas(64) std::uint8_t sb[kTileBlocks];
         for (std::int64_t j = b; j < full; ++j) sb[j - b] = scales[p.scale_offset(r, j, q.scales.stride())];
-        nvfp4_dequant_blocks_avx2<DT>(crow + b * 8, sb, int(full - b), nvt,
-                                      static_cast<char*>(yrow) + b * 16 * dtype_size(DT));
+        nvfp4_dequant_blocks_avx2<DT>(crow + b * 8, sb, int(full - b), nvt, static_cast<Storage<DT>*>(yrow) + b * 16);
         b = full;
       }
     }

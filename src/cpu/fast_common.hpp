@@ -21,6 +21,9 @@
 #include <cstring>
 #include <type_traits>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #if defined(MXQ_HAVE_OPENMP)
 #include <omp.h>
 #endif
@@ -279,6 +282,27 @@ MXQ_INLINE std::uint32_t sign_code(std::uint32_t mag, std::uint32_t sign) {
   }
 }
 
+// The binades an element of a block scaled by 2^e (e in MxFastRange) is clamped to when rounded in
+// the unscaled domain: lo that of the smallest normal element, hi one past the largest.
+struct MxBinades {
+  std::uint32_t lo, hi;
+};
+template <ElemType ET>
+MXQ_INLINE MxBinades mx_binades(int e) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  return {std::uint32_t(f.emin + e + 127) << 23, std::uint32_t(f.emax + 1 + e + 127) << 23};
+}
+// The RNE code of one element with magnitude bits xa and sign bit `sign` under those binades, read
+// off the rounding's bits (readoff_mag) and saturated at the largest code.
+template <ElemType ET>
+MXQ_INLINE std::uint32_t mx_code_rne_fast(std::uint32_t xa, std::uint32_t sign, MxBinades bn) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
+  const std::uint32_t be = umin(umax(xa & 0x7F800000u, bn.lo), bn.hi), cb = be + kC;
+  const std::uint32_t t = f2u(add_rn(u2f(xa), u2f(cb)));
+  return sign_code<ET>(umin(readoff_mag<f.mbits>(t, be, cb, bn.lo), f.maxcode), sign);
+}
+
 // Element codes of one finite MX block (scale exponent e in [-127, 127]) from its staged fp32 values
 // (after the QuTLASS rule's 3x): encode_scaled's result, rounded to nearest even or stochastically
 // with the comparison words rnd. In MxFastRange the rounding is done in the unscaled domain and the
@@ -291,14 +315,13 @@ MXQ_INLINE void mx_block_codes(int g_rt, const float* xf, int e, bool sr, const 
   constexpr FloatSpec f = Elem<ET>::spec;
   const int g = G ? G : g_rt;
   if (MxFastRange<ET>::contains(e)) {
-    const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 23, hi = std::uint32_t(f.emax + 1 + e + 127) << 23;
+    const MxBinades bn = mx_binades<ET>(e);
+    const std::uint32_t lo = bn.lo;
     constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
     if (!sr) {
       for (int i = 0; i < g; ++i) {
         const std::uint32_t xb = f2u(xf[i]);
-        const std::uint32_t be = umin(umax(xb & 0x7F800000u, lo), hi), cb = be + kC;
-        const std::uint32_t t = f2u(add_rn(u2f(xb & 0x7FFFFFFFu), u2f(cb)));
-        codes[i] = sign_code<ET>(umin(readoff_mag<f.mbits>(t, be, cb, lo), f.maxcode), xb >> 31);
+        codes[i] = mx_code_rne_fast<ET>(xb & 0x7FFFFFFFu, xb >> 31, bn);
       }
       return;
     }
@@ -356,6 +379,36 @@ MXQ_INLINE void nvfp4_scale_codes8(const Storage<DT>* s, float S, std::uint32_t*
     sc[j] &= ok[j];
   }
 }
+
+// ---- NVFP4 outputs by AVX2's lane permute (x86 with GCC; taken where the CPU has AVX2) -----------------
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define MXQ_CPU_NVFP4_AVX2 1
+inline bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+// The sixteen outputs of one NVFP4 block stored to y (DT storage): element i's is t[code & 7] (t the
+// block's eight output bits in DT, one per magnitude; vpermd reads each index's low three bits) with
+// the code's sign bit an XOR of DT's (RN is symmetric: a negative code's result is the positive one's
+// with the sign flipped, zeros and infinities too); NaN everywhere when the block is not finite.
+// lo, hi: the codes of elements 0..7 and 8..15, one per 32-bit lane.
+template <DType DT>
+__attribute__((target("avx2"))) inline void nvfp4_store16_avx2(__m256i t, __m256i lo, __m256i hi, bool finite, Storage<DT>* y) {
+  constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
+  const __m256i one = _mm256_set1_epi32(1);
+  __m256i a = _mm256_xor_si256(_mm256_permutevar8x32_epi32(t, lo),
+                               _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(lo, 3), one), kSignBit));
+  __m256i b = _mm256_xor_si256(_mm256_permutevar8x32_epi32(t, hi),
+                               _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hi, 3), one), kSignBit));
+  if (!finite) a = b = _mm256_set1_epi32(int(nan_bits(DT)));
+  if constexpr (DT == DType::f32) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), a);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 8), b);
+  } else {  // 16-bit outputs: pack (per 128-bit half), then the quarters back in order
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8));
+  }
+}
+#endif
 
 // ---- dispatch: runtime enums -> template parameters ------------------------------------------------------------
 

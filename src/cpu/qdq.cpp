@@ -1,10 +1,6 @@
 // qdq on the fast CPU path: full blocks of the amax rules straight from x to y (two passes), the rest staged.
 #include "cpu/fast_common.hpp"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 namespace mxq::cpu {
 namespace {
 
@@ -87,19 +83,14 @@ MXQ_INLINE void nvfp4_qdq_blocks8(const Storage<DT>* s, float S, const NvTables&
     }
 }
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define MXQ_NVFP4_QDQ_AVX2 1
+#if defined(MXQ_CPU_NVFP4_AVX2)
 // nvfp4_qdq_blocks8 for n consecutive chunks of eight blocks, where the CPU has AVX2: each block's
 // eight possible outputs (nvfp4_decode of magnitudes 0..7 under its scale, converted to DT) computed
-// once, then every element's picked by its code with a lane permute (vpermd reads the index's low
-// three bits) and its sign an XOR of DT's sign bit (RN is symmetric: the negative code's result is
-// the positive one's with the sign flipped, zeros and infinities too) instead of a division per
+// once, then every element's picked by its code (nvfp4_store16_avx2) instead of a division per
 // element. The element codes as nvfp4_qdq_blocks8's.
 template <DType DT>
 __attribute__((target("avx2"))) void nvfp4_qdq_chunks_avx2(const Storage<DT>* s, std::int64_t n, float S, const NvTables& nv,
                                                           Storage<DT>* y) {
-  constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
-  const __m256i one = _mm256_set1_epi32(1), nan = _mm256_set1_epi32(int(nan_bits(DT)));
   for (std::int64_t ch = 0; ch < n; ++ch, s += 128, y += 128) {
     alignas(64) std::uint32_t sc[8], ok[8], codes[128], tb[64];
     alignas(64) float m[8], sv[8];
@@ -116,27 +107,11 @@ __attribute__((target("avx2"))) void nvfp4_qdq_chunks_avx2(const Storage<DT>* s,
     for (int j = 0; j < 8; ++j)
       for (int k = 0; k < 8; ++k)
         tb[8 * j + k] = to_dtype_bits_nonnan_bf<DT>(div_rn(mul_rn(e2m1_value_bf(std::uint32_t(k)), sv[j]), S));
-    for (int j = 0; j < 8; ++j) {
-      const __m256i t = _mm256_load_si256(reinterpret_cast<const __m256i*>(tb + 8 * j));
-      const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 16 * j));
-      const __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 16 * j + 8));
-      __m256i a = _mm256_xor_si256(_mm256_permutevar8x32_epi32(t, lo),
-                                   _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(lo, 3), one), kSignBit));
-      __m256i b = _mm256_xor_si256(_mm256_permutevar8x32_epi32(t, hi),
-                                   _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hi, 3), one), kSignBit));
-      if (!ok[j]) a = b = nan;  // a NaN or Inf in the block: NaN everywhere
-      if constexpr (DT == DType::f32) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 16 * j), a);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 16 * j + 8), b);
-      } else {  // 16-bit outputs: pack (per 128-bit half), then the quarters back in order
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 16 * j), _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8));
-      }
-    }
+    for (int j = 0; j < 8; ++j)
+      nvfp4_store16_avx2<DT>(_mm256_load_si256(reinterpret_cast<const __m256i*>(tb + 8 * j)),
+                             _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 16 * j)),
+                             _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 16 * j + 8)), ok[j] != 0, y + 16 * j);
   }
-}
-inline bool nvfp4_qdq_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
 }
 #endif
 
@@ -160,8 +135,8 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
     if (nv4 && !sr) {  // NVFP4's full blocks, eight at a time
       const Storage<DT>* xrow =
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
-#if defined(MXQ_NVFP4_QDQ_AVX2)
-      if (nvfp4_qdq_avx2()) {
+#if defined(MXQ_CPU_NVFP4_AVX2)
+      if (cpu_has_avx2()) {
         const std::int64_t n = std::max<std::int64_t>(0, (std::min(b1, p.K / 16) - b) / 8);
         nvfp4_qdq_chunks_avx2<DT>(xrow + b * 16, n, p.S, *nv, static_cast<Storage<DT>*>(yrow) + b * 16);
         b += 8 * n;

@@ -75,14 +75,8 @@ MXQ_INLINE bool quantize_block_direct(ScaleRule rule, const Storage<DT>* s, std:
   const int e = am ? mx_scale_exp(rule, u2f(am), 0.0f, f) : -127;
   if (!MxFastRange<ET>::contains(e)) return false;
   sb = static_cast<std::uint8_t>(e + kE8M0Bias);
-  const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 23, hi = std::uint32_t(f.emax + 1 + e + 127) << 23;
-  constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
-  for (int i = 0; i < G; ++i) {
-    const std::uint32_t xb = abs_bits_of<DT>(s[i]);
-    const std::uint32_t be = umin(umax(xb & 0x7F800000u, lo), hi), cb = be + kC;
-    const std::uint32_t t = f2u(add_rn(u2f(xb), u2f(cb)));
-    codes[i] = sign_code<ET>(umin(readoff_mag<f.mbits>(t, be, cb, lo), f.maxcode), std::uint32_t(s[i]) >> kSignShift);
-  }
+  const MxBinades bn = mx_binades<ET>(e);
+  for (int i = 0; i < G; ++i) codes[i] = mx_code_rne_fast<ET>(abs_bits_of<DT>(s[i]), std::uint32_t(s[i]) >> kSignShift, bn);
   if (keep) {  // the clip mask: |x| * 2^-e < the largest element value, as the staged path
     const float inv = pow2f(-e), maxv = u2f(max_value_bits(f));
     for (int i = 0; i < G; ++i) keep[i] = u2f(abs_bits_of<DT>(s[i])) * inv < maxv;
@@ -98,7 +92,6 @@ template <ElemType ET, DType DT>
 MXQ_INLINE bool mx_blocks8_direct(const core::AmaxRule& k, const Storage<DT>* s, std::uint8_t* d, std::uint8_t* sb) {
   constexpr FloatSpec f = Elem<ET>::spec;
   constexpr int kSignShift = DT == DType::f32 ? 31 : 15;
-  constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
   alignas(64) std::uint32_t xb[256], codes[256], am[8];
   int e[8];
   for (int i = 0; i < 256; ++i) xb[i] = abs_bits_of<DT>(s[i]);
@@ -115,14 +108,9 @@ MXQ_INLINE bool mx_blocks8_direct(const core::AmaxRule& k, const Storage<DT>* s,
   }
   if (!ok) return false;
   for (int j = 0; j < 8; ++j) {
-    const std::uint32_t lo = std::uint32_t(f.emin + e[j] + 127) << 23, hi = std::uint32_t(f.emax + 1 + e[j] + 127) << 23;
-    for (int i = 0; i < 32; ++i) {
-      const std::uint32_t x = xb[32 * j + i];
-      const std::uint32_t be = umin(umax(x & 0x7F800000u, lo), hi), cb = be + kC;
-      const std::uint32_t t = f2u(add_rn(u2f(x), u2f(cb)));
-      codes[32 * j + i] = sign_code<ET>(umin(readoff_mag<f.mbits>(t, be, cb, lo), f.maxcode),
-                                        std::uint32_t(s[32 * j + i]) >> kSignShift);
-    }
+    const MxBinades bn = mx_binades<ET>(e[j]);
+    for (int i = 0; i < 32; ++i)
+      codes[32 * j + i] = mx_code_rne_fast<ET>(xb[32 * j + i], std::uint32_t(s[32 * j + i]) >> kSignShift, bn);
     sb[j] = static_cast<std::uint8_t>(e[j] + kE8M0Bias);
   }
   if constexpr (f.bits == 4) {
