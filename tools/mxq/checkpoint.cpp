@@ -981,12 +981,11 @@ int run_quantize(const QuantizeArgs& a) {
           ErrorSum err;
           ph.time(ph.error, [&] {
             if (gt) {  // on the GPU, where the engine had the tensors
-              err = ErrorSum::of(*gt);
+              err = ErrorSum(*gt);
               return;
             }
             err = error_sum(xp, xty, es, N, K, [&](std::int64_t r0, std::int64_t nr, float* y) {
-              const std::uint8_t* q = yq->data() + r0 * K * es;
-              for (std::int64_t i = 0; i < nr * K; ++i) y[i] = load_f32(q + i * es, xty);
+              load_f32s(yq->data() + r0 * K * es, xty, nr * K, y);
             });
           });
           ph.time(ph.write, [&] { wb.submit([writer, name = t.name, yq] { writer->write(name, *yq); }); });
@@ -1048,7 +1047,7 @@ int run_quantize(const QuantizeArgs& a) {
                         ErrorSum err;
                         ph.time(ph.error, [&] {
                           if (gt) {
-                            err = ErrorSum::of(*gt);
+                            err = ErrorSum(*gt);
                             return;
                           }
                           QuantOptions oh = o;
@@ -1336,14 +1335,10 @@ int run_dequantize(const DequantizeArgs& a) {
     for (const auto& [m, md] : mods) {
       check_interrupted();
       std::vector<std::uint8_t> y(md.N * md.K * ob);
-      if (rot.rotates(m)) {
-        if (md.K % rot.size != 0)
-          fail(path + ": module '" + m + "': K = " + std::to_string(md.K) + " is not a multiple of the transform's head_dim " +
-               std::to_string(rot.size));
-        dequantize_module(eng, v, path, m, rot.undone(md), odt, y.data());
-      } else {
-        dequantize_module(eng, v, path, m, md, odt, y.data());
-      }
+      if (rot.rotates(m) && md.K % rot.size != 0)
+        fail(path + ": module '" + m + "': K = " + std::to_string(md.K) + " is not a multiple of the transform's head_dim " +
+             std::to_string(rot.size));
+      dequantize_module(eng, v, path, m, rot.rotates(m) ? rot.undone(md) : md, odt, y.data());
       w.write(m + ".weight", y);
       ++n_deq;
     }
@@ -1391,9 +1386,7 @@ int run_inspect_against(const std::string& file, const std::string& original) {
     const st::TensorInfo* t = ov.find(name);
     if (t->numel() != numel || (t->dtype != "BF16" && t->dtype != "F16" && t->dtype != "F32")) return std::nullopt;
     std::vector<float> x(numel);
-    const int es = st::find_dtype(t->dtype)->bytes;
-    const SrcType xty = src_type(t->dtype);
-    for (std::int64_t i = 0; i < numel; ++i) x[i] = load_f32(ov.data(*t).data() + i * es, xty);
+    load_f32s(ov.data(*t).data(), src_type(t->dtype), numel, x.data());
     return x;
   };
   int not_finite = 0;
@@ -1418,15 +1411,10 @@ int run_inspect_against(const std::string& file, const std::string& original) {
   // A rotated checkpoint's weights are compared after rotating them back.
   const Checkpoint fc = open_checkpoint(file);
   const CheckpointRotation rot = checkpoint_rotation(fc, read_config(fc, fs::path(file).parent_path().string()), file);
-  Engine cpu_eng("cpu");
   for (const auto& [m, md] : quantized_modules(v, file)) {
     const std::int64_t N = md.N, K = md.K;
     std::vector<float> y(N * K);
-    if (rot.rotates(m) && K % rot.size == 0) {
-      dequantize_module(cpu_eng, v, file, m, rot.undone(md), DType::f32, y.data());
-    } else {
-      dequantize_module(eng, v, file, m, md, DType::f32, y.data());
-    }
+    dequantize_module(eng, v, file, m, rot.rotates(m) && K % rot.size == 0 ? rot.undone(md) : md, DType::f32, y.data());
     consumed.insert(md.codes->name), consumed.insert(md.scale->name);
     if (md.global) consumed.insert(md.global->name);
     const auto x = original_f32(m + ".weight", N * K);
@@ -1442,9 +1430,7 @@ int run_inspect_against(const std::string& file, const std::string& original) {
     const auto x = original_f32(t.name, t.numel());
     if (!x) continue;
     std::vector<float> y(t.numel());
-    const int es = st::find_dtype(t.dtype)->bytes;
-    const SrcType yty = src_type(t.dtype);
-    for (std::int64_t i = 0; i < t.numel(); ++i) y[i] = load_f32(v.data(t).data() + i * es, yty);
+    load_f32s(v.data(t).data(), src_type(t.dtype), t.numel(), y.data());
     report(t.name, t.dtype, *x, y);
     ++compared;
   }

@@ -26,5 +26,10 @@ inline float load_f32(const std::uint8_t* p, SrcType t) {
   return t == SrcType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
 inline float load_f32(const std::uint8_t* p, const std::string& dt) { return load_f32(p, src_type(dt)); }
+// n consecutive elements of type t at p, as fp32 into y.
+inline void load_f32s(const std::uint8_t* p, SrcType t, std::int64_t n, float* y) {
+  const int es = t == SrcType::f32 ? 4 : 2;
+  for (std::int64_t i = 0; i < n; ++i) y[i] = load_f32(p + i * es, t);
+}
 
 }  // namespace mxq::cli

@@ -62,7 +62,7 @@ std::optional<ErrorTotals> cpu_quantize(const Tensor& x, const QuantizedOut& q, 
                                  mxq::quantize(rows_of(x, r0, nr), qb, o);
                                  mxq::dequantize(QuantizedIn{qb.codes, qb.scales}, Tensor::of(y, DType::f32, nr, x.cols), o);
                                });
-  return ErrorTotals{s.e, s.r, s.bad_in, s.bad_out};
+  return ErrorTotals(s);
 }
 
 std::optional<ErrorTotals> cpu_qdq(const Tensor& x, const Tensor& y, const QuantOptions& o) {
@@ -70,16 +70,13 @@ std::optional<ErrorTotals> cpu_qdq(const Tensor& x, const Tensor& y, const Quant
     mxq::qdq(x, y, o);
     return std::nullopt;
   }
-  const SrcType yt = src_of(y.dtype);
-  const int yes = int(elem_bytes(y.dtype));
   const ErrorSum s = error_sum(static_cast<const std::uint8_t*>(x.data), src_of(x.dtype), int(elem_bytes(x.dtype)), x.rows,
                                x.cols, [&](std::int64_t r0, std::int64_t nr, float* yf) {
                                  const Tensor yb = rows_of(y, r0, nr);
                                  mxq::qdq(rows_of(x, r0, nr), yb, o);
-                                 const std::uint8_t* p = static_cast<const std::uint8_t*>(yb.data);
-                                 for (std::int64_t i = 0; i < nr * x.cols; ++i) yf[i] = load_f32(p + i * yes, yt);
+                                 load_f32s(static_cast<const std::uint8_t*>(yb.data), src_of(y.dtype), nr * x.cols, yf);
                                });
-  return ErrorTotals{s.e, s.r, s.bad_in, s.bad_out};
+  return ErrorTotals(s);
 }
 
 }  // namespace

@@ -16,9 +16,10 @@ namespace mxq::cli {
 // Signal and error energy: SQNR = 10 log10(sum x^2 / sum (y - x)^2). A non-finite input, or a
 // non-finite output of a finite input (the rest of a NaN block), makes the statistics "not finite":
 // never a perfect score computed over what is left.
-struct ErrorSum {
-  double e = 0, r = 0;
-  std::int64_t bad_in = 0, bad_out = 0;
+// The sums themselves are ErrorTotals' (the GPU engine's statistics come back as those).
+struct ErrorSum : ErrorTotals {
+  ErrorSum() = default;
+  explicit ErrorSum(const ErrorTotals& t) : ErrorTotals(t) {}
   void add(float x, float y) {
     if (!std::isfinite(x)) {
       ++bad_in;
@@ -31,14 +32,6 @@ struct ErrorSum {
     const double d = double(y) - x;
     e += d * d;
     r += double(x) * x;
-  }
-  static ErrorSum of(const ErrorTotals& t) {
-    ErrorSum s;
-    s.e = t.e;
-    s.r = t.r;
-    s.bad_in = t.bad_in;
-    s.bad_out = t.bad_out;
-    return s;
   }
   void merge(const ErrorSum& o) {
     e += o.e;
