@@ -1367,8 +1367,8 @@ namespace mxq::cli {
 // `mxq inspect FILE --against ORIGINAL`: the error of every tensor of FILE against ORIGINAL (a file or
 // a checkpoint directory): quantized modules are dequantized first, plain floating tensors compared
 // as they are (a fake-quantized copy).
-int run_inspect_against(const std::string& file, const std::string& original) {
-  Engine eng("auto");
+int run_inspect_against(const std::string& file, const std::string& original, const std::string& device) {
+  Engine eng(device);
   const st::File f(file);
   const st::View& v = f.view();
   const Checkpoint oc = open_checkpoint(original);

@@ -462,6 +462,17 @@ TEST(CheckpointDevice, GpuWritesTheSameBytesAsCpu) {
         const std::string dlog = testing::internal::GetCapturedStdout();
         ASSERT_EQ(drc, 0) << tag << "\n" << dlog;
         for (auto& [n, b] : read_tree(da.out)) tree[d]["dq/" + n] = b;
+        // inspect --against on this engine: every module dequantized (rotated back) and compared
+        mxq::cli::InspectArgs ia;
+        ia.file = qa.out;
+        ia.against = qa.in;
+        ia.device = dev;
+        testing::internal::CaptureStdout();
+        const int irc = mxq::cli::run_inspect(ia);
+        std::istringstream ilog(testing::internal::GetCapturedStdout());
+        ASSERT_EQ(irc, 0) << tag << "\n" << ilog.str();
+        for (std::string l; std::getline(ilog, l);)
+          if (l.find("(dequantized)") != std::string::npos) lines[d].push_back("inspect: " + l);
       }
     }
     EXPECT_FALSE(lines[0].empty()) << format;

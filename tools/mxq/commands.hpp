@@ -13,10 +13,10 @@ struct DemoArgs {
 int run_demo(const DemoArgs& args);
 
 struct InspectArgs {
-  std::string file, against;
+  std::string file, against, device = "auto";  // device: where --against dequantizes (auto, cpu, cuda)
 };
 int run_inspect(const InspectArgs& args);
-int run_inspect_against(const std::string& file, const std::string& original);
+int run_inspect_against(const std::string& file, const std::string& original, const std::string& device = "auto");
 
 struct QuantizeArgs {
   std::string in, out, format = "mxfp4", rule, device = "auto";

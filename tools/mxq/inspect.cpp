@@ -62,7 +62,7 @@ int run_inspect(const InspectArgs& args) {
     for (const std::string& shard : c.shards) {
       const std::string path = (c.dir / shard).string();
       if (!args.against.empty()) {
-        const int rc = run_inspect_against(path, args.against);
+        const int rc = run_inspect_against(path, args.against, args.device);
         if (rc) return rc;
       } else {
         total += inspect_file(path);
@@ -72,7 +72,7 @@ int run_inspect(const InspectArgs& args) {
       fmt::print("checkpoint total {} ({} bytes) in {} shards\n", human(double(total)), total, c.shards.size());
     return 0;
   }
-  if (!args.against.empty()) return run_inspect_against(args.file, args.against);
+  if (!args.against.empty()) return run_inspect_against(args.file, args.against, args.device);
   inspect_file(args.file);
   return 0;
 }

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   c_inspect->add_option("file", inspect.file, "a .safetensors file or a checkpoint directory (every shard)")->required();
   c_inspect->add_option("--against", inspect.against,
                         "original .safetensors file or checkpoint directory: per-tensor error (quantized modules dequantized)");
+  c_inspect->add_option("--device", inspect.device, "where --against dequantizes: cpu, cuda or auto")->capture_default_str();
 
   mxq::cli::QuantizeArgs quant;
   CLI::App* c_quant = app.add_subcommand("quantize", "a safetensors checkpoint to the compressed-tensors layout vLLM loads");
