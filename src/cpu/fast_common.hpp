@@ -408,6 +408,111 @@ __attribute__((target("avx2"))) inline void nvfp4_store16_avx2(__m256i t, __m256
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8));
   }
 }
+
+// Eight full NVFP4 blocks (128 elements of bf16/fp32 storage), RNE, in AVX2 registers: the arithmetic
+// of nvfp4_scale_codes8 and nvfp4_code_rne_bf (the same IEEE operations, one lane per block or per
+// element, so the same bits). Out: sc, the eight scale codes (0 where a block is not finite); ok, all
+// ones where the block is finite; codes[2 j], codes[2 j + 1], the sign-magnitude codes of block j's
+// elements 0..7 and 8..15 (garbage where the block is not finite: callers mask with ok).
+struct Nvfp4Chunk {
+  __m256i sc, ok, codes[16];
+};
+template <DType DT>
+__attribute__((target("avx2"))) inline void nvfp4_chunk_avx2(const Storage<DT>* s, float S, const float* mtab, Nvfp4Chunk& c) {
+  const __m256i magmask = _mm256_set1_epi32(0x7FFFFFFF);
+  __m256i am;  // the blocks' amax bits, one lane per block
+  if constexpr (DT == DType::bf16) {
+    // one block per register (16 bf16), magnitudes compared as 16-bit integers; the eight horizontal
+    // maxima folded together: halves across registers, then within 64 and 32 bits
+    __m256i v[8];
+    const __m256i m16 = _mm256_set1_epi16(0x7FFF);
+    for (int j = 0; j < 8; ++j) v[j] = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * j)), m16);
+    __m256i a[4];
+    for (int j = 0; j < 4; ++j)  // lane 0: block 2j's halves' max; lane 1: block 2j + 1's
+      a[j] = _mm256_max_epu16(_mm256_permute2x128_si256(v[2 * j], v[2 * j + 1], 0x20),
+                              _mm256_permute2x128_si256(v[2 * j], v[2 * j + 1], 0x31));
+    __m256i b[2];
+    for (int j = 0; j < 2; ++j) {  // 64-bit lanes: blocks 4j, 4j + 2, 4j + 1, 4j + 3
+      __m256i t = _mm256_max_epu16(_mm256_unpacklo_epi64(a[2 * j], a[2 * j + 1]), _mm256_unpackhi_epi64(a[2 * j], a[2 * j + 1]));
+      t = _mm256_max_epu16(t, _mm256_srli_epi64(t, 32));
+      t = _mm256_max_epu16(t, _mm256_srli_epi64(t, 16));
+      b[j] = _mm256_and_si256(t, _mm256_set1_epi64x(0xFFFF));
+    }
+    // 32-bit lanes: blocks 0, 4, 2, 6, 1, 5, 3, 7 -> 0..7, as fp32 bits
+    const __m256i mixed = _mm256_or_si256(b[0], _mm256_slli_epi64(b[1], 32));
+    am = _mm256_slli_epi32(_mm256_permutevar8x32_epi32(mixed, _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7)), 16);
+  } else {
+    alignas(32) std::uint32_t a8[8];
+    for (int j = 0; j < 8; ++j) {
+      const __m256i lo = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * j)), magmask);
+      const __m256i hi = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * j + 8)), magmask);
+      __m256i t = _mm256_max_epu32(lo, hi);
+      t = _mm256_max_epu32(t, _mm256_permute2x128_si256(t, t, 0x01));
+      t = _mm256_max_epu32(t, _mm256_shuffle_epi32(t, 0x4E));
+      t = _mm256_max_epu32(t, _mm256_shuffle_epi32(t, 0xB1));
+      a8[j] = std::uint32_t(_mm256_cvtsi256_si32(t));
+    }
+    am = _mm256_load_si256(reinterpret_cast<const __m256i*>(a8));
+  }
+  // scale codes: e4m3_code_rne_sat(amax * S / 6), read off the rounding
+  {
+    const __m256 y = _mm256_div_ps(_mm256_mul_ps(_mm256_castsi256_ps(am), _mm256_set1_ps(S)), _mm256_set1_ps(6.0f));
+    const __m256 a = _mm256_min_ps(y, _mm256_set1_ps(448.0f));  // y is not NaN where the block is finite
+    constexpr std::uint32_t lo = 121u << 23, kC = rne_const_bits<3>();
+    const __m256i be = _mm256_max_epi32(_mm256_and_si256(_mm256_castps_si256(a), _mm256_set1_epi32(0x7F800000)), _mm256_set1_epi32(int(lo)));
+    const __m256i cb = _mm256_add_epi32(be, _mm256_set1_epi32(int(kC)));
+    const __m256i t = _mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(cb)));
+    const __m256i code = _mm256_sub_epi32(_mm256_add_epi32(t, _mm256_srli_epi32(be, 20)), _mm256_add_epi32(cb, _mm256_set1_epi32(int(lo >> 20))));
+    c.ok = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7F800000), am);
+    c.sc = _mm256_and_si256(code, c.ok);
+  }
+  alignas(32) float m8[8];
+  _mm256_store_ps(m8, _mm256_i32gather_ps(mtab, c.sc, 4));
+  // element codes: nvfp4_code_rne_bf(x, m) = readoff of min(|x| m, 6), the sign at bit 3
+  constexpr std::uint32_t lo = 127u << 23, kC = rne_const_bits<1>();
+  const __m256i vlo = _mm256_set1_epi32(int(lo)), vkC = _mm256_set1_epi32(int(kC)), vexp = _mm256_set1_epi32(0x7F800000),
+                vsub = _mm256_set1_epi32(int(lo >> 22)), eight = _mm256_set1_epi32(8);
+  const __m256 six = _mm256_set1_ps(6.0f);
+  for (int j = 0; j < 8; ++j) {
+    const __m256 m = _mm256_set1_ps(m8[j]);
+    for (int h = 0; h < 2; ++h) {
+      __m256i xb;
+      if constexpr (DT == DType::bf16)
+        xb = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16 * j + 8 * h))), 16);
+      else
+        xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * j + 8 * h));
+      const __m256 a = _mm256_min_ps(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(xb, magmask)), m), six);
+      const __m256i be = _mm256_max_epi32(_mm256_and_si256(_mm256_castps_si256(a), vexp), vlo);
+      const __m256i cb = _mm256_add_epi32(be, vkC);
+      const __m256i t = _mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(cb)));
+      const __m256i mag = _mm256_sub_epi32(_mm256_add_epi32(t, _mm256_srli_epi32(be, 22)), _mm256_add_epi32(cb, vsub));
+      c.codes[2 * j + h] = _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi32(xb, 28), eight));
+    }
+  }
+}
+
+// The packed FP4 bytes of one chunk's 128 codes (element 2i low nibble, 2i + 1 high), zero codes where
+// a block is not finite, to d (64 bytes); its eight scale bytes (the NaN code where not finite) to sb.
+__attribute__((target("avx2"))) inline void nvfp4_pack_chunk_avx2(const Nvfp4Chunk& c, std::uint8_t* d, std::uint8_t* sb) {
+  alignas(32) std::uint32_t ok[8], sc[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(ok), c.ok);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(sc), c.sc);
+  for (int j = 0; j < 8; ++j) sb[j] = static_cast<std::uint8_t>(bsel(ok[j] != 0, sc[j], kE4M3NaN));
+  const __m256i pair = _mm256_set1_epi32(1 | (16 << 16));  // (lo, hi) 16-bit -> lo + 16 hi
+  for (int q = 0; q < 2; ++q) {  // four blocks: 32 bytes
+    __m256i P[4];
+    for (int k = 0; k < 4; ++k) {
+      const int j = 4 * q + k;
+      const __m256i keep = _mm256_set1_epi32(ok[j] ? -1 : 0);
+      const __m256i e16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_and_si256(c.codes[2 * j], keep),
+                                                                       _mm256_and_si256(c.codes[2 * j + 1], keep)), 0xD8);
+      P[k] = _mm256_madd_epi16(e16, pair);  // 32-bit lanes: the block's eight bytes in order
+    }
+    const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(P[0], P[1]), _mm256_packus_epi32(P[2], P[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 32 * q),
+                        _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+}
 #endif
 
 // ---- dispatch: runtime enums -> template parameters ------------------------------------------------------------

@@ -148,6 +148,20 @@ MXQ_INLINE void nvfp4_blocks8(const Storage<DT>* s, float S, const float* mtab, 
   std::memcpy(d, pk, 64);
 }
 
+#if defined(MXQ_CPU_NVFP4_AVX2)
+// nvfp4_blocks8 for n consecutive chunks of eight blocks, where the CPU has AVX2 (nvfp4_chunk_avx2:
+// the same operations, one vector lane per block or element). sb: the 8 n scale bytes.
+template <DType DT>
+__attribute__((target("avx2"))) void nvfp4_quantize_chunks_avx2(const Storage<DT>* s, std::int64_t n, float S, const float* mtab,
+                                                               std::uint8_t* d, std::uint8_t* sb) {
+  for (std::int64_t ch = 0; ch < n; ++ch) {
+    Nvfp4Chunk c;
+    nvfp4_chunk_avx2<DT>(s + 128 * ch, S, mtab, c);
+    nvfp4_pack_chunk_avx2(c, d + 64 * ch, sb + 8 * ch);
+  }
+}
+#endif
+
 // One tile: every block staged to fp32 (load_block), its scale from the amax, its codes by the
 // branch-free helpers (mx_block_codes; NVFP4: nvfp4_encode_rne_readoff, or nvfp4_encode_sr), the
 // stochastic comparison words one Philox call per counter (sr_words). Bit-exact with the scalar codec.
@@ -181,6 +195,18 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
     if (nv4 && !sr && !o.mask_row) {  // NVFP4's full blocks, eight at a time, straight from the source
       const Storage<DT>* row =
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
+#if defined(MXQ_CPU_NVFP4_AVX2)
+      if (cpu_has_avx2()) {
+        const std::int64_t n = std::max<std::int64_t>(0, (std::min(b1, p.K / 16) - b) / 8);
+        alignas(64) std::uint8_t sb[kTileBlocks];
+        nvfp4_quantize_chunks_avx2<DT>(row + b * 16, n, p.S, nv->m, o.codes_row + b * 8, sb);
+        if (p.opt.scale_layout == ScaleLayout::linear)
+          std::memcpy(o.scales + p.scale_offset(r, b, o.scale_stride), sb, std::size_t(8 * n));
+        else
+          for (std::int64_t j = 0; j < 8 * n; ++j) o.scales[p.scale_offset(r, b + j, o.scale_stride)] = sb[j];
+        b += 8 * n;
+      }
+#endif
       for (; b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8) {
         std::uint8_t sb8[8];
         nvfp4_blocks8<DT>(row + b * 16, p.S, nv->m, o.codes_row + b * 8, sb8);
