@@ -1,6 +1,7 @@
 #pragma once
 // The one case grid of the backend-vs-reference tests (quantize_test, dequantize_test, qdq_test,
 // layout_test): every backend runs the same cases, named "<backend>_<format>_<rule>_<rounding>[_g<g>]".
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -116,12 +117,13 @@ inline std::string backend_case_name(const testing::TestParamInfo<BackendCase>& 
 inline std::string backend_name(const testing::TestParamInfo<mxq::Backend>& i) { return std::string(mxq::to_string(i.param)); }
 
 // ---- the exhaustive bf16 sweep --------------------------------------------------------------------------
-// Every bf16 pattern once, shuffled into [2048, 32] blocks (mixed magnitudes, NaN/Inf blocks).
+// Every bf16 pattern once, shuffled into [256, 256] (mixed magnitudes, NaN/Inf blocks; rows wide enough
+// for the fast paths that take eight blocks at a time).
 inline HostTensor all_bf16_shuffled() {
   std::vector<std::uint16_t> pats(65536);
   for (std::uint32_t i = 0; i < 65536; ++i) pats[i] = std::uint16_t(i);
   std::shuffle(pats.begin(), pats.end(), std::mt19937(5));
-  HostTensor x(mxq::DType::bf16, 2048, 32);
+  HostTensor x(mxq::DType::bf16, 256, 256);
   std::memcpy(x.bytes.data(), pats.data(), 65536 * 2);
   return x;
 }
@@ -136,14 +138,34 @@ inline HostTensor all_bf16_anchored() {
   }
   return x;
 }
-// The sweep's options: every format x every rule it accepts, NVFP4 with a computed and a given tensor
-// scale; each with round-to-nearest-even and with stochastic rounding.
+// An NVFP4 tensor scale S under which an output of a block scaled by 448 (the sweep's usual block
+// scale), (e2m1 magnitude x 448) / S rounded to fp32, lies exactly halfway between two bf16 values: the
+// output conversion's ties are reached (with S = 1 no output has more than 6 significant bits).
+inline float nvfp4_bf16_tie_scale() {
+  const float mags[7] = {0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  for (std::uint32_t k = 1;; ++k) {
+    float S;
+    const std::uint32_t bits = 0x3F800000u + k;
+    std::memcpy(&S, &bits, 4);
+    for (float m : mags) {
+      volatile float v = (m * 448.0f) / S;  // exact product, one IEEE division
+      const float w = v;
+      std::uint32_t b;
+      std::memcpy(&b, &w, 4);
+      if ((b & 0xFFFFu) == 0x8000u) return S;
+    }
+  }
+}
+
+// The sweep's options: every format x every rule it accepts, NVFP4 with a computed and given tensor
+// scales (1; one reaching the bf16 output's ties; tiny ones whose outputs pass the largest bf16 and
+// overflow fp32); each with round-to-nearest-even and with stochastic rounding.
 inline std::vector<mxq::QuantOptions> sweep_options() {
   using namespace mxq;
   std::vector<QuantOptions> opts;
   for (Format f : all_formats())
     for (ScaleRule r : rules_for(f)) opts.push_back(f == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(f, r));
-  opts.push_back(QuantOptions::nvfp4(1.0f));
+  for (float S : {1.0f, nvfp4_bf16_tie_scale(), 7.915e-36f, 1.881e-38f}) opts.push_back(QuantOptions::nvfp4(S));
   for (std::size_t i = 0, n = opts.size(); i < n; ++i) {
     QuantOptions sr = opts[i];
     sr.rounding = Rounding::stochastic;

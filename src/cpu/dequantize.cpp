@@ -118,7 +118,7 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
       const std::int64_t full = std::min(b1, p.K / 16);
       if (full > b) {
         alignas(64) std::uint8_t sb[kTileBlocks];
-        for (std::int64_t j = b; j < full; ++j) sb[j - b] = scales[p.scale_offset(r, j, q.scales.stride())];
+        load_scales(p, scales, q.scales.stride(), r, b, sb, full - b);
         nvfp4_dequant_blocks_avx2<DT>(crow + b * 8, sb, int(full - b), nvt, static_cast<Storage<DT>*>(yrow) + b * 16);
         b = full;
       }

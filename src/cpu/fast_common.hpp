@@ -515,6 +515,28 @@ __attribute__((target("avx2"))) inline void nvfp4_pack_chunk_avx2(const Nvfp4Chu
 }
 #endif
 
+// ---- scale bytes of consecutive blocks ------------------------------------------------------------------
+// The scale bytes (r, b), ..., (r, b + n - 1) as contiguous runs: f(offset, j, k) for bytes j .. j + k
+// of the run at that byte offset of the scale tensor; a linear row is one run, a swizzled one has runs
+// of four columns (contiguous in the 128 x 4 tiles).
+template <class F>
+MXQ_INLINE void scale_runs(const Problem& p, std::int64_t stride, std::int64_t r, std::int64_t b, std::int64_t n, F&& f) {
+  if (p.opt.scale_layout == ScaleLayout::linear) return f(r * stride + b, 0, n);
+  for (std::int64_t j = 0; j < n;) {
+    const std::int64_t c = b + j, k = (c % 4 == 0 && j + 4 <= n) ? 4 : 1;
+    f(p.scale_offset(r, c, stride), j, k);
+    j += k;
+  }
+}
+inline void store_scales(const Problem& p, std::uint8_t* scales, std::int64_t stride, std::int64_t r, std::int64_t b,
+                         const std::uint8_t* sb, std::int64_t n) {
+  scale_runs(p, stride, r, b, n, [&](std::int64_t at, std::int64_t j, std::int64_t k) { std::memcpy(scales + at, sb + j, std::size_t(k)); });
+}
+inline void load_scales(const Problem& p, const std::uint8_t* scales, std::int64_t stride, std::int64_t r, std::int64_t b,
+                        std::uint8_t* sb, std::int64_t n) {
+  scale_runs(p, stride, r, b, n, [&](std::int64_t at, std::int64_t j, std::int64_t k) { std::memcpy(sb + j, scales + at, std::size_t(k)); });
+}
+
 // ---- dispatch: runtime enums -> template parameters ------------------------------------------------------------
 
 // Group size 32 (every MX format's default) and, for E2M1, 16 (NVFP4's) are compiled with a constant

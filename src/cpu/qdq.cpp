@@ -87,30 +87,36 @@ MXQ_INLINE void nvfp4_qdq_blocks8(const Storage<DT>* s, float S, const NvTables&
 // nvfp4_qdq_blocks8 for n consecutive chunks of eight blocks, where the CPU has AVX2: each block's
 // eight possible outputs (nvfp4_decode of magnitudes 0..7 under its scale, converted to DT) computed
 // once, then every element's picked by its code (nvfp4_store16_avx2) instead of a division per
-// element. The element codes as nvfp4_qdq_blocks8's.
+// element. The scale and element codes from nvfp4_chunk_avx2; the outputs of every block at once.
 template <DType DT>
 __attribute__((target("avx2"))) void nvfp4_qdq_chunks_avx2(const Storage<DT>* s, std::int64_t n, float S, const NvTables& nv,
                                                           Storage<DT>* y) {
+  // the eight E2M1 magnitudes, and the output dtype's largest finite and Inf bits (out_mag_bits saturates)
+  const __m256 e2m1 = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+  const __m256 vS = _mm256_set1_ps(S);
   for (std::int64_t ch = 0; ch < n; ++ch, s += 128, y += 128) {
-    alignas(64) std::uint32_t sc[8], ok[8], codes[128], tb[64];
-    alignas(64) float m[8], sv[8];
-    nvfp4_scale_codes8<DT>(s, S, sc, ok);
+    Nvfp4Chunk c;
+    nvfp4_chunk_avx2<DT>(s, S, nv.m, c);
+    alignas(32) float sv[8];
+    alignas(32) std::uint32_t ok[8];
+    _mm256_store_ps(sv, _mm256_i32gather_ps(nv.sval, c.sc, 4));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(ok), c.ok);
     for (int j = 0; j < 8; ++j) {
-      m[j] = nv.m[sc[j]];
-      sv[j] = nv.sval[sc[j]];
-    }
-    for (int j = 0; j < 8; ++j)
-      for (int i = 0; i < 16; ++i) {
-        const std::uint32_t raw = std::uint32_t(s[16 * j + i]);
-        codes[16 * j + i] = nvfp4_code_rne_bf(DT == DType::f32 ? raw : raw << 16, m[j]);
+      // the block's eight outputs: to_dtype_bits_nonnan_bf(div_rn(mul_rn(e2m1 value, s), S)), all >= 0
+      const __m256i v = _mm256_castps_si256(_mm256_div_ps(_mm256_mul_ps(e2m1, _mm256_set1_ps(sv[j])), vS));
+      __m256i t;
+      if constexpr (DT == DType::f32) {
+        t = v;
+      } else {
+        const __m256i inf = _mm256_set1_epi32(0x7F800000);
+        const __m256i r = _mm256_min_epi32(  // bf16: RNE, saturated at the largest finite (out_mag_bits)
+            _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(v, _mm256_set1_epi32(0x7FFF)),
+                                               _mm256_and_si256(_mm256_srli_epi32(v, 16), _mm256_set1_epi32(1))), 16),
+            _mm256_set1_epi32(0x7F7F));
+        t = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7F80), _mm256_cmpeq_epi32(v, inf));
       }
-    for (int j = 0; j < 8; ++j)
-      for (int k = 0; k < 8; ++k)
-        tb[8 * j + k] = to_dtype_bits_nonnan_bf<DT>(div_rn(mul_rn(e2m1_value_bf(std::uint32_t(k)), sv[j]), S));
-    for (int j = 0; j < 8; ++j)
-      nvfp4_store16_avx2<DT>(_mm256_load_si256(reinterpret_cast<const __m256i*>(tb + 8 * j)),
-                             _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 16 * j)),
-                             _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 16 * j + 8)), ok[j] != 0, y + 16 * j);
+      nvfp4_store16_avx2<DT>(t, c.codes[2 * j], c.codes[2 * j + 1], ok[j] != 0, y + 16 * j);
+    }
   }
 }
 #endif

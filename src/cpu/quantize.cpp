@@ -187,7 +187,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
       for (; b + 8 <= b1 && (b + 8) * 32 <= p.K; b += 8) {
         std::uint8_t sb8[8];
         if (!mx_blocks8_direct<ET, DT>(k, row + b * 32, o.codes_row + b * cpb, sb8)) break;
-        for (int j = 0; j < 8; ++j) o.scales[p.scale_offset(r, b + j, o.scale_stride)] = sb8[j];
+        store_scales(p, o.scales, o.scale_stride, r, b, sb8, 8);
       }
     }
   }
@@ -200,17 +200,14 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
         const std::int64_t n = std::max<std::int64_t>(0, (std::min(b1, p.K / 16) - b) / 8);
         alignas(64) std::uint8_t sb[kTileBlocks];
         nvfp4_quantize_chunks_avx2<DT>(row + b * 16, n, p.S, nv->m, o.codes_row + b * 8, sb);
-        if (p.opt.scale_layout == ScaleLayout::linear)
-          std::memcpy(o.scales + p.scale_offset(r, b, o.scale_stride), sb, std::size_t(8 * n));
-        else
-          for (std::int64_t j = 0; j < 8 * n; ++j) o.scales[p.scale_offset(r, b + j, o.scale_stride)] = sb[j];
+        store_scales(p, o.scales, o.scale_stride, r, b, sb, 8 * n);
         b += 8 * n;
       }
 #endif
       for (; b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8) {
         std::uint8_t sb8[8];
         nvfp4_blocks8<DT>(row + b * 16, p.S, nv->m, o.codes_row + b * 8, sb8);
-        for (int j = 0; j < 8; ++j) o.scales[p.scale_offset(r, b + j, o.scale_stride)] = sb8[j];
+        store_scales(p, o.scales, o.scale_stride, r, b, sb8, 8);
       }
     }
   }
