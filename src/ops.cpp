@@ -171,6 +171,12 @@ void check_rotation_on_cuda(const Checker& c, const Problem& p, Backend b) {
                   " on the CUDA backend: rotations there need groups of 8 or more elements (the CPU backends take any)");
 }
 
+// quantize and qdq rotate by R: a matrix rotation needs R there.
+void check_rotation_matrix(const Checker& c, const QuantOptions& opt) {
+  if (opt.rotation == Rotation::matrix && !opt.rotation_matrix.data)
+    c.fail("option 'rotation_matrix': missing (rotation 'matrix' needs the matrix R)");
+}
+
 // dequantize rotates back: a matrix rotation needs its inverse there.
 void check_rotation_inverse(const Checker& c, const QuantOptions& opt) {
   if (opt.rotation == Rotation::matrix && !opt.rotation_inverse.data)
@@ -186,6 +192,7 @@ using Scratch = std::unique_ptr<float[]>;
 
 Tensor rotated_input(const Checker& c, const Problem& p, const Tensor& x, Backend b, Scratch& buf) {
   if (p.opt.rotation == Rotation::none) return x;
+  check_rotation_matrix(c, p.opt);
   check_rotation_on_cuda(c, p, b);
   if (p.empty || b == Backend::cuda) return x;
   buf.reset(new float[std::size_t(p.rows * p.K)]);
@@ -385,6 +392,7 @@ float tensor_amax(const Tensor& x, const QuantOptions& opt) {
   Checker c("tensor_amax");
   c.float_view("x", x);
   const Problem p = core::make_problem(c, opt, x.rows, x.cols);
+  check_rotation_matrix(c, opt);
   const Backend b = choose("tensor_amax", &opt, x, {{"x", x.data}}, opt.backend);
   if (b == Backend::cuda)
     c.unsupported("tensor_amax with option 'rotation' on the CUDA backend: the CPU backends only in this version");

@@ -407,6 +407,16 @@ TEST(RotationMatrix, RefusalsNameTheOption) {
   const std::string deq = error_of([&] { dequantize(q.in(), y.view(), no_inv); });
   EXPECT_NE(deq.find("option 'rotation_inverse': missing"), std::string::npos) << deq;
   EXPECT_EQ(error_of([&] { dequantize(q.in(), y.view(), with_matrix(mx, 32, m, &inv)); }), "no error");
+  // dequantize with the inverse alone: the same bytes; quantize, qdq and tensor_amax without R refused
+  QuantOptions inv_only = with_matrix(mx, 32, m, &inv);
+  inv_only.rotation_matrix = Tensor{};
+  th::HostTensor y2(DType::bf16, 2, 128);
+  dequantize(q.in(), y.view(), with_matrix(mx, 32, m, &inv));
+  EXPECT_EQ(error_of([&] { dequantize(q.in(), y2.view(), inv_only); }), "no error");
+  th::expect_same_bytes(y, y2, "dequantize with R^-1 alone");
+  EXPECT_NE(qdq_error(inv_only).find("option 'rotation_matrix': missing"), std::string::npos) << qdq_error(inv_only);
+  EXPECT_NE(error_of([&] { quantize(x.view(), q.out(), inv_only); }).find("option 'rotation_matrix': missing"), std::string::npos);
+  EXPECT_NE(error_of([&] { tensor_amax(x.view(), inv_only); }).find("option 'rotation_matrix': missing"), std::string::npos);
   EXPECT_EQ(to_string(Rotation::matrix), "matrix");
 }
 

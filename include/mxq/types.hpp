@@ -116,7 +116,8 @@ struct QuantOptions {
   // Rotation::matrix: R, rotation_size x rotation_size, f32 or bf16, dense, host memory; each group
   // g becomes g @ R, each element computed in double (products exact, added in index order) and
   // rounded once to fp32 (docs/numerics.md). rotation_inverse: R^-1 (R^T for an orthogonal R), the
-  // same layout, needed by dequantize (which rotates back). Empty views for other rotations.
+  // same layout, needed by dequantize (which rotates back; R itself is needed by quantize, qdq and
+  // tensor_amax only). Empty views for other rotations.
   Tensor rotation_matrix;
   Tensor rotation_inverse;
   // NVFP4 only: the tensor ENCODE scale S (448 * 6 / amax). When absent, quantize computes it from

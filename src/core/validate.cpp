@@ -128,7 +128,8 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
       c.fail("option 'rotation_size': " + std::to_string(opt.rotation_size) + " does not divide K = " + std::to_string(K) +
              " (each group of rotation_size elements of a row is rotated)");
     if (opt.rotation == Rotation::matrix) {
-      if (!opt.rotation_matrix.data) c.fail("option 'rotation_matrix': missing (rotation 'matrix' needs the matrix R)");
+      if (!opt.rotation_matrix.data && !opt.rotation_inverse.data)
+        c.fail("option 'rotation_matrix': missing (rotation 'matrix' needs the matrix R; dequantize its inverse)");
       for (const auto& [arg, m] : {std::pair<const char*, const Tensor*>{"rotation_matrix", &opt.rotation_matrix},
                                    {"rotation_inverse", &opt.rotation_inverse}}) {
         if (!m->data) continue;
