@@ -89,6 +89,37 @@ void set_extra(mxq::QuantOptions& o, int64_t random_bits, std::string_view rotat
   o.rotation_seed = static_cast<std::uint64_t>(rotation_seed);
 }
 
+std::string shape_str(const at::Tensor& t);
+std::string device_name(const at::Tensor& t);
+
+// A rotation matrix given as a tensor (rotation_matrix of quantize and qdq: R; rotation_inverse of
+// dequantize: R^-1): Rotation::matrix of its size, with the C++ API's host view of it, held alive by
+// the returned tensor (a contiguous copy where it was not). The matrix rotation runs on the CPU kernels;
+// on GPU tensors the Python API rotates with torch first (mxq/ops.py).
+at::Tensor set_matrix(mxq::QuantOptions& o, const std::optional<at::Tensor>& m, const char* op, const at::Tensor& like,
+                      bool inverse) {
+  if (!m) return {};
+  const char* arg = inverse ? "rotation_inverse" : "rotation_matrix";
+  TORCH_CHECK_VALUE(o.rotation == mxq::Rotation::none, "mxq.", op, ": argument '", arg, "' given with rotation '",
+                    std::string(mxq::to_string(o.rotation)), "': pass either a rotation name or a matrix");
+  TORCH_CHECK_VALUE(m->dim() == 2 && m->size(0) == m->size(1), "mxq.", op, ": argument '", arg, "': shape ", shape_str(*m),
+                    ", expected a square [RS, RS] matrix");
+  const int64_t rs = m->size(0);
+  TORCH_CHECK_VALUE(rs >= 16 && rs <= 256 && (rs & (rs - 1)) == 0, "mxq.", op, ": argument '", arg, "': shape ", shape_str(*m),
+                    ", expected RS = 16, 32, 64, 128 or 256");
+  TORCH_CHECK_VALUE(m->scalar_type() == at::kFloat || m->scalar_type() == at::kBFloat16, "mxq.", op, ": argument '", arg,
+                    "': dtype ", m->scalar_type(), ", expected float32 or bfloat16");
+  TORCH_CHECK_NOT_IMPLEMENTED(!like.is_cuda(), "mxq.", op, ": argument '", arg, "': the matrix rotation runs on the CPU "
+                              "kernels in this version (mxq.quantize, mxq.qdq and mxq.dequantize rotate GPU tensors with torch first)");
+  TORCH_CHECK_VALUE(m->device().is_cpu(), "mxq.", op, ": argument '", arg, "' is on ", device_name(*m), ", expected the CPU");
+  at::Tensor c = m->contiguous();
+  o.rotation = mxq::Rotation::matrix;
+  o.rotation_size = static_cast<int>(rs);
+  (inverse ? o.rotation_inverse : o.rotation_matrix) =
+      mxq::Tensor{c.data_ptr(), m->scalar_type() == at::kFloat ? mxq::DType::f32 : mxq::DType::bf16, rs, rs, 0, mxq::Device::cpu};
+  return c;
+}
+
 // ---- views ----------------------------------------------------------------------------------------
 mxq::DType dtype_of(const at::Tensor& t, const char* op, const char* arg, bool u8) {
   switch (t.scalar_type()) {
@@ -218,9 +249,10 @@ void qdq_into(const Rows& x, mxq::DType dt, const mxq::Tensor& y, mxq::QuantOpti
 }
 
 at::Tensor qdq(const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size,
-               bool stochastic, int64_t seed, int64_t offset, std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
+               bool stochastic, int64_t seed, int64_t offset, std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
   mxq::QuantOptions o = make_options("qdq", format, rule, group_size, stochastic, seed, offset, tensor_scale);
   set_extra(o, random_bits, rotation, rotation_seed);
+  const at::Tensor held = set_matrix(o, rotation_matrix, "qdq", x, false);
   const mxq::DType dt = dtype_of(x, "qdq", "x", false);
   const Rows xr = as_rows(x, "qdq", "x");
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
@@ -229,9 +261,10 @@ at::Tensor qdq(const at::Tensor& x, c10::string_view format, c10::string_view ru
 }
 
 void qdq_(const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size, bool stochastic,
-          int64_t seed, int64_t offset, std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
+          int64_t seed, int64_t offset, std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
   mxq::QuantOptions o = make_options("qdq_", format, rule, group_size, stochastic, seed, offset, tensor_scale);
   set_extra(o, random_bits, rotation, rotation_seed);
+  const at::Tensor held = set_matrix(o, rotation_matrix, "qdq_", x, false);
   const mxq::DType dt = dtype_of(x, "qdq_", "x", false);
   const Rows xr = as_rows(x, "qdq_", "x");
   qdq_into(xr, dt, view(xr, dt), o, x);
@@ -298,10 +331,11 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, std::optional<
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
     const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size, bool stochastic,
     int64_t seed, int64_t offset, c10::string_view layout, std::optional<double> tensor_scale, bool clip_mask,
-    int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
+    int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
   mxq::QuantOptions o =
       make_options("quantize", format, rule, group_size, stochastic, seed, offset, tensor_scale);
   set_extra(o, random_bits, rotation, rotation_seed);
+  const at::Tensor held = set_matrix(o, rotation_matrix, "quantize", x, false);
   const bool swizzled = layout == "swizzled", padded = layout == "padded";
   TORCH_CHECK_VALUE(swizzled || padded || layout == "linear", "mxq.quantize: argument 'layout': '",
                     std::string(layout), "', expected one of: linear, swizzled, padded");
@@ -362,9 +396,10 @@ std::optional<float> host_tensor_scale(const std::optional<double>& f, const std
 at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t cols, c10::string_view format,
                       int64_t group_size, c10::string_view layout, std::optional<double> tensor_scale,
                       const std::optional<at::Tensor>& tensor_scale_tensor, at::ScalarType dtype,
-                      c10::string_view rotation, int64_t rotation_seed) {
+                      c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_inverse) {
   mxq::QuantOptions o = make_options("dequantize", format, "", group_size, false, 0, 0, std::nullopt);
   set_extra(o, 32, rotation, rotation_seed);
+  const at::Tensor held = set_matrix(o, rotation_inverse, "dequantize", codes, true);
   const bool swizzled = layout == "swizzled", padded = layout == "padded";
   TORCH_CHECK_VALUE(swizzled || padded || layout == "linear", "mxq.dequantize: argument 'layout': '",
                     std::string(layout), "', expected one of: linear, swizzled, padded");
@@ -449,16 +484,17 @@ c10::TypedOperatorHandle<Fn> typed_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
 }
 
+using OptTensor = const std::optional<at::Tensor>&;
 using QdqFn = at::Tensor(const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t,
-                         std::optional<double>, int64_t, c10::string_view, int64_t);
+                         std::optional<double>, int64_t, c10::string_view, int64_t, OptTensor);
 using QdqInplaceFn = void(const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t,
-                          std::optional<double>, int64_t, c10::string_view, int64_t);
+                          std::optional<double>, int64_t, c10::string_view, int64_t, OptTensor);
 using QuantizeFn = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t, c10::string_view,
-    std::optional<double>, bool, int64_t, c10::string_view, int64_t);
+    std::optional<double>, bool, int64_t, c10::string_view, int64_t, OptTensor);
 using DequantizeFn = at::Tensor(const at::Tensor&, const at::Tensor&, c10::SymInt, c10::string_view, int64_t,
                                 c10::string_view, std::optional<double>, const std::optional<at::Tensor>&,
-                                at::ScalarType, c10::string_view, int64_t);
+                                at::ScalarType, c10::string_view, int64_t, OptTensor);
 using SwizzleFn = at::Tensor(const at::Tensor&);
 using UnswizzleFn = at::Tensor(const at::Tensor&, c10::SymInt, c10::SymInt);
 
@@ -467,32 +503,32 @@ bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad() &
 struct QdqStraightThrough : public torch::autograd::Function<QdqStraightThrough> {
   static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x, c10::string_view format,
                             c10::string_view rule, int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                            std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
+                            std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
     static const auto op = typed_op<QdqFn>("mxq::qdq");
     at::AutoDispatchBelowADInplaceOrView below;
-    return op.call(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed);
+    return op.call(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
                                                  torch::autograd::variable_list grad) {
-    return {grad[0], {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};  // one per forward argument; only x has a gradient
+    return {grad[0], {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};  // one per forward argument; only x has a gradient
   }
 };
 
 at::Tensor qdq_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
                         int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                        std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
+                        std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
   if (needs_grad(x)) {
     // The straight-through gradient of a rotated QDQ is grad_y @ R^T (the result is in the rotated
     // domain), which mxq does not compute: refused rather than returned wrong.
-    TORCH_CHECK_NOT_IMPLEMENTED(rotation == "none" || rotation.empty(),
-                                "mxq.qdq: argument 'rotation' = '" + std::string(rotation) +
+    TORCH_CHECK_NOT_IMPLEMENTED((rotation == "none" || rotation.empty()) && !rotation_matrix,
+                                "mxq.qdq: argument 'rotation' = '" + std::string(rotation_matrix ? "a matrix" : rotation) +
                                     "' with x requiring grad: the gradient of a rotated qdq (grad_y @ R^T) is not implemented; "
                                     "call it under torch.no_grad() or on x.detach()");
-    return QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed);
+    return QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix);
   }
   static const auto op = typed_op<QdqFn>("mxq::qdq");
   return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
-                       tensor_scale, random_bits, rotation, rotation_seed);
+                       tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix);
 }
 
 // In place, as torch's in-place ops: refused on a leaf that requires grad (and on a view of one);
@@ -501,28 +537,32 @@ at::Tensor qdq_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string
 // backward that saved x fails loudly.
 void qdq_inplace_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
                           int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                          std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
+                          std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
   if (needs_grad(x)) {
     TORCH_CHECK(!x.is_leaf(), "mxq.qdq_: a leaf Variable that requires grad is being used in an in-place operation "
                 "(use mxq.qdq, or overwrite it under torch.no_grad())");
-    x.copy_(QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed));
+    TORCH_CHECK_NOT_IMPLEMENTED((rotation == "none" || rotation.empty()) && !rotation_matrix,
+                                "mxq.qdq_: argument 'rotation' = '" + std::string(rotation_matrix ? "a matrix" : rotation) +
+                                    "' with x requiring grad: the gradient of a rotated qdq (grad_y @ R^T) is not implemented; "
+                                    "call it under torch.no_grad() or on x.detach()");
+    x.copy_(QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix));
     return;
   }
   static const auto op = typed_op<QdqInplaceFn>("mxq::qdq_");
   op.redispatch(ks & c10::after_autograd_keyset, x, format, rule, group_size, stochastic, seed, offset, tensor_scale,
-                random_bits, rotation, rotation_seed);
+                random_bits, rotation, rotation_seed, rotation_matrix);
 }
 
 // The ADInplaceOrView kernel of qdq_, as torch's generated ones for its in-place ops: the version
 // counter moves after the write, also under torch.inference_mode() (which skips the Autograd key).
 void qdq_inplace_version(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
                          int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                         std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
+                         std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
   static const auto op = typed_op<QdqInplaceFn>("mxq::qdq_");
   {
     at::AutoDispatchBelowADInplaceOrView below;
     op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
-                  tensor_scale, random_bits, rotation, rotation_seed);
+                  tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix);
   }
   torch::autograd::impl::bump_version(x);
 }
@@ -530,26 +570,26 @@ void qdq_inplace_version(c10::DispatchKeySet ks, const at::Tensor& x, c10::strin
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_autograd(
     c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size,
     bool stochastic, int64_t seed, int64_t offset, c10::string_view layout, std::optional<double> tensor_scale,
-    bool clip_mask, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed) {
+    bool clip_mask, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
   TORCH_CHECK(!needs_grad(x), "mxq.quantize is not differentiable: argument 'x' requires grad, and its integer codes "
               "cannot carry a gradient back to it. Call it under torch.no_grad() or on x.detach(); for "
               "quantization-aware training use mxq.qdq (its gradient is the straight-through estimator)");
   static const auto op = typed_op<QuantizeFn>("mxq::quantize");
   return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
-                       layout, tensor_scale, clip_mask, random_bits, rotation, rotation_seed);
+                       layout, tensor_scale, clip_mask, random_bits, rotation, rotation_seed, rotation_matrix);
 }
 
 at::Tensor dequantize_autograd(c10::DispatchKeySet ks, const at::Tensor& codes, const at::Tensor& scales,
                                c10::SymInt cols, c10::string_view format, int64_t group_size, c10::string_view layout,
                                std::optional<double> tensor_scale,
                                const std::optional<at::Tensor>& tensor_scale_tensor, at::ScalarType dtype,
-                               c10::string_view rotation, int64_t rotation_seed) {
+                               c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_inverse) {
   TORCH_CHECK(!(tensor_scale_tensor && needs_grad(*tensor_scale_tensor)),
               "mxq.dequantize is not differentiable: argument 'tensor_scale' requires grad. Pass it detached "
               "(tensor_scale.detach()) or call under torch.no_grad(); for quantization-aware training use mxq.qdq");
   static const auto op = typed_op<DequantizeFn>("mxq::dequantize");
   return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, codes, scales, std::move(cols), format, group_size,
-                       layout, tensor_scale, tensor_scale_tensor, dtype, rotation, rotation_seed);
+                       layout, tensor_scale, tensor_scale_tensor, dtype, rotation, rotation_seed, rotation_inverse);
 }
 
 // uint8 in, uint8 out: nothing can require grad; registered so that no call takes torch's boxed fallback.
@@ -594,15 +634,15 @@ at::Tensor silu_mul_autograd(c10::DispatchKeySet ks, const at::Tensor& gate, con
 
 TORCH_LIBRARY(mxq, m) {
   m.def("qdq(Tensor x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
-        "float? tensor_scale, int random_bits=32, str rotation=\"none\", int rotation_seed=0) -> Tensor");
+        "float? tensor_scale, int random_bits=32, str rotation=\"none\", int rotation_seed=0, Tensor? rotation_matrix=None) -> Tensor");
   m.def("qdq_(Tensor(a!) x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
-        "float? tensor_scale, int random_bits=32, str rotation=\"none\", int rotation_seed=0) -> ()");
+        "float? tensor_scale, int random_bits=32, str rotation=\"none\", int rotation_seed=0, Tensor? rotation_matrix=None) -> ()");
   m.def("quantize(Tensor x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
-        "str layout, float? tensor_scale, bool clip_mask, int random_bits=32, str rotation=\"none\", int rotation_seed=0) -> (Tensor codes, Tensor scales, Tensor tensor_scale, "
+        "str layout, float? tensor_scale, bool clip_mask, int random_bits=32, str rotation=\"none\", int rotation_seed=0, Tensor? rotation_matrix=None) -> (Tensor codes, Tensor scales, Tensor tensor_scale, "
         "Tensor clip_mask)");
   m.def("dequantize(Tensor codes, Tensor scales, SymInt cols, str format, int group_size, str layout, "
         "float? tensor_scale, Tensor? tensor_scale_tensor, ScalarType dtype, str rotation=\"none\", "
-        "int rotation_seed=0) -> Tensor");
+        "int rotation_seed=0, Tensor? rotation_inverse=None) -> Tensor");
   m.def("swizzle_scales(Tensor linear) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps, str? format, str rule, int group_size, float? tensor_scale) -> Tensor");
   m.def("silu_mul(Tensor gate, Tensor up, str? format, str rule, int group_size, float? tensor_scale) -> Tensor");

@@ -33,10 +33,26 @@ def _check_layout_group(op: str, layout: Optional[str], group_size: int) -> None
                          "or a power of two in [2, 256]")
 
 
+def _check_matrix(m, op: str, arg: str, like: torch.Tensor) -> None:
+    """The op's checks of a rotation matrix (python/csrc/ops.cpp, set_matrix)."""
+    if m is None:
+        return
+    if m.dim() != 2 or m.shape[0] != m.shape[1] or m.shape[0] not in (16, 32, 64, 128, 256):
+        raise ValueError(f"mxq.{op}: argument '{arg}': shape {tuple(m.shape)}, expected a square [RS, RS] matrix "
+                         "with RS = 16, 32, 64, 128 or 256")
+    if m.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"mxq.{op}: argument '{arg}': dtype {m.dtype}, expected float32 or bfloat16")
+    if like.device.type != "cpu":
+        raise NotImplementedError(f"mxq.{op}: argument '{arg}': the matrix rotation runs on the CPU kernels in this "
+                                  "version (mxq.quantize, mxq.qdq and mxq.dequantize rotate GPU tensors with torch first)")
+
+
 @torch.library.register_fake("mxq::qdq")
 def _qdq_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
-              tensor_scale: Optional[float], random_bits: int = 32, rotation: str = "none", rotation_seed: int = 0):
+              tensor_scale: Optional[float], random_bits: int = 32, rotation: str = "none", rotation_seed: int = 0,
+              rotation_matrix=None):
     _check_float(x, "qdq", "x")
+    _check_matrix(rotation_matrix, "qdq", "rotation_matrix", x)
     F.canonical_format(format)
     _check_layout_group("qdq", None, group_size)
     return x.new_empty(x.shape)
@@ -45,8 +61,9 @@ def _qdq_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed
 @torch.library.register_fake("mxq::qdq_")
 def _qdq_inplace_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
                       tensor_scale: Optional[float], random_bits: int = 32, rotation: str = "none",
-                      rotation_seed: int = 0):
+                      rotation_seed: int = 0, rotation_matrix=None):
     _check_float(x, "qdq_", "x")
+    _check_matrix(rotation_matrix, "qdq_", "rotation_matrix", x)
     F.canonical_format(format)
     _check_layout_group("qdq_", None, group_size)
     return None
@@ -55,8 +72,9 @@ def _qdq_inplace_fake(x, format: str, rule: str, group_size: int, stochastic: bo
 @torch.library.register_fake("mxq::quantize")
 def _quantize_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
                    layout: str, tensor_scale: Optional[float], clip_mask: bool, random_bits: int = 32,
-                   rotation: str = "none", rotation_seed: int = 0):
+                   rotation: str = "none", rotation_seed: int = 0, rotation_matrix=None):
     _check_float(x, "quantize", "x")
+    _check_matrix(rotation_matrix, "quantize", "rotation_matrix", x)
     fmt = F.canonical_format(format)
     _check_layout_group("quantize", layout, group_size)
     k = x.shape[-1]
@@ -75,8 +93,9 @@ def _quantize_fake(x, format: str, rule: str, group_size: int, stochastic: bool,
 @torch.library.register_fake("mxq::dequantize")
 def _dequantize_fake(codes, scales, cols: int, format: str, group_size: int, layout: str,
                      tensor_scale: Optional[float], tensor_scale_tensor, dtype: torch.dtype, rotation: str = "none",
-                     rotation_seed: int = 0):
+                     rotation_seed: int = 0, rotation_inverse=None):
     F.canonical_format(format)
+    _check_matrix(rotation_inverse, "dequantize", "rotation_inverse", codes)
     _check_layout_group("dequantize", layout, group_size)
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"mxq.dequantize: argument 'dtype': {dtype}, expected float32, float16 or bfloat16")

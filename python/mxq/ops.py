@@ -118,9 +118,87 @@ def _rotation(rotation: Optional[str]) -> str:
     if rotation is None:
         return "none"
     if not isinstance(rotation, str):
-        raise TypeError(f"mxq: argument 'rotation': expected a str ('had128', 'rhad64', ...) or None, "
-                        f"got {type(rotation).__name__}")
+        raise TypeError(f"mxq: argument 'rotation': expected a str ('had128', 'rhad64', ...), an RS x RS matrix "
+                        f"or None, got {type(rotation).__name__}")
     return rotation
+
+
+RotationLike = Union[None, str, torch.Tensor]
+_ROTATION_SIZES = (16, 32, 64, 128, 256)
+# Matrix rotations of tensors on the CPU run in mxq's kernels (fused, the products summed in float64 in
+# index order); elsewhere (GPU tensors) torch rotates first (_rotate_groups). Tests set this to take the
+# torch path on the CPU as well, to compare the two.
+_UNFUSED_ON_CPU = False
+
+
+def _matrix(m: torch.Tensor, arg: str) -> torch.Tensor:
+    """A rotation matrix argument, checked: [RS, RS], RS in 16..256, float32 or bfloat16 (float16 is
+    widened to float32, exactly)."""
+    if m.dim() != 2 or m.shape[0] != m.shape[1] or m.shape[0] not in _ROTATION_SIZES:
+        raise ValueError(f"mxq: argument '{arg}': shape {tuple(m.shape)}, expected a square [RS, RS] matrix with RS in "
+                         f"{_ROTATION_SIZES}")
+    if m.dtype == torch.float16:
+        return m.float()
+    if m.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"mxq: argument '{arg}': dtype {m.dtype}, expected float32 or bfloat16 (mxq rounds nothing in "
+                         "the matrix: convert it yourself, e.g. .float())")
+    return m
+
+
+def _unfused(t: torch.Tensor) -> bool:
+    return t.device.type != "cpu" or _UNFUSED_ON_CPU
+
+
+def _rotate_groups(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """x [..., K] with each group of RS elements multiplied by m (g @ m): the products exact in float64,
+    summed in float64 (in the matmul's order) and rounded once to float32. The same values as mxq's CPU
+    kernels (index-order float64 sums) whenever the float64 sums are exact, as they are for bf16 or
+    fp16 x and a bf16 matrix unless a group's products span more than about 2^29 in magnitude."""
+    rs = m.shape[0]
+    if x.shape[-1] % rs:
+        raise ValueError(f"mxq: argument 'rotation': RS = {rs} does not divide K = {x.shape[-1]} (each group of RS "
+                         "elements of a row is rotated)")
+    return (x.unflatten(-1, (-1, rs)).double() @ m.to(device=x.device, dtype=torch.float64)).flatten(-2).float()
+
+
+def _inverse(m: torch.Tensor) -> torch.Tensor:
+    """R^-1 in float32 (computed in float64), for dequantize when no rotation_inverse was given."""
+    inv, info = torch.linalg.inv_ex(m.double())
+    if not torch.compiler.is_compiling() and int(info) != 0:
+        raise ValueError("mxq: argument 'rotation': the matrix is singular, so dequantize cannot rotate back")
+    return inv.float()
+
+
+def _as_dtype(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float32 values rounded to dtype as mxq's kernels round outputs: to nearest even, a finite value
+    beyond the dtype's range saturated to its largest finite value (torch's cast gives Inf), infinities
+    kept, every NaN the dtype's canonical quiet NaN."""
+    y = v if dtype == torch.float32 else v.to(dtype)
+    if dtype != torch.float32:
+        big = torch.finfo(dtype).max
+        y = torch.where(torch.isinf(y) & torch.isfinite(v), torch.where(v > 0, big, -big).to(dtype), y)
+    return torch.where(torch.isnan(v), torch.full((), float("nan"), dtype=dtype, device=v.device), y)
+
+
+def _matrix_args(x: torch.Tensor, rotation: RotationLike, rotation_seed: int, rotation_inverse):
+    """(R or None, R^-1 or None, the input the op quantizes, the op's rotation name) of quantize and qdq:
+    with a matrix on a GPU tensor (or _UNFUSED_ON_CPU) the input is x rotated by torch (float32)."""
+    if not isinstance(rotation, torch.Tensor):
+        if rotation_inverse is not None:
+            raise TypeError("mxq: argument 'rotation_inverse' is for rotation= a matrix")
+        return None, None, x, _rotation(rotation)
+    if rotation_seed != 0:
+        raise ValueError("mxq: argument 'rotation_seed' is for 'rhad<RS>' rotations, not a matrix")
+    mat = _matrix(rotation, "rotation")
+    inv = None
+    if rotation_inverse is not None:
+        if not isinstance(rotation_inverse, torch.Tensor):
+            raise TypeError(f"mxq: argument 'rotation_inverse': expected a tensor, got {type(rotation_inverse).__name__}")
+        inv = _matrix(rotation_inverse, "rotation_inverse")
+        if inv.shape != mat.shape:
+            raise ValueError(f"mxq: argument 'rotation_inverse': shape {tuple(inv.shape)}, expected rotation's "
+                             f"{tuple(mat.shape)}")
+    return mat, inv, (_rotate_groups(x, mat) if _unfused(x) else x), "none"
 
 
 def _check_layout(layout: str) -> str:
@@ -161,6 +239,9 @@ class QuantizedTensor:
     # rotates back.
     rotation: str = "none"
     rotation_seed: int = 0
+    # rotation "matrix": R (as given) and R^-1 when given (else dequantize computes it).
+    rotation_matrix: Optional[torch.Tensor] = field(default=None, repr=False)
+    rotation_inverse: Optional[torch.Tensor] = field(default=None, repr=False)
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """Decode to `dtype` (default: the dtype that was quantized), shape `self.shape`.
@@ -191,8 +272,9 @@ def quantize(
     tensor_scale: ScaleLike = None,
     clip_mask: bool = False,
     random_bits: int = 32,
-    rotation: Optional[str] = None,
+    rotation: RotationLike = None,
     rotation_seed: int = 0,
+    rotation_inverse: Optional[torch.Tensor] = None,
 ) -> QuantizedTensor:
     """Quantize `x` (float32, float16 or bfloat16, any rank) along its last dimension.
 
@@ -213,6 +295,13 @@ def quantize(
                   elements is rotated by the normalised (or randomised, signs from `rotation_seed`)
                   Hadamard transform before quantizing; the result's dequantize rotates back. The
                   same bytes on CPU and CUDA (on CUDA, groups of 8 or more elements).
+                  Or a matrix R (float32 or bfloat16, [RS, RS]): each group g becomes g @ R, products
+                  exact and summed in float64, rounded once to float32 (docs/numerics.md). CPU tensors:
+                  in mxq's kernels; GPU tensors: torch rotates first (a float64 matmul and a float32
+                  copy of x; the same bytes as the CPU whenever the float64 sums are exact: see
+                  docs/python.md, "Rotations").
+    rotation_inverse: with a matrix R, R^-1 (R.T for an orthogonal R) for the result's dequantize;
+                  None computes it then (in float64, rounded to float32).
 
     Not differentiable (the codes are integers): raises RuntimeError if x requires grad while grad
     mode is on; call it under torch.no_grad() or on x.detach(), or train with :func:`qdq`.
@@ -220,15 +309,20 @@ def quantize(
     fmt, r = _names(format, rule)
     _check_layout(layout)
     ts = None if tensor_scale is None else _scale_value(tensor_scale)
+    mat, inv, xin, rot = _matrix_args(x, rotation, rotation_seed, rotation_inverse)
+    extra = (int(random_bits), rot, _u64(rotation_seed, "rotation_seed"))
+    if mat is not None and xin is x:
+        extra += (mat,)  # fused: mxq's CPU kernels rotate
     codes, scales, tsc, mask = torch.ops.mxq.quantize.default(
-        x, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
+        xin, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
         seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
         offset if type(offset) is int and 0 <= offset < _I63 else _u64(offset, "offset"), layout, ts, bool(clip_mask),
-        int(random_bits), _rotation(rotation), _u64(rotation_seed, "rotation_seed"))
+        *extra)
     fields = dict(codes=codes, scales=scales, tensor_scale=tsc if fmt == "nvfp4" else None, format=fmt, rule=r,
                   layout=layout, group_size=F.group_of(fmt, group_size), shape=x.shape, dtype=x.dtype,
-                  clip_mask=mask if clip_mask else None, tensor_scale_value=ts, rotation=_rotation(rotation),
-                  rotation_seed=_u64(rotation_seed, "rotation_seed"))
+                  clip_mask=mask if clip_mask else None, tensor_scale_value=ts,
+                  rotation="matrix" if mat is not None else rot, rotation_seed=_u64(rotation_seed, "rotation_seed"),
+                  rotation_matrix=mat, rotation_inverse=inv)
     if torch.compiler.is_compiling():
         return QuantizedTensor(**fields)
     # NOTE: a frozen dataclass's __init__ sets each of its 11 fields through object.__setattr__: 1-2 us
@@ -249,8 +343,9 @@ def dequantize(
     group_size: Optional[int] = None,
     tensor_scale: ScaleLike = None,
     dtype: Optional[torch.dtype] = None,
-    rotation: Optional[str] = None,
+    rotation: RotationLike = None,
     rotation_seed: int = 0,
+    rotation_inverse: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Decode quantized data to float32, float16 or bfloat16 (rounded once, saturating).
 
@@ -260,7 +355,7 @@ def dequantize(
     elements per row (FP4 packs two per byte, so it cannot be inferred for odd K); NVFP4 needs the
     encode scale S (a float, or a 1-element tensor: a GPU tensor is read back, a synchronisation).
     rotation, rotation_seed: raw codes of a rotated quantize are rotated back (a QuantizedTensor carries
-    its own).
+    its own); rotation= a matrix R: back by rotation_inverse (R^-1; None: computed in float64 from R).
     """
     if isinstance(q, QuantizedTensor):
         if scales is not None or format is not None or cols is not None:
@@ -268,8 +363,12 @@ def dequantize(
         out_dtype = q.dtype if dtype is None else dtype
         ts_f = q.tensor_scale_value
         ts_t = q.tensor_scale if (q.format == "nvfp4" and ts_f is None) else None
-        if rotation is not None:
+        if rotation is not None or rotation_inverse is not None:
             raise TypeError("mxq.dequantize: given a QuantizedTensor, pass only dtype= (it carries its rotation)")
+        if q.rotation_matrix is not None:
+            inv = q.rotation_inverse if q.rotation_inverse is not None else _inverse(q.rotation_matrix)
+            return _dequantize_matrix(q.codes, q.scales, q.shape[-1], q.format, q.group_size, q.layout, ts_f, ts_t,
+                                      out_dtype, inv)
         return torch.ops.mxq.dequantize.default(q.codes, q.scales, q.shape[-1], q.format, q.group_size, q.layout,
                                                 ts_f, ts_t, out_dtype, q.rotation, q.rotation_seed)
     if scales is None or format is None or cols is None:
@@ -285,9 +384,27 @@ def dequantize(
         ts_t = tensor_scale.reshape(1).to(torch.float32)
     else:
         ts_f = _scale_value(tensor_scale)
+    out_dtype = torch.float32 if dtype is None else dtype
+    if isinstance(rotation, torch.Tensor):
+        if rotation_seed != 0:
+            raise ValueError("mxq: argument 'rotation_seed' is for 'rhad<RS>' rotations, not a matrix")
+        mat = _matrix(rotation, "rotation")
+        inv = _inverse(mat) if rotation_inverse is None else _matrix(rotation_inverse, "rotation_inverse")
+        return _dequantize_matrix(q, scales, _size(cols, "cols"), fmt, _group(group_size), layout, ts_f, ts_t, out_dtype,
+                                  inv)
+    if rotation_inverse is not None:
+        raise TypeError("mxq: argument 'rotation_inverse' is for rotation= a matrix")
     return torch.ops.mxq.dequantize.default(q, scales, _size(cols, "cols"), fmt, _group(group_size), layout, ts_f,
-                                            ts_t, torch.float32 if dtype is None else dtype, _rotation(rotation),
-                                            _u64(rotation_seed, "rotation_seed"))
+                                            ts_t, out_dtype, _rotation(rotation), _u64(rotation_seed, "rotation_seed"))
+
+
+def _dequantize_matrix(codes, scales, cols, fmt, g, layout, ts_f, ts_t, dtype, inv) -> torch.Tensor:
+    """dequantize, then each group times R^-1 (float64 products and sums, rounded to float32), rounded to
+    dtype: in mxq's CPU kernels, or (GPU tensors) dequantized to float32 by mxq and rotated by torch."""
+    if not _unfused(codes):
+        return torch.ops.mxq.dequantize.default(codes, scales, cols, fmt, g, layout, ts_f, ts_t, dtype, "none", 0, inv)
+    y = torch.ops.mxq.dequantize.default(codes, scales, cols, fmt, g, layout, ts_f, ts_t, torch.float32)
+    return _as_dtype(_rotate_groups(y, inv), dtype)
 
 
 def _qdq_args(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
@@ -319,7 +436,7 @@ def qdq(
     offset: int = 0,
     tensor_scale: ScaleLike = None,
     random_bits: int = 32,
-    rotation: Optional[str] = None,
+    rotation: RotationLike = None,
     rotation_seed: int = 0,
 ) -> torch.Tensor:
     """Fake-quantize: quantize and dequantize in one pass; the result has x's shape and dtype
@@ -331,10 +448,38 @@ def qdq(
     Differentiable with the straight-through estimator: the gradient with respect to x is the
     gradient of the result, unchanged (grad_x = grad_y), as quantization-aware training expects.
     With a `rotation` that gradient would be grad_y @ R^T, which is not implemented: a rotated qdq of
-    a tensor that requires grad raises NotImplementedError (use torch.no_grad() or x.detach())."""
+    a tensor that requires grad raises NotImplementedError (use torch.no_grad() or x.detach()). A matrix
+    rotation (rotation= R, as in :func:`quantize`) on a GPU tensor is rotated by torch first."""
+    if isinstance(rotation, torch.Tensor):
+        return _qdq_matrix(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
+                           rotation_seed, False)
     args = _qdq_args(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
                      rotation_seed)
     return _QDQ(*args)
+
+
+def _qdq_matrix(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
+                rotation_seed, inplace: bool) -> torch.Tensor:
+    """qdq / qdq_ with a rotation matrix: in mxq's CPU kernels, or (GPU tensors) the QDQ of x rotated by
+    torch (float32), rounded to x's dtype as the kernels round."""
+    mat, _, xin, _ = _matrix_args(x, rotation, rotation_seed, None)
+    args = _qdq_args(xin, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, None, 0)[:8]
+    if xin is x:  # fused
+        full = args + (int(random_bits), "none", 0, mat)
+        if inplace:
+            _QDQ_INPLACE(*full)
+            return x
+        return _QDQ(*full)
+    if x.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError(f"mxq.{'qdq_' if inplace else 'qdq'}: argument 'rotation' = a matrix with x requiring "
+                                  "grad: the gradient of a rotated qdq (grad_y @ R^T) is not implemented; call it "
+                                  "under torch.no_grad() or on x.detach()")
+    _QDQ_INPLACE(*(args + (int(random_bits),)))
+    y = _as_dtype(xin, x.dtype)
+    if inplace:
+        x.copy_(y)
+        return x
+    return y
 
 
 def qdq_(
@@ -348,7 +493,7 @@ def qdq_(
     offset: int = 0,
     tensor_scale: ScaleLike = None,
     random_bits: int = 32,
-    rotation: Optional[str] = None,
+    rotation: RotationLike = None,
     rotation_seed: int = 0,
 ) -> torch.Tensor:
     """In-place :func:`qdq`: overwrites x and returns it. A non-contiguous x whose rows cannot be
@@ -356,6 +501,9 @@ def qdq_(
 
     As torch's in-place ops: refused (RuntimeError) on a leaf tensor that requires grad unless under
     torch.no_grad(); on other tensors that require grad the gradient passes straight through."""
+    if isinstance(rotation, torch.Tensor):
+        return _qdq_matrix(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
+                           rotation_seed, True)
     args = _qdq_args(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
                      rotation_seed)
     _QDQ_INPLACE(*args)
