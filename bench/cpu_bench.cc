@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   std::vector<Case> cases;
   for (auto [f, r] : {std::pair{mxq::Format::mxfp4, mxq::ScaleRule::even}, {mxq::Format::mxfp8_e4m3, mxq::ScaleRule::floor},
                       {mxq::Format::mxfp6_e2m3, mxq::ScaleRule::rceil}, {mxq::Format::mxint8, mxq::ScaleRule::floor},
-                      {mxq::Format::mxfp4, mxq::ScaleRule::quest}})
+                      {mxq::Format::mxfp4, mxq::ScaleRule::quest}, {mxq::Format::mxfp4, mxq::ScaleRule::qutlass_absmax}})
     cases.push_back({"qdq", mxq::QuantOptions::mx(f, r)});
   cases.push_back({"qdq", mxq::QuantOptions::nvfp4(1.0f), "S"});
   cases.push_back({"qdq", mxq::QuantOptions::nvfp4()});
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
   // every other MX format (linear scales), NVFP4 (given and computed tensor scale), stochastic rounding
   for (auto [f, r] : {std::pair{mxq::Format::mxfp4, mxq::ScaleRule::even}, {mxq::Format::mxfp6_e2m3, mxq::ScaleRule::rceil},
                       {mxq::Format::mxfp6_e3m2, mxq::ScaleRule::floor}, {mxq::Format::mxfp8_e5m2, mxq::ScaleRule::even},
-                      {mxq::Format::mxint8, mxq::ScaleRule::floor}})
+                      {mxq::Format::mxint8, mxq::ScaleRule::floor}, {mxq::Format::mxfp4, mxq::ScaleRule::quest}})
     cases.push_back({"quantize", mxq::QuantOptions::mx(f, r)});
   cases.push_back({"quantize", mxq::QuantOptions::nvfp4(1.0f), "S"});
   cases.push_back({"quantize", mxq::QuantOptions::nvfp4()});

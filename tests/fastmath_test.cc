@@ -329,3 +329,64 @@ TEST(FastOutput, NonNanRoundingMatchesTheCodec) {
       check((e << 23) | m, bad);
   EXPECT_EQ(bad, 0);
 }
+
+// The fast CPU path's quest statistics (src/cpu/fast_common.hpp): quest_arg_direct and, where the CPU
+// has AVX2, quest_args8_avx2 (eight blocks in vector lanes) give core::quest_arg's fp32 bits for every
+// block: random blocks over many magnitudes, constant blocks (sigma 0: the 1e-8 term alone), a single
+// non-zero element, tiny and huge values; bf16 and fp32 storage.
+#include "cpu/fast_common.hpp"
+
+TEST(FastQuest, BlockStatisticsMatchTheCodec) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto block = [&](int kind, float* v) {
+    const float scale = std::ldexp(1.0f, int(rng() % 200) - 100);
+    for (int i = 0; i < 32; ++i) {
+      switch (kind) {
+        case 0: v[i] = nd(rng) * scale; break;
+        case 1: v[i] = scale; break;                         // constant
+        case 2: v[i] = i == int(rng() % 32) ? scale : 0.0f; break;
+        default: v[i] = nd(rng) * scale * (rng() % 7 == 0 ? 300.0f : 1.0f); break;  // outliers
+      }
+    }
+  };
+  long bad = 0, n = 0;
+  for (int rep = 0; rep < 4000; ++rep) {
+    alignas(64) float v[256];
+    for (int j = 0; j < 8; ++j) block(int(rng() % 4), v + 32 * j);
+    std::uint16_t b16[256];
+    for (int i = 0; i < 256; ++i) {
+      b16[i] = mxq::f32_to_bf16(v[i]);
+      if (!std::isfinite(mxq::bf16_to_f32(b16[i]))) b16[i] = 0x3F80;
+    }
+    float vb[256];
+    for (int i = 0; i < 256; ++i) vb[i] = mxq::bf16_to_f32(b16[i]);
+    for (int dt = 0; dt < 2; ++dt) {
+      const float* src = dt ? v : vb;
+      float want[8], direct[8], lanes[8] = {};
+      for (int j = 0; j < 8; ++j) {
+        want[j] = mxq::core::quest_arg(src + 32 * j, 32);
+        direct[j] = dt ? mxq::cpu::quest_arg_direct<DType::f32, 32>(reinterpret_cast<const std::uint32_t*>(v) + 32 * j)
+                       : mxq::cpu::quest_arg_direct<DType::bf16, 32>(b16 + 32 * j);
+      }
+#if defined(MXQ_CPU_NVFP4_AVX2)
+      const bool avx2 = mxq::cpu::cpu_has_avx2();
+      if (avx2) {
+        if (dt) mxq::cpu::quest_args8_avx2<DType::f32>(reinterpret_cast<const std::uint32_t*>(v), lanes);
+        else mxq::cpu::quest_args8_avx2<DType::bf16>(b16, lanes);
+      }
+#else
+      const bool avx2 = false;
+#endif
+      for (int j = 0; j < 8; ++j) {
+        ++n;
+        const bool ok = std::bit_cast<std::uint32_t>(direct[j]) == std::bit_cast<std::uint32_t>(want[j]) &&
+                        (!avx2 || std::bit_cast<std::uint32_t>(lanes[j]) == std::bit_cast<std::uint32_t>(want[j]));
+        if (!ok && bad++ < 5)
+          ADD_FAILURE() << (dt ? "f32" : "bf16") << " block " << j << ": want " << want[j] << " direct " << direct[j]
+                        << " avx2 " << lanes[j];
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << bad << " of " << n;
+}

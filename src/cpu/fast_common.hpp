@@ -380,6 +380,15 @@ MXQ_INLINE void nvfp4_scale_codes8(const Storage<DT>* s, float S, std::uint32_t*
   }
 }
 
+// The quest rule's argument (core::quest_arg) of one full block of G elements straight from bf16/fp32
+// storage (the values exact in fp32): the same operations in the same order.
+template <DType DT, int G>
+MXQ_INLINE float quest_arg_direct(const Storage<DT>* s) {
+  alignas(64) float v[G];
+  for (int i = 0; i < G; ++i) v[i] = u2f(DT == DType::f32 ? std::uint32_t(s[i]) : std::uint32_t(s[i]) << 16);
+  return quest_arg(v, G);
+}
+
 // ---- NVFP4 outputs by AVX2's lane permute (x86 with GCC; taken where the CPU has AVX2) -----------------
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define MXQ_CPU_NVFP4_AVX2 1
@@ -489,6 +498,60 @@ __attribute__((target("avx2"))) inline void nvfp4_chunk_avx2(const Storage<DT>* 
       c.codes[2 * j + h] = _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi32(xb, 28), eight));
     }
   }
+}
+
+// quest_arg (core::quest_arg) of eight full blocks of 32 elements of bf16/fp32 storage, one vector lane
+// per block: the values transposed so that vector i holds element i of every block, then the same
+// operations in the same order (pairwise sums level by level, IEEE division and square root).
+MXQ_INLINE __attribute__((target("avx2"))) void transpose8_avx2(__m256 (&r)[8]) {
+  __m256 t[8], u[8];
+  for (int k = 0; k < 4; ++k) {
+    t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  for (int k = 0; k < 2; ++k) {
+    u[4 * k] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+    u[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+    u[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+    u[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20);
+    r[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
+  }
+}
+// b[0..32) -> their sum in core::pairwise_sum's order (b is overwritten)
+MXQ_INLINE __attribute__((target("avx2"))) __m256 pairwise32_avx2(__m256* b) {
+  for (int w = 32; w > 1; w >>= 1)
+    for (int i = 0; i < w / 2; ++i) b[i] = _mm256_add_ps(b[2 * i], b[2 * i + 1]);
+  return b[0];
+}
+template <DType DT>
+__attribute__((target("avx2"))) inline void quest_args8_avx2(const Storage<DT>* s, float* qa) {
+  __m256 v[32];
+  for (int c = 0; c < 4; ++c) {  // elements 8c .. 8c + 7 of the eight blocks
+    __m256 r[8];
+    for (int j = 0; j < 8; ++j) {
+      const Storage<DT>* p = s + 32 * j + 8 * c;
+      if constexpr (DT == DType::f32)
+        r[j] = _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+      else
+        r[j] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+    }
+    transpose8_avx2(r);
+    for (int i = 0; i < 8; ++i) v[8 * c + i] = r[i];
+  }
+  __m256 t[32];
+  for (int i = 0; i < 32; ++i) t[i] = v[i];
+  const __m256 g = _mm256_set1_ps(32.0f);
+  const __m256 mean = _mm256_div_ps(pairwise32_avx2(t), g);
+  for (int i = 0; i < 32; ++i) {
+    const __m256 d = _mm256_sub_ps(v[i], mean);
+    t[i] = _mm256_mul_ps(d, d);
+  }
+  const __m256 sigma = _mm256_sqrt_ps(_mm256_div_ps(pairwise32_avx2(t), g));
+  _mm256_storeu_ps(qa, _mm256_add_ps(_mm256_div_ps(_mm256_mul_ps(sigma, _mm256_set1_ps(2.92247856f)), _mm256_set1_ps(6.0f)),
+                                     _mm256_set1_ps(1e-8f)));
 }
 
 // The packed FP4 bytes of one chunk's 128 codes (element 2i low nibble, 2i + 1 high), zero codes where

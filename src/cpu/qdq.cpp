@@ -16,9 +16,9 @@ MXQ_INLINE float to_f32(Storage<DT> v) {
   else return bf16_to_f32(v);
 }
 
-// QDQ of one full block of G elements, straight from x to y.
+// QDQ of one full block of G elements, straight from x to y (quest: its statistics given, or computed here).
 template <ElemType ET, DType DT, int G>
-MXQ_INLINE void qdq_block_direct(const Problem& p, const void* src, void* dst) {
+MXQ_INLINE void qdq_block_direct(const Problem& p, const void* src, void* dst, const float* quest = nullptr) {
   const Storage<DT>* s = static_cast<const Storage<DT>*>(src);
   Storage<DT>* d = static_cast<Storage<DT>*>(dst);
   std::uint32_t am = 0;
@@ -27,7 +27,8 @@ MXQ_INLINE void qdq_block_direct(const Problem& p, const void* src, void* dst) {
     for (int i = 0; i < G; ++i) d[i] = static_cast<Storage<DT>>(nan_bits(DT));
     return;
   }
-  const int e = am ? mx_scale_exp(p.opt.rule, u2f(am), 0.0f, Elem<ET>::spec) : -127;
+  const float qa = p.opt.rule == ScaleRule::quest && am ? (quest ? *quest : quest_arg_direct<DT, G>(s)) : 0.0f;
+  const int e = am ? mx_scale_exp(p.opt.rule, u2f(am), qa, Elem<ET>::spec) : -127;
   constexpr FloatSpec f = Elem<ET>::spec;
   // NOTE: in the common range of e, round in the unscaled domain: C' = 1.5 * 2^(q + e + 23) is a
   // normal float whose ulp is the grid's quantum 2^(q+e), so (|x| + C') - C' is the dequantized
@@ -133,8 +134,7 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
   const ScaleRule rule = p.opt.rule;
   // Full blocks of the amax rules in bf16/f32 run in two passes over the source (amax, then
   // round-and-store straight into y); everything else goes through the xf staging buffer.
-  const bool direct = !sr && !nv4 && G != 0 && DT != DType::f16 && rule != ScaleRule::quest &&
-                      rule != ScaleRule::qutlass_absmax;
+  const bool direct = !sr && !nv4 && G != 0 && DT != DType::f16 && rule != ScaleRule::qutlass_absmax;
   const int g = G ? G : p.g;
   std::int64_t b = b0;
   if constexpr (ET == ElemType::e2m1 && G == 16 && DT != DType::f16) {
@@ -152,6 +152,20 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
         nvfp4_qdq_blocks8<DT>(xrow + b * 16, p.S, *nv, static_cast<Storage<DT>*>(yrow) + b * 16);
     }
   }
+#if defined(MXQ_CPU_NVFP4_AVX2)
+  if constexpr (G == 32 && DT != DType::f16) {
+    if (direct && rule == ScaleRule::quest && cpu_has_avx2()) {  // quest's block statistics eight blocks at a time
+      const Storage<DT>* xrow =
+          reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
+      for (; b + 8 <= b1 && (b + 8) * 32 <= p.K; b += 8) {
+        alignas(32) float qa[8];
+        quest_args8_avx2<DT>(xrow + b * 32, qa);
+        for (int j = 0; j < 8; ++j)
+          qdq_block_direct<ET, DT, G>(p, xrow + (b + j) * 32, static_cast<Storage<DT>*>(yrow) + (b + j) * 32, qa + j);
+      }
+    }
+  }
+#endif
   for (; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
     if constexpr (G != 0 && DT != DType::f16) {

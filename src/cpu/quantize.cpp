@@ -55,12 +55,13 @@ MXQ_INLINE std::uint32_t abs_bits_of(Storage<DT> v) {
   else return std::uint32_t(v & 0x7FFFu) << 16;
 }
 
-// Codes and scale of one full block of an amax rule (floor, ceil, even, rceil), RNE, straight from
-// bf16/fp32 storage (no staging): the arithmetic of mx_block_codes on the same fp32 values. Returns
-// false, writing nothing, where the scale lies outside MxFastRange (the caller stages the block).
+// Codes and scale of one full block of an amax rule (floor, ceil, even, rceil) or quest, RNE, straight
+// from bf16/fp32 storage (no staging): the arithmetic of mx_block_codes on the same fp32 values (quest:
+// its statistics given, or computed here). Returns false, writing nothing, where the scale lies
+// outside MxFastRange (the caller stages the block).
 template <ElemType ET, DType DT, int G>
 MXQ_INLINE bool quantize_block_direct(ScaleRule rule, const Storage<DT>* s, std::uint32_t* codes, std::uint8_t& sb,
-                                      std::uint32_t* keep) {
+                                      std::uint32_t* keep, const float* quest = nullptr) {
   constexpr FloatSpec f = Elem<ET>::spec;
   constexpr int kSignShift = DT == DType::f32 ? 31 : 15;
   std::uint32_t am = 0;
@@ -72,7 +73,8 @@ MXQ_INLINE bool quantize_block_direct(ScaleRule rule, const Storage<DT>* s, std:
       for (int i = 0; i < G; ++i) keep[i] = 0;
     return true;
   }
-  const int e = am ? mx_scale_exp(rule, u2f(am), 0.0f, f) : -127;
+  const float qa = rule == ScaleRule::quest && am ? (quest ? *quest : quest_arg_direct<DT, G>(s)) : 0.0f;
+  const int e = am ? mx_scale_exp(rule, u2f(am), qa, f) : -127;
   if (!MxFastRange<ET>::contains(e)) return false;
   sb = static_cast<std::uint8_t>(e + kE8M0Bias);
   const MxBinades bn = mx_binades<ET>(e);
@@ -89,7 +91,8 @@ MXQ_INLINE bool quantize_block_direct(ScaleRule rule, const Storage<DT>* s, std:
 // by amax_rule_exp, which fastmath_test holds equal to mx_scale_exp). Returns false, writing nothing,
 // when a block is zero, not finite or scaled outside MxFastRange (the caller takes them one by one).
 template <ElemType ET, DType DT>
-MXQ_INLINE bool mx_blocks8_direct(const core::AmaxRule& k, const Storage<DT>* s, std::uint8_t* d, std::uint8_t* sb) {
+MXQ_INLINE bool mx_blocks8_direct(const core::AmaxRule& k, const Storage<DT>* s, std::uint8_t* d, std::uint8_t* sb,
+                                  const float* quest = nullptr) {
   constexpr FloatSpec f = Elem<ET>::spec;
   constexpr int kSignShift = DT == DType::f32 ? 31 : 15;
   alignas(64) std::uint32_t xb[256], codes[256], am[8];
@@ -103,7 +106,8 @@ MXQ_INLINE bool mx_blocks8_direct(const core::AmaxRule& k, const Storage<DT>* s,
   bool ok = true;
   for (int j = 0; j < 8; ++j) {
     ok &= am[j] != 0 && am[j] < 0x7F800000u;
-    e[j] = core::amax_rule_exp<f.mbits>(k, am[j] | std::uint32_t(am[j] == 0));  // (a zero block is refused above)
+    e[j] = quest ? mx_scale_exp(ScaleRule::quest, u2f(am[j]), quest[j], f)  // quest: its statistics given
+                 : core::amax_rule_exp<f.mbits>(k, am[j] | std::uint32_t(am[j] == 0));  // (a zero block is refused above)
     ok &= MxFastRange<ET>::contains(e[j]);
   }
   if (!ok) return false;
@@ -175,18 +179,27 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
   const bool nv4 = p.nvfp4(), sr = p.stochastic;
   const ScaleRule rule = p.opt.rule;
   // full blocks of the amax rules: straight from the source (bf16/fp32)
-  const bool direct = !nv4 && !sr && G != 0 && DT != DType::f16 && rule != ScaleRule::quest &&
-                      rule != ScaleRule::qutlass_absmax;
+  const bool direct = !nv4 && !sr && G != 0 && DT != DType::f16 && rule != ScaleRule::qutlass_absmax;
   std::int64_t b = b0;
   if constexpr (G == 32 && DT != DType::f16) {
-    if (direct && !o.mask_row) {  // MX full blocks, eight at a time where all eight are plain
+    // MX full blocks, eight at a time where all eight are plain (quest: where its statistics are
+    // computed eight blocks at a time)
+    bool quest8 = false;
+#if defined(MXQ_CPU_NVFP4_AVX2)
+    quest8 = rule == ScaleRule::quest && cpu_has_avx2();
+#endif
+    if (direct && !o.mask_row && (rule != ScaleRule::quest || quest8)) {
       const core::AmaxRule k = core::amax_rule(rule, f);
       const Storage<DT>* row =
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
       constexpr int cpb = f.bits == 4 ? 16 : 32;  // code bytes per block
       for (; b + 8 <= b1 && (b + 8) * 32 <= p.K; b += 8) {
         std::uint8_t sb8[8];
-        if (!mx_blocks8_direct<ET, DT>(k, row + b * 32, o.codes_row + b * cpb, sb8)) break;
+        alignas(32) float qa[8];
+#if defined(MXQ_CPU_NVFP4_AVX2)
+        if (quest8) quest_args8_avx2<DT>(row + b * 32, qa);
+#endif
+        if (!mx_blocks8_direct<ET, DT>(k, row + b * 32, o.codes_row + b * cpb, sb8, quest8 ? qa : nullptr)) break;
         store_scales(p, o.scales, o.scale_stride, r, b, sb8, 8);
       }
     }
@@ -211,6 +224,8 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
       }
     }
   }
+  alignas(32) float qa8[8];  // quest: the statistics of blocks qa_b .. qa_b + 7, eight at a time (AVX2)
+  std::int64_t qa_b = -8;
   for (; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
     std::uint8_t sb;
@@ -218,7 +233,19 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
       if (direct && n == G) {
         const Storage<DT>* src =
             reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + (r * x.stride() + k0) * dtype_size(DT));
-        if (quantize_block_direct<ET, DT, G>(rule, src, codes, sb, o.mask_row ? keep : nullptr)) {
+        const float* qa = nullptr;
+#if defined(MXQ_CPU_NVFP4_AVX2)
+        if constexpr (G == 32) {
+          if (rule == ScaleRule::quest && cpu_has_avx2()) {
+            if (b >= qa_b + 8 && b + 8 <= b1 && (b + 8) * 32 <= p.K) {
+              quest_args8_avx2<DT>(src, qa8);
+              qa_b = b;
+            }
+            if (b < qa_b + 8) qa = qa8 + (b - qa_b);
+          }
+        }
+#endif
+        if (quantize_block_direct<ET, DT, G>(rule, src, codes, sb, o.mask_row ? keep : nullptr, qa)) {
           o.scales[p.scale_offset(r, b, o.scale_stride)] = sb;
           store_codes<ET, G>(o.codes_row, k0, n, codes);
           if (o.mask_row) store_mask(o.mask_row, k0, n, keep);
