@@ -128,8 +128,8 @@ TEST(FastStochastic, Nvfp4RoundingOfAnyProductMatchesTheCodec) {
 }
 
 // nvfp4_encode_rne_readoff (the kernels' NVFP4 quantize) against nvfp4_encode_rne: every finite bf16
-// pattern under multipliers from 0 and denormal to FLT_MAX (products that underflow, saturate and
-// overflow to infinity) and 200 random ones.
+// pattern under multipliers from 0 and denormal to FLT_MAX and Inf (products that underflow, saturate
+// and overflow to infinity) and 200 random ones.
 // The kernels' amax scale rules as constants (core::amax_rule / amax_rule_exp) against the codec's
 // mx_scale_exp: every MX element format x floor, ceil, even, rceil; every subnormal pattern and every
 // significand of the binade [1, 2), and every 61st significand of a spread of other binades (the bump
@@ -174,7 +174,9 @@ TEST(FastScaleRules, AmaxRuleConstantsMatchTheCodecForEverySignificand) {
 TEST(FastNvfp4, ReadOffCodeMatchesTheEncoderForEveryBf16) {
   using namespace mxq::core;
   std::mt19937 rng(5);
-  std::vector<float> ms = {0.0f, 1.0f, 1e-30f, 1e30f, 3.4e38f, 1e-45f};
+  // INFINITY: S / s past fp32's range (a huge tensor scale over a small block scale), where a zero
+  // element must still give code 0 (0 * Inf is NaN)
+  std::vector<float> ms = {0.0f, 1.0f, 1e-30f, 1e30f, 3.4e38f, 1e-45f, INFINITY};
   for (int k = 0; k < 200; ++k) ms.push_back(std::ldexp(1.0f + float(rng() % 1000) / 1000.0f, int(rng() % 60) - 30));
   long bad = 0, n = 0;
   for (const float m : ms)
@@ -387,6 +389,32 @@ TEST(FastQuest, BlockStatisticsMatchTheCodec) {
                         << " avx2 " << lanes[j];
       }
     }
+  }
+  EXPECT_EQ(bad, 0) << bad << " of " << n;
+}
+
+// The fast path's stochastic-rounding words (sr_words: Philox eight counters at a time in AVX2 lanes
+// where the CPU has it, the fields read off the outputs laid end to end) against core::sr_bits one
+// element at a time: every field width, windows of 1..256 elements at every alignment, and counters
+// whose low word wraps inside a group of eight (the 64-bit counter's carry into its high word).
+TEST(FastStochastic, ComparisonWordsMatchTheCodec) {
+  std::mt19937_64 rng(33);
+  long bad = 0, n = 0;
+  for (int B : {32, 16, 8}) {
+    const int lp = B == 8 ? 4 : (B == 16 ? 3 : 2);
+    std::vector<std::uint64_t> starts = {0, 12345, (std::uint64_t(1) << (32 + lp)) - 37,
+                                         (std::uint64_t(0xFFFFFFFF) << (32 + lp)) - 5, ~std::uint64_t(0) - 300};
+    for (int k = 0; k < 40; ++k) starts.push_back(rng());
+    for (std::uint64_t j0 : starts)
+      for (int len : {1, 7, 32, 100, 256}) {
+        const std::uint64_t seed = rng();
+        std::uint32_t rnd[256];
+        mxq::cpu::sr_words(seed, j0, len, B, rnd);
+        for (int i = 0; i < len; ++i, ++n)
+          if (rnd[i] != mxq::core::sr_bits(seed, j0 + std::uint64_t(i), B) && bad++ < 5)
+            ADD_FAILURE() << "B " << B << " j " << (j0 + std::uint64_t(i)) << ": got " << std::hex << rnd[i] << " want "
+                          << mxq::core::sr_bits(seed, j0 + std::uint64_t(i), B);
+      }
   }
   EXPECT_EQ(bad, 0) << bad << " of " << n;
 }

@@ -117,13 +117,14 @@ inline std::string backend_case_name(const testing::TestParamInfo<BackendCase>& 
 inline std::string backend_name(const testing::TestParamInfo<mxq::Backend>& i) { return std::string(mxq::to_string(i.param)); }
 
 // ---- the exhaustive bf16 sweep --------------------------------------------------------------------------
-// Every bf16 pattern once, shuffled into [256, 256] (mixed magnitudes, NaN/Inf blocks; rows wide enough
-// for the fast paths that take eight blocks at a time).
-inline HostTensor all_bf16_shuffled() {
+// Every bf16 pattern once, shuffled into [rows, 65536 / rows] (mixed magnitudes, NaN/Inf blocks): the
+// sweep takes [256, 256] (rows wide enough for the fast paths that take eight blocks at a time) and
+// [2048, 32] (rows too short for them: the block-at-a-time paths).
+inline HostTensor all_bf16_shuffled(std::int64_t rows = 256) {
   std::vector<std::uint16_t> pats(65536);
   for (std::uint32_t i = 0; i < 65536; ++i) pats[i] = std::uint16_t(i);
   std::shuffle(pats.begin(), pats.end(), std::mt19937(5));
-  HostTensor x(mxq::DType::bf16, 256, 256);
+  HostTensor x(mxq::DType::bf16, rows, 65536 / rows);
   std::memcpy(x.bytes.data(), pats.data(), 65536 * 2);
   return x;
 }
@@ -165,7 +166,8 @@ inline std::vector<mxq::QuantOptions> sweep_options() {
   std::vector<QuantOptions> opts;
   for (Format f : all_formats())
     for (ScaleRule r : rules_for(f)) opts.push_back(f == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(f, r));
-  for (float S : {1.0f, nvfp4_bf16_tie_scale(), 7.915e-36f, 1.881e-38f}) opts.push_back(QuantOptions::nvfp4(S));
+  // (3.4e38: S / s overflows to Inf for small block scales, where zero elements must stay zero)
+  for (float S : {1.0f, nvfp4_bf16_tie_scale(), 7.915e-36f, 1.881e-38f, 3.4e38f}) opts.push_back(QuantOptions::nvfp4(S));
   for (std::size_t i = 0, n = opts.size(); i < n; ++i) {
     QuantOptions sr = opts[i];
     sr.rounding = Rounding::stochastic;
@@ -177,17 +179,17 @@ inline std::vector<mxq::QuantOptions> sweep_options() {
   return opts;
 }
 
-// f(options, input, the input on backend b) for every sweep option x both sweep inputs (the shuffled
-// patterns in the format's groups, the anchored ones in groups of 2), traced by name.
+// f(options, input, the input on backend b) for every sweep option x the three sweep inputs (the shuffled
+// patterns in the format's groups as [256, 256] and [2048, 32], the anchored ones in groups of 2), traced by name.
 template <class F>
 void for_each_sweep_case(mxq::Backend b, F&& f) {
-  const HostTensor shuffled = all_bf16_shuffled(), anchored = all_bf16_anchored();
-  Placed sb(b, shuffled), ab(b, anchored);
+  const HostTensor shuffled = all_bf16_shuffled(), narrow = all_bf16_shuffled(2048), anchored = all_bf16_anchored();
+  Placed sb(b, shuffled), nb(b, narrow), ab(b, anchored);
   for (mxq::QuantOptions o : sweep_options()) {
-    for (const HostTensor* x : {&shuffled, &anchored}) {
+    for (const HostTensor* x : {&shuffled, &narrow, &anchored}) {
       o.group_size = x == &anchored ? 2 : 0;
-      SCOPED_TRACE(name_of(o) + (x == &anchored ? " anchored" : " shuffled"));
-      f(o, *x, x == &anchored ? ab : sb);
+      SCOPED_TRACE(name_of(o) + (x == &anchored ? " anchored" : (x == &narrow ? " shuffled [2048, 32]" : " shuffled")));
+      f(o, *x, x == &anchored ? ab : (x == &narrow ? nb : sb));
     }
   }
 }

@@ -89,14 +89,15 @@ INSTANTIATE_TEST_SUITE_P(Backends, QuantizeExhaustive, testing::ValuesIn(th::bac
 // Hand-built blocks that the LLM-like grid and the bf16 sweep rarely hold, through quantize, dequantize
 // and QDQ for every sweep option (and 16 random bits), every input dtype: all +0, mixed +-0, fp32
 // subnormals (the fast paths' scales outside MxFastRange), tiny normals, values near FLT_MAX, one
-// nonzero element, rounding ties, a NaN and an Inf; rows end in a partial block (K = 3 * 32 + 7).
+// nonzero element, rounding ties, a NaN and an Inf; rows end in a partial block (K = 3 * 32 + 7), and
+// rows long enough for the fast paths that take eight blocks at a time (K = 2 * 256 + 103).
 class EdgeBlocks : public testing::TestWithParam<Backend> {};
 
 TEST_P(EdgeBlocks, QuantizeDequantizeQdqMatchReference) {
   const Backend b = GetParam();
   TH_REQUIRE_BACKEND(b);
   th::Scalar workspace(b);
-  const std::int64_t R = 9, K = 103;
+  const std::int64_t R = 9;
   std::vector<QuantOptions> opts = th::sweep_options();
   {
     QuantOptions sr = QuantOptions::mx(Format::mxfp6_e3m2, ScaleRule::even);
@@ -105,6 +106,7 @@ TEST_P(EdgeBlocks, QuantizeDequantizeQdqMatchReference) {
     sr.offset = 7;
     opts.push_back(sr);
   }
+  for (const std::int64_t K : {std::int64_t(103), std::int64_t(615)})
   for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
     th::HostTensor x(dt, R, K);
     for (std::int64_t k = 0; k < K; ++k) {
@@ -121,7 +123,7 @@ TEST_P(EdgeBlocks, QuantizeDequantizeQdqMatchReference) {
     }
     th::Placed xb(b, x);
     for (QuantOptions o : opts) {
-      SCOPED_TRACE(th::name_of(o) + " " + std::string(to_string(dt)));
+      SCOPED_TRACE(th::name_of(o) + " " + std::string(to_string(dt)) + " K " + std::to_string(K));
       QuantOptions oref = o;
       oref.backend = Backend::reference;
       th::Quantized qr(oref, R, K, true);

@@ -169,6 +169,13 @@ MXQ_HD_HOT void nvfp4_bf16_table(float sval, float S, float r, std::uint32_t (&t
   t[3] = (b1 + 2 * d) | ((b3 + 2 * d) << 16);         // 4 | 6
 }
 
+// x * m for an NVFP4 element x under multiplier m, a zero x giving itself: nvfp4_encode's zero case
+// (0 * Inf, a multiplier past fp32's range under a huge tensor scale, would be NaN).
+MXQ_HD_HOT float nvfp4_product(std::uint32_t xbits, float m) {
+  const float p = mul_rn(u2f(xbits), m);
+  return (xbits & 0x7FFFFFFFu) == 0 ? u2f(xbits) : p;
+}
+
 // NVFP4 element code (RNE) of x under multiplier m: nvfp4_encode(x, m) without stochastic rounding.
 MXQ_HD_HOT std::uint32_t nvfp4_encode_rne(std::uint32_t xbits, float m) {
   const std::uint32_t sign = xbits >> 31;
@@ -178,12 +185,12 @@ MXQ_HD_HOT std::uint32_t nvfp4_encode_rne(std::uint32_t xbits, float m) {
 }
 
 // nvfp4_encode_rne for a non-NaN x, with the code read off the rounding: a = min(|x| m, 6) (a
-// product past 6, an overflow included, saturates at code 7), and t = a + Cc holds the rounded
-// magnitude in quanta of a's binade clamped below at 1 (readoff_mag). fastmath_test checks it against
-// nvfp4_encode_rne.
+// product past 6, an overflow included, saturates at code 7; a zero x stays 0 even under an infinite
+// m), and t = a + Cc holds the rounded magnitude in quanta of a's binade clamped below at 1
+// (readoff_mag). fastmath_test checks it against nvfp4_encode_rne.
 MXQ_HD_HOT std::uint32_t nvfp4_encode_rne_readoff(std::uint32_t xbits, float m) {
   constexpr std::uint32_t lo = 127u << 23, kC = rne_const_bits<1>();
-  const float a = fminf_nn(mul_rn(fabs_op(u2f(xbits)), m), 6.0f);
+  const float a = fminf_nn(nvfp4_product(xbits & 0x7FFFFFFFu, m), 6.0f);
   const std::uint32_t be = umax(f2u(a) & 0x7F800000u, lo), cb = be + kC;
   return readoff_mag<1>(f2u(add_rn(a, u2f(cb))), be, cb, lo) | ((xbits >> 31) << 3);
 }

@@ -17,6 +17,7 @@
 // QDQ, NVFP4 stochastic rounding (nvfp4_encode_sr), quest's per-block sums (quest_arg), and
 // dequantize blocks holding NaN/Inf element codes (mx_dequant_bits).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -209,7 +210,7 @@ MXQ_INLINE float sr_round_unscaled_bf(std::uint32_t xbits, int e, std::uint32_t 
 // nvfp4_encode_rne_readoff (fastmath.hpp) with its saturating min written as a select.
 MXQ_INLINE std::uint32_t nvfp4_code_rne_bf(std::uint32_t xbits, float m) {
   constexpr std::uint32_t lo = 127u << 23, kC = rne_const_bits<1>();
-  const float prod = mul_rn(u2f(xbits & 0x7FFFFFFFu), m);
+  const float prod = nvfp4_product(xbits & 0x7FFFFFFFu, m);
   const float a = u2f(bsel(prod < 6.0f, f2u(prod), 0x40C00000u));
   const std::uint32_t be = umax(f2u(a) & 0x7F800000u, lo), cb = be + kC;
   return readoff_mag<1>(f2u(add_rn(a, u2f(cb))), be, cb, lo) | ((xbits >> 31) << 3);
@@ -221,6 +222,55 @@ MXQ_INLINE float e2m1_value_bf(std::uint32_t mag) {
 }
 
 // ---- stochastic rounding: the comparison words of a block ----------------------------------------------
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define MXQ_SR_PHILOX_AVX2 1
+inline bool cpu_has_avx2();
+// Philox4x32-10 (core::philox4x32_10) of counters c0 + c, c = 0, 8, 16, ... below nc rounded down to
+// eight, key (ks0, ks1), eight counters in the lanes of AVX2 registers: each 32 x 32 -> 64-bit product
+// from two vpmuludq (even and odd lanes), its high and low halves blended back into lane order. The
+// outputs' words to w0..w3[c]; returns the number of counters done.
+__attribute__((target("avx2"))) inline int philox8_avx2(std::uint64_t c0, int nc, std::uint32_t ks0, std::uint32_t ks1,
+                                                        std::uint32_t* w0, std::uint32_t* w1, std::uint32_t* w2,
+                                                        std::uint32_t* w3) {
+  constexpr std::uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+  const __m256i vM0 = _mm256_set1_epi64x(M0), vM1 = _mm256_set1_epi64x(M1), idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i sign = _mm256_set1_epi32(int(0x80000000u));
+  auto mulhilo = [](__m256i x, __m256i m, __m256i& hi, __m256i& lo) __attribute__((target("avx2"))) {
+    const __m256i ev = _mm256_mul_epu32(x, m), od = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);
+    hi = _mm256_blend_epi32(_mm256_srli_epi64(ev, 32), od, 0xAA);
+    lo = _mm256_blend_epi32(ev, _mm256_slli_epi64(od, 32), 0xAA);
+  };
+  int c = 0;
+  for (; c + 8 <= nc; c += 8) {
+    const std::uint64_t base = c0 + std::uint64_t(c);
+    const std::uint32_t blo = std::uint32_t(base), bhi = std::uint32_t(base >> 32);
+    __m256i x0 = _mm256_add_epi32(_mm256_set1_epi32(int(blo)), idx);
+    // the 64-bit counter's high word: one more in the lanes whose low word wrapped
+    const __m256i wrapped = _mm256_cmpgt_epi32(_mm256_xor_si256(_mm256_set1_epi32(int(blo)), sign), _mm256_xor_si256(x0, sign));
+    __m256i x1 = _mm256_sub_epi32(_mm256_set1_epi32(int(bhi)), wrapped), x2 = _mm256_setzero_si256(), x3 = _mm256_setzero_si256();
+    std::uint32_t k0 = ks0, k1 = ks1;
+    for (int r = 0; r < 10; ++r) {
+      __m256i hi0, lo0, hi1, lo1;
+      mulhilo(x0, vM0, hi0, lo0);
+      mulhilo(x2, vM1, hi1, lo1);
+      const __m256i y0 = _mm256_xor_si256(_mm256_xor_si256(hi1, x1), _mm256_set1_epi32(int(k0)));
+      const __m256i y2 = _mm256_xor_si256(_mm256_xor_si256(hi0, x3), _mm256_set1_epi32(int(k1)));
+      x1 = lo1;
+      x3 = lo0;
+      x0 = y0;
+      x2 = y2;
+      k0 += W0;
+      k1 += W1;
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w0 + c), x0);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w1 + c), x1);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w2 + c), x2);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w3 + c), x3);
+  }
+  return c;
+}
+#endif
+
 // rnd[i] = sr_bits(seed, j0 + i, B) for i < n (n <= 256), with one Philox call per counter instead of
 // one per element: 128 / B consecutive elements share a call (codec.hpp's sr_bits). Philox4x32-10 is
 // written out over an array of counters (philox4x32_10's rounds) so that the compiler can vectorise it;
@@ -234,7 +284,11 @@ MXQ_INLINE void sr_words_b(std::uint64_t seed, std::uint64_t j0, int n, std::uin
   alignas(64) std::uint32_t w0[72], w1[72], w2[72], w3[72];
   const std::uint32_t ks0 = std::uint32_t(seed), ks1 = std::uint32_t(seed >> 32);
   constexpr std::uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
-  for (int c = 0; c < nc; ++c) {
+  int c = 0;
+#if defined(MXQ_SR_PHILOX_AVX2)
+  if (cpu_has_avx2()) c = philox8_avx2(c0, nc, ks0, ks1, w0, w1, w2, w3);  // whole groups of eight counters
+#endif
+  for (; c < nc; ++c) {
     const std::uint64_t cc = c0 + std::uint64_t(c);
     std::uint32_t x0 = std::uint32_t(cc), x1 = std::uint32_t(cc >> 32), x2 = 0, x3 = 0, k0 = ks0, k1 = ks1;
 #pragma GCC unroll 10
@@ -253,15 +307,34 @@ MXQ_INLINE void sr_words_b(std::uint64_t seed, std::uint64_t j0, int n, std::uin
     w2[c] = x2;
     w3[c] = x3;
   }
-  // every call's 128 / B comparison words in element order, then the block's window of them
-  constexpr int per = 128 / B, fpw = 32 / B;  // fields per call, per word
-  alignas(64) std::uint32_t all[72 * per];
+  // The calls' outputs laid end to end (word-major, least significant field first) are the fields in
+  // element order: field i of the stream is the B bits at bit offset i B, i.e. (little-endian) the
+  // i-th 8-, 16- or 32-bit unit. The block's window of them as comparison words (sr_word).
+  alignas(64) std::uint32_t stream[4 * 72];
   for (int c = 0; c < nc; ++c) {
-    const std::uint32_t w[4] = {w0[c], w1[c], w2[c], w3[c]};
-    for (int q = 0; q < 4; ++q)
-      for (int k = 0; k < fpw; ++k) all[c * per + q * fpw + k] = sr_field_of_word(w[q], k, B);
+    stream[4 * c] = w0[c];
+    stream[4 * c + 1] = w1[c];
+    stream[4 * c + 2] = w2[c];
+    stream[4 * c + 3] = w3[c];
   }
-  std::memcpy(rnd, all + (j0 - (c0 << lp)), std::size_t(n) * 4);
+  const std::size_t off = std::size_t(j0 - (c0 << lp));
+  static_assert(std::endian::native == std::endian::little, "the field stream is read as little-endian units");
+  if constexpr (B == 32) {
+    std::memcpy(rnd, stream + off, std::size_t(n) * 4);
+  } else {
+    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(stream) + off * (B / 8);
+    for (int i = 0; i < n; ++i) {
+      std::uint32_t u;
+      if constexpr (B == 16) {
+        std::uint16_t h;
+        std::memcpy(&h, bytes + 2 * i, 2);
+        u = h;
+      } else {
+        u = bytes[i];
+      }
+      rnd[i] = (u << (32 - B)) | ((1u << (32 - B)) - 1u);
+    }
+  }
 }
 MXQ_INLINE void sr_words(std::uint64_t seed, std::uint64_t j0, int n, int B, std::uint32_t* rnd) {
   if (B == 8) sr_words_b<8>(seed, j0, n, rnd);
@@ -490,7 +563,11 @@ __attribute__((target("avx2"))) inline void nvfp4_chunk_avx2(const Storage<DT>* 
         xb = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16 * j + 8 * h))), 16);
       else
         xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * j + 8 * h));
-      const __m256 a = _mm256_min_ps(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(xb, magmask)), m), six);
+      // nvfp4_product: a zero stays 0 (0 * Inf would be NaN, then 6)
+      const __m256i xm = _mm256_and_si256(xb, magmask);
+      const __m256 prod = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(xm, _mm256_setzero_si256())),
+                                           _mm256_mul_ps(_mm256_castsi256_ps(xm), m));
+      const __m256 a = _mm256_min_ps(prod, six);
       const __m256i be = _mm256_max_epi32(_mm256_and_si256(_mm256_castps_si256(a), vexp), vlo);
       const __m256i cb = _mm256_add_epi32(be, vkC);
       const __m256i t = _mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(cb)));

@@ -106,7 +106,7 @@ MXQ_INLINE bool mx_blocks8_direct(const core::AmaxRule& k, const Storage<DT>* s,
   bool ok = true;
   for (int j = 0; j < 8; ++j) {
     ok &= am[j] != 0 && am[j] < 0x7F800000u;
-    e[j] = quest ? mx_scale_exp(ScaleRule::quest, u2f(am[j]), quest[j], f)  // quest: its statistics given
+    e[j] = quest ? mx_scale_exp(ScaleRule::quest, u2f(am[j] | std::uint32_t(am[j] == 0)), quest[j], f)  // quest: given
                  : core::amax_rule_exp<f.mbits>(k, am[j] | std::uint32_t(am[j] == 0));  // (a zero block is refused above)
     ok &= MxFastRange<ET>::contains(e[j]);
   }
