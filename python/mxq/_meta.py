@@ -45,6 +45,8 @@ def _check_matrix(m, op: str, arg: str, like: torch.Tensor) -> None:
     if like.device.type != "cpu":
         raise NotImplementedError(f"mxq.{op}: argument '{arg}': the matrix rotation runs on the CPU kernels in this "
                                   "version (mxq.quantize, mxq.qdq and mxq.dequantize rotate GPU tensors with torch first)")
+    if m.device.type != "cpu":
+        raise ValueError(f"mxq.{op}: argument '{arg}' is on {m.device}, expected the CPU")
 
 
 @torch.library.register_fake("mxq::qdq")

@@ -137,6 +137,7 @@ def _matrix(m: torch.Tensor, arg: str) -> torch.Tensor:
     if m.dim() != 2 or m.shape[0] != m.shape[1] or m.shape[0] not in _ROTATION_SIZES:
         raise ValueError(f"mxq: argument '{arg}': shape {tuple(m.shape)}, expected a square [RS, RS] matrix with RS in "
                          f"{_ROTATION_SIZES}")
+    m = m.detach()  # no gradient reaches R (quantize has none; qdq's straight-through one is for x)
     if m.dtype == torch.float16:
         return m.float()
     if m.dtype not in (torch.float32, torch.bfloat16):
@@ -162,7 +163,10 @@ def _rotate_groups(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 
 def _inverse(m: torch.Tensor) -> torch.Tensor:
-    """R^-1 in float32 (computed in float64), for dequantize when no rotation_inverse was given."""
+    """R^-1 in float32 (computed in float64), for dequantize when no rotation_inverse was given. The
+    singularity check reads a flag back from the matrix's device (a synchronisation for a GPU matrix)
+    and is skipped under torch.compile (a singular R then gives Inf/NaN): pass rotation_inverse= to
+    quantize to avoid both."""
     inv, info = torch.linalg.inv_ex(m.double())
     if not torch.compiler.is_compiling() and int(info) != 0:
         raise ValueError("mxq: argument 'rotation': the matrix is singular, so dequantize cannot rotate back")

@@ -35,7 +35,7 @@ def test_matrix_rotation_equals_the_float64_rotation(fmt, rule, rs, mdtype):
     what = f"{fmt} RS {rs} {mdtype}"
     q = mxq.quantize(x, fmt, rule=rule, rotation=m)
     e = mxq.quantize(xr, fmt, rule=rule)
-    assert q.rotation == "matrix" and q.rotation_matrix is m
+    assert q.rotation == "matrix" and torch.equal(q.rotation_matrix, m)
     assert_bytes_equal(q.codes, e.codes, what + ": codes")
     assert_bytes_equal(q.scales, e.scales, what + ": scales")
     if fmt == "nvfp4":  # the tensor scale from the rotated tensor's amax
@@ -131,7 +131,7 @@ def test_matrix_qdq_refuses_a_gradient_it_would_get_wrong(unfused, monkeypatch):
     m = _orthogonal(32, torch.float32, 2)
     with pytest.raises(NotImplementedError, match="rotation"):
         mxq.qdq(x, "mxfp4", rotation=m)
-    with pytest.raises((NotImplementedError, RuntimeError)):
+    with pytest.raises(NotImplementedError, match="rotation"):
         mxq.qdq_(x * 1, "mxfp4", rotation=m)
     with torch.no_grad():
         assert mxq.qdq(x, "mxfp4", rotation=m).shape == x.shape
@@ -154,3 +154,34 @@ def test_matrix_opcheck_and_compile():
     torch._dynamo.reset()
     f = torch.compile(lambda t: mxq.qdq(t, "mxfp4", rule="even", rotation=m), fullgraph=True)
     assert_bytes_equal(f(x), mxq.qdq(x, "mxfp4", rule="even", rotation=m), "compiled matrix qdq")
+
+
+def test_matrix_paths_compile_without_graph_breaks(monkeypatch):
+    """Both paths (the fused CPU kernels; the torch rotation GPU tensors take, here on the CPU) traced
+    whole by torch.compile: quantize, qdq, qdq_ and the rotated-back dequantize, the same bytes."""
+    x = llm_like(8, 128, torch.bfloat16, 5)
+    m = _orthogonal(32, torch.bfloat16, 6)
+    inv = torch.linalg.inv(m.double()).float()
+
+    def f(t):
+        q = mxq.quantize(t, "nvfp4", rotation=m, rotation_inverse=inv)
+        u = t.clone()
+        mxq.qdq_(u, "mxfp4", rotation=m)
+        return q.codes, q.scales, q.dequantize(), mxq.qdq(t, "mxfp8", rotation=m), u
+
+    for unfused in (False, True):
+        monkeypatch.setattr(mops, "_UNFUSED_ON_CPU", unfused)
+        torch._dynamo.reset()
+        got = torch.compile(f, fullgraph=True)(x)
+        for g, e, what in zip(got, f(x), ["codes", "scales", "dequantize", "qdq", "qdq_"]):
+            assert_bytes_equal(g, e, f"compiled ({'torch rotation' if unfused else 'fused'}) {what}")
+
+
+def test_matrix_requiring_grad_is_detached():
+    x = llm_like(4, 64, torch.bfloat16, 7)
+    m = _orthogonal(32, torch.float32, 8).requires_grad_()
+    with torch.no_grad():
+        expect = mxq.qdq(x, "mxfp4", rotation=m.detach())
+    assert torch.equal(mxq.qdq(x, "mxfp4", rotation=m), expect)
+    q = mxq.quantize(x, "mxfp4", rotation=m)
+    assert not q.rotation_matrix.requires_grad

@@ -28,9 +28,11 @@ int main(int argc, char** argv) {
   mxq::cli::InspectArgs inspect;
   CLI::App* c_inspect = app.add_subcommand("inspect", "tensors, dtypes, shapes and bytes of a safetensors file or checkpoint directory");
   c_inspect->add_option("file", inspect.file, "a .safetensors file or a checkpoint directory (every shard)")->required();
-  c_inspect->add_option("--against", inspect.against,
+  CLI::Option* against_opt = c_inspect->add_option("--against", inspect.against,
                         "original .safetensors file or checkpoint directory: per-tensor error (quantized modules dequantized)");
-  c_inspect->add_option("--device", inspect.device, "where --against dequantizes: cpu, cuda or auto")->capture_default_str();
+  c_inspect->add_option("--device", inspect.device, "where --against dequantizes: cpu, cuda or auto")
+      ->capture_default_str()
+      ->needs(against_opt);
 
   mxq::cli::QuantizeArgs quant;
   CLI::App* c_quant = app.add_subcommand("quantize", "a safetensors checkpoint to the compressed-tensors layout vLLM loads");
