@@ -118,7 +118,11 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
       const std::int64_t full = std::min(b1, p.K / 16);
       if (full > b) {
         alignas(64) std::uint8_t sb[kTileBlocks];
-        load_scales(p, scales, q.scales.stride(), r, b, sb, full - b);
+        for (std::int64_t j = b; j < full;) {  // the scale bytes by runs (four columns of a swizzled tile)
+          const std::int64_t k = (j % 4 == 0 && j + 4 <= full) ? 4 : 1;
+          std::memcpy(sb + (j - b), scales + p.scale_offset(r, j, q.scales.stride()), std::size_t(k));
+          j += k;
+        }
         nvfp4_dequant_blocks_avx2<DT>(crow + b * 8, sb, int(full - b), nvt, static_cast<Storage<DT>*>(yrow) + b * 16);
         b = full;
       }

@@ -668,11 +668,11 @@ MXQ_INLINE void scale_runs(const Problem& p, std::int64_t stride, std::int64_t r
     j += k;
   }
 }
-inline void store_scales(const Problem& p, std::uint8_t* scales, std::int64_t stride, std::int64_t r, std::int64_t b,
+MXQ_INLINE void store_scales(const Problem& p, std::uint8_t* scales, std::int64_t stride, std::int64_t r, std::int64_t b,
                          const std::uint8_t* sb, std::int64_t n) {
   scale_runs(p, stride, r, b, n, [&](std::int64_t at, std::int64_t j, std::int64_t k) { std::memcpy(scales + at, sb + j, std::size_t(k)); });
 }
-inline void load_scales(const Problem& p, const std::uint8_t* scales, std::int64_t stride, std::int64_t r, std::int64_t b,
+MXQ_INLINE void load_scales(const Problem& p, const std::uint8_t* scales, std::int64_t stride, std::int64_t r, std::int64_t b,
                         std::uint8_t* sb, std::int64_t n) {
   scale_runs(p, stride, r, b, n, [&](std::int64_t at, std::int64_t j, std::int64_t k) { std::memcpy(sb + j, scales + at, std::size_t(k)); });
 }

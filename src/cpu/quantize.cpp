@@ -90,7 +90,7 @@ MXQ_INLINE bool quantize_block_direct(ScaleRule rule, const Storage<DT>* s, std:
 // arithmetic of quantize_block_direct a step at a time across the eight blocks (the rule's exponent
 // by amax_rule_exp, which fastmath_test holds equal to mx_scale_exp). Returns false, writing nothing,
 // when a block is zero, not finite or scaled outside MxFastRange (the caller takes them one by one).
-template <ElemType ET, DType DT>
+template <ElemType ET, DType DT, bool QUEST = false>
 MXQ_INLINE bool mx_blocks8_direct(const core::AmaxRule& k, const Storage<DT>* s, std::uint8_t* d, std::uint8_t* sb,
                                   const float* quest = nullptr) {
   constexpr FloatSpec f = Elem<ET>::spec;
@@ -106,8 +106,10 @@ MXQ_INLINE bool mx_blocks8_direct(const core::AmaxRule& k, const Storage<DT>* s,
   bool ok = true;
   for (int j = 0; j < 8; ++j) {
     ok &= am[j] != 0 && am[j] < 0x7F800000u;
-    e[j] = quest ? mx_scale_exp(ScaleRule::quest, u2f(am[j] | std::uint32_t(am[j] == 0)), quest[j], f)  // quest: given
-                 : core::amax_rule_exp<f.mbits>(k, am[j] | std::uint32_t(am[j] == 0));  // (a zero block is refused above)
+    if constexpr (QUEST)  // its statistics given
+      e[j] = mx_scale_exp(ScaleRule::quest, u2f(am[j] | std::uint32_t(am[j] == 0)), quest[j], f);
+    else
+      e[j] = core::amax_rule_exp<f.mbits>(k, am[j] | std::uint32_t(am[j] == 0));  // (a zero block is refused above)
     ok &= MxFastRange<ET>::contains(e[j]);
   }
   if (!ok) return false;
@@ -199,7 +201,9 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
 #if defined(MXQ_CPU_NVFP4_AVX2)
         if (quest8) quest_args8_avx2<DT>(row + b * 32, qa);
 #endif
-        if (!mx_blocks8_direct<ET, DT>(k, row + b * 32, o.codes_row + b * cpb, sb8, quest8 ? qa : nullptr)) break;
+        const bool done = quest8 ? mx_blocks8_direct<ET, DT, true>(k, row + b * 32, o.codes_row + b * cpb, sb8, qa)
+                                 : mx_blocks8_direct<ET, DT>(k, row + b * 32, o.codes_row + b * cpb, sb8);
+        if (!done) break;
         store_scales(p, o.scales, o.scale_stride, r, b, sb8, 8);
       }
     }
