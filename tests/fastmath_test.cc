@@ -371,7 +371,7 @@ TEST(FastQuest, BlockStatisticsMatchTheCodec) {
         direct[j] = dt ? mxq::cpu::quest_arg_direct<DType::f32, 32>(reinterpret_cast<const std::uint32_t*>(v) + 32 * j)
                        : mxq::cpu::quest_arg_direct<DType::bf16, 32>(b16 + 32 * j);
       }
-#if defined(MXQ_CPU_NVFP4_AVX2)
+#if defined(MXQ_CPU_AVX2)
       const bool avx2 = mxq::cpu::cpu_has_avx2();
       if (avx2) {
         if (dt) mxq::cpu::quest_args8_avx2<DType::f32>(reinterpret_cast<const std::uint32_t*>(v), lanes);

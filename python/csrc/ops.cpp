@@ -500,6 +500,15 @@ using UnswizzleFn = at::Tensor(const at::Tensor&, c10::SymInt, c10::SymInt);
 
 bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad() && at::GradMode::is_enabled(); }
 
+// The straight-through gradient of a rotated QDQ is grad_y @ R^T (the result is in the rotated domain),
+// which mxq does not compute: refused rather than returned wrong.
+void refuse_rotated_gradient(const char* op, c10::string_view rotation, const std::optional<at::Tensor>& matrix) {
+  TORCH_CHECK_NOT_IMPLEMENTED((rotation == "none" || rotation.empty()) && !matrix,
+                              "mxq." + std::string(op) + ": argument 'rotation' = '" + std::string(matrix ? "a matrix" : rotation) +
+                                  "' with x requiring grad: the gradient of a rotated qdq (grad_y @ R^T) is not implemented; "
+                                  "call it under torch.no_grad() or on x.detach()");
+}
+
 struct QdqStraightThrough : public torch::autograd::Function<QdqStraightThrough> {
   static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x, c10::string_view format,
                             c10::string_view rule, int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
@@ -518,12 +527,7 @@ at::Tensor qdq_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string
                         int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
                         std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
   if (needs_grad(x)) {
-    // The straight-through gradient of a rotated QDQ is grad_y @ R^T (the result is in the rotated
-    // domain), which mxq does not compute: refused rather than returned wrong.
-    TORCH_CHECK_NOT_IMPLEMENTED((rotation == "none" || rotation.empty()) && !rotation_matrix,
-                                "mxq.qdq: argument 'rotation' = '" + std::string(rotation_matrix ? "a matrix" : rotation) +
-                                    "' with x requiring grad: the gradient of a rotated qdq (grad_y @ R^T) is not implemented; "
-                                    "call it under torch.no_grad() or on x.detach()");
+    refuse_rotated_gradient("qdq", rotation, rotation_matrix);
     return QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix);
   }
   static const auto op = typed_op<QdqFn>("mxq::qdq");
@@ -541,10 +545,7 @@ void qdq_inplace_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::stri
   if (needs_grad(x)) {
     TORCH_CHECK(!x.is_leaf(), "mxq.qdq_: a leaf Variable that requires grad is being used in an in-place operation "
                 "(use mxq.qdq, or overwrite it under torch.no_grad())");
-    TORCH_CHECK_NOT_IMPLEMENTED((rotation == "none" || rotation.empty()) && !rotation_matrix,
-                                "mxq.qdq_: argument 'rotation' = '" + std::string(rotation_matrix ? "a matrix" : rotation) +
-                                    "' with x requiring grad: the gradient of a rotated qdq (grad_y @ R^T) is not implemented; "
-                                    "call it under torch.no_grad() or on x.detach()");
+    refuse_rotated_gradient("qdq_", rotation, rotation_matrix);
     x.copy_(QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix));
     return;
   }

@@ -243,7 +243,7 @@ class QuantizedTensor:
     # rotates back.
     rotation: str = "none"
     rotation_seed: int = 0
-    # rotation "matrix": R (as given) and R^-1 when given (else dequantize computes it).
+    # rotation "matrix": R (checked, detached) and R^-1 when given (else dequantize computes it).
     rotation_matrix: Optional[torch.Tensor] = field(default=None, repr=False)
     rotation_inverse: Optional[torch.Tensor] = field(default=None, repr=False)
 
@@ -303,7 +303,7 @@ def quantize(
                   exact and summed in float64, rounded once to float32 (docs/numerics.md). CPU tensors:
                   in mxq's kernels; GPU tensors: torch rotates first (a float64 matmul and a float32
                   copy of x; the same bytes as the CPU whenever the float64 sums are exact: see
-                  docs/python.md, "Rotations").
+                  docs/python.md, "Rotation by a matrix").
     rotation_inverse: with a matrix R, R^-1 (R.T for an orthogonal R) for the result's dequantize;
                   None computes it then (in float64, rounded to float32).
 

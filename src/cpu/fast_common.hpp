@@ -47,6 +47,19 @@ constexpr std::int64_t kTileBlocks = 64;
 #endif
 #define MXQ_INLINE [[gnu::always_inline]] inline
 
+// AVX2 intrinsics paths (x86 with GCC), each taken where the CPU has AVX2 (cpu_has_avx2), with a
+// portable fallback beside it: NVFP4 quantize / QDQ / dequantize, quest's block statistics, Philox.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define MXQ_CPU_AVX2 1
+inline bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+#endif
+
+// Philox4x32-10's constants (core::philox4x32_10): multipliers and key increments.
+constexpr std::uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u, kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
+
 template <class F>
 void parallel_tiles(std::int64_t rows, std::int64_t nblocks, F&& f) {
   const std::int64_t per_row = (nblocks + kTileBlocks - 1) / kTileBlocks;
@@ -222,9 +235,7 @@ MXQ_INLINE float e2m1_value_bf(std::uint32_t mag) {
 }
 
 // ---- stochastic rounding: the comparison words of a block ----------------------------------------------
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define MXQ_SR_PHILOX_AVX2 1
-inline bool cpu_has_avx2();
+#if defined(MXQ_CPU_AVX2)
 // Philox4x32-10 (core::philox4x32_10) of counters c0 + c, c = 0, 8, 16, ... below nc rounded down to
 // eight, key (ks0, ks1), eight counters in the lanes of AVX2 registers: each 32 x 32 -> 64-bit product
 // from two vpmuludq (even and odd lanes), its high and low halves blended back into lane order. The
@@ -232,8 +243,7 @@ inline bool cpu_has_avx2();
 __attribute__((target("avx2"))) inline int philox8_avx2(std::uint64_t c0, int nc, std::uint32_t ks0, std::uint32_t ks1,
                                                         std::uint32_t* w0, std::uint32_t* w1, std::uint32_t* w2,
                                                         std::uint32_t* w3) {
-  constexpr std::uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
-  const __m256i vM0 = _mm256_set1_epi64x(M0), vM1 = _mm256_set1_epi64x(M1), idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i vM0 = _mm256_set1_epi64x(kPhiloxM0), vM1 = _mm256_set1_epi64x(kPhiloxM1), idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i sign = _mm256_set1_epi32(int(0x80000000u));
   auto mulhilo = [](__m256i x, __m256i m, __m256i& hi, __m256i& lo) __attribute__((target("avx2"))) {
     const __m256i ev = _mm256_mul_epu32(x, m), od = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);
@@ -259,8 +269,8 @@ __attribute__((target("avx2"))) inline int philox8_avx2(std::uint64_t c0, int nc
       x3 = lo0;
       x0 = y0;
       x2 = y2;
-      k0 += W0;
-      k1 += W1;
+      k0 += kPhiloxW0;
+      k1 += kPhiloxW1;
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(w0 + c), x0);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(w1 + c), x1);
@@ -283,9 +293,8 @@ MXQ_INLINE void sr_words_b(std::uint64_t seed, std::uint64_t j0, int n, std::uin
   const int nc = int(((j0 + std::uint64_t(n) - 1) >> lp) - c0) + 1;  // <= 256 / 4 + 1
   alignas(64) std::uint32_t w0[72], w1[72], w2[72], w3[72];
   const std::uint32_t ks0 = std::uint32_t(seed), ks1 = std::uint32_t(seed >> 32);
-  constexpr std::uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
   int c = 0;
-#if defined(MXQ_SR_PHILOX_AVX2)
+#if defined(MXQ_CPU_AVX2)
   if (cpu_has_avx2()) c = philox8_avx2(c0, nc, ks0, ks1, w0, w1, w2, w3);  // whole groups of eight counters
 #endif
   for (; c < nc; ++c) {
@@ -293,14 +302,14 @@ MXQ_INLINE void sr_words_b(std::uint64_t seed, std::uint64_t j0, int n, std::uin
     std::uint32_t x0 = std::uint32_t(cc), x1 = std::uint32_t(cc >> 32), x2 = 0, x3 = 0, k0 = ks0, k1 = ks1;
 #pragma GCC unroll 10
     for (int r = 0; r < 10; ++r) {
-      const std::uint64_t p0 = std::uint64_t(M0) * x0, p1 = std::uint64_t(M1) * x2;
+      const std::uint64_t p0 = std::uint64_t(kPhiloxM0) * x0, p1 = std::uint64_t(kPhiloxM1) * x2;
       const std::uint32_t y0 = std::uint32_t(p1 >> 32) ^ x1 ^ k0, y2 = std::uint32_t(p0 >> 32) ^ x3 ^ k1;
       x1 = std::uint32_t(p1);
       x3 = std::uint32_t(p0);
       x0 = y0;
       x2 = y2;
-      k0 += W0;
-      k1 += W1;
+      k0 += kPhiloxW0;
+      k1 += kPhiloxW1;
     }
     w0[c] = x0;
     w1[c] = x1;
@@ -462,13 +471,8 @@ MXQ_INLINE float quest_arg_direct(const Storage<DT>* s) {
   return quest_arg(v, G);
 }
 
-// ---- NVFP4 outputs by AVX2's lane permute (x86 with GCC; taken where the CPU has AVX2) -----------------
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define MXQ_CPU_NVFP4_AVX2 1
-inline bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-}
+// ---- NVFP4 outputs by AVX2's lane permute, NVFP4 and quest blocks in AVX2 lanes ------------------------
+#if defined(MXQ_CPU_AVX2)
 // The sixteen outputs of one NVFP4 block stored to y (DT storage): element i's is t[code & 7] (t the
 // block's eight output bits in DT, one per magnitude; vpermd reads each index's low three bits) with
 // the code's sign bit an XOR of DT's (RN is symmetric: a negative code's result is the positive one's
@@ -656,25 +660,17 @@ __attribute__((target("avx2"))) inline void nvfp4_pack_chunk_avx2(const Nvfp4Chu
 #endif
 
 // ---- scale bytes of consecutive blocks ------------------------------------------------------------------
-// The scale bytes (r, b), ..., (r, b + n - 1) as contiguous runs: f(offset, j, k) for bytes j .. j + k
-// of the run at that byte offset of the scale tensor; a linear row is one run, a swizzled one has runs
-// of four columns (contiguous in the 128 x 4 tiles).
-template <class F>
-MXQ_INLINE void scale_runs(const Problem& p, std::int64_t stride, std::int64_t r, std::int64_t b, std::int64_t n, F&& f) {
-  if (p.opt.scale_layout == ScaleLayout::linear) return f(r * stride + b, 0, n);
+// sb[0..n) to the scale bytes (r, b), ..., (r, b + n - 1) by contiguous runs: a linear row at once, a
+// swizzled one four columns at a time (contiguous in the 128 x 4 tiles). dequantize.cpp reads them by
+// the same runs, written out there.
+MXQ_INLINE void store_scales(const Problem& p, std::uint8_t* scales, std::int64_t stride, std::int64_t r, std::int64_t b,
+                             const std::uint8_t* sb, std::int64_t n) {
+  if (p.opt.scale_layout == ScaleLayout::linear) return (void)std::memcpy(scales + r * stride + b, sb, std::size_t(n));
   for (std::int64_t j = 0; j < n;) {
-    const std::int64_t c = b + j, k = (c % 4 == 0 && j + 4 <= n) ? 4 : 1;
-    f(p.scale_offset(r, c, stride), j, k);
+    const std::int64_t k = ((b + j) % 4 == 0 && j + 4 <= n) ? 4 : 1;
+    std::memcpy(scales + p.scale_offset(r, b + j, stride), sb + j, std::size_t(k));
     j += k;
   }
-}
-MXQ_INLINE void store_scales(const Problem& p, std::uint8_t* scales, std::int64_t stride, std::int64_t r, std::int64_t b,
-                         const std::uint8_t* sb, std::int64_t n) {
-  scale_runs(p, stride, r, b, n, [&](std::int64_t at, std::int64_t j, std::int64_t k) { std::memcpy(scales + at, sb + j, std::size_t(k)); });
-}
-MXQ_INLINE void load_scales(const Problem& p, const std::uint8_t* scales, std::int64_t stride, std::int64_t r, std::int64_t b,
-                        std::uint8_t* sb, std::int64_t n) {
-  scale_runs(p, stride, r, b, n, [&](std::int64_t at, std::int64_t j, std::int64_t k) { std::memcpy(sb + j, scales + at, std::size_t(k)); });
 }
 
 // ---- dispatch: runtime enums -> template parameters ------------------------------------------------------------

@@ -84,7 +84,7 @@ MXQ_INLINE void nvfp4_qdq_blocks8(const Storage<DT>* s, float S, const NvTables&
     }
 }
 
-#if defined(MXQ_CPU_NVFP4_AVX2)
+#if defined(MXQ_CPU_AVX2)
 // nvfp4_qdq_blocks8 for n consecutive chunks of eight blocks, where the CPU has AVX2: each block's
 // eight possible outputs (nvfp4_decode of magnitudes 0..7 under its scale, converted to DT) computed
 // once, then every element's picked by its code (nvfp4_store16_avx2) instead of a division per
@@ -141,7 +141,7 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
     if (nv4 && !sr) {  // NVFP4's full blocks, eight at a time
       const Storage<DT>* xrow =
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
-#if defined(MXQ_CPU_NVFP4_AVX2)
+#if defined(MXQ_CPU_AVX2)
       if (cpu_has_avx2()) {
         const std::int64_t n = std::max<std::int64_t>(0, (std::min(b1, p.K / 16) - b) / 8);
         nvfp4_qdq_chunks_avx2<DT>(xrow + b * 16, n, p.S, *nv, static_cast<Storage<DT>*>(yrow) + b * 16);
@@ -152,7 +152,7 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
         nvfp4_qdq_blocks8<DT>(xrow + b * 16, p.S, *nv, static_cast<Storage<DT>*>(yrow) + b * 16);
     }
   }
-#if defined(MXQ_CPU_NVFP4_AVX2)
+#if defined(MXQ_CPU_AVX2)
   if constexpr (G == 32 && DT != DType::f16) {
     if (direct && rule == ScaleRule::quest && cpu_has_avx2()) {  // quest's block statistics eight blocks at a time
       const Storage<DT>* xrow =

@@ -154,7 +154,7 @@ MXQ_INLINE void nvfp4_blocks8(const Storage<DT>* s, float S, const float* mtab, 
   std::memcpy(d, pk, 64);
 }
 
-#if defined(MXQ_CPU_NVFP4_AVX2)
+#if defined(MXQ_CPU_AVX2)
 // nvfp4_blocks8 for n consecutive chunks of eight blocks, where the CPU has AVX2 (nvfp4_chunk_avx2:
 // the same operations, one vector lane per block or element). sb: the 8 n scale bytes.
 template <DType DT>
@@ -187,7 +187,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
     // MX full blocks, eight at a time where all eight are plain (quest: where its statistics are
     // computed eight blocks at a time)
     bool quest8 = false;
-#if defined(MXQ_CPU_NVFP4_AVX2)
+#if defined(MXQ_CPU_AVX2)
     quest8 = rule == ScaleRule::quest && cpu_has_avx2();
 #endif
     if (direct && !o.mask_row && (rule != ScaleRule::quest || quest8)) {
@@ -198,7 +198,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
       for (; b + 8 <= b1 && (b + 8) * 32 <= p.K; b += 8) {
         std::uint8_t sb8[8];
         alignas(32) float qa[8];
-#if defined(MXQ_CPU_NVFP4_AVX2)
+#if defined(MXQ_CPU_AVX2)
         if (quest8) quest_args8_avx2<DT>(row + b * 32, qa);
 #endif
         const bool done = quest8 ? mx_blocks8_direct<ET, DT, true>(k, row + b * 32, o.codes_row + b * cpb, sb8, qa)
@@ -212,7 +212,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
     if (nv4 && !sr && !o.mask_row) {  // NVFP4's full blocks, eight at a time, straight from the source
       const Storage<DT>* row =
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
-#if defined(MXQ_CPU_NVFP4_AVX2)
+#if defined(MXQ_CPU_AVX2)
       if (cpu_has_avx2()) {
         const std::int64_t n = std::max<std::int64_t>(0, (std::min(b1, p.K / 16) - b) / 8);
         alignas(64) std::uint8_t sb[kTileBlocks];
@@ -238,7 +238,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
         const Storage<DT>* src =
             reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + (r * x.stride() + k0) * dtype_size(DT));
         const float* qa = nullptr;
-#if defined(MXQ_CPU_NVFP4_AVX2)
+#if defined(MXQ_CPU_AVX2)
         if constexpr (G == 32) {
           if (rule == ScaleRule::quest && cpu_has_avx2()) {
             if (b >= qa_b + 8 && b + 8 <= b1 && (b + 8) * 32 <= p.K) {
