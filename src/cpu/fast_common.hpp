@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -49,10 +50,16 @@ constexpr std::int64_t kTileBlocks = 64;
 
 // AVX2 intrinsics paths (x86 with GCC), each taken where the CPU has AVX2 (cpu_has_avx2), with a
 // portable fallback beside it: NVFP4 quantize / QDQ / dequantize, quest's block statistics, Philox.
+// MXQ_CPU_NO_AVX2=1 in the environment (read once) takes the fallbacks on an AVX2 CPU too: the tests
+// run the CPU suites that way (tests/CMakeLists.txt, portable_*), so both paths are held to the bytes.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define MXQ_CPU_AVX2 1
 inline bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
+  static const bool has = [] {
+    const char* off = std::getenv("MXQ_CPU_NO_AVX2");
+    if (off && *off && std::strcmp(off, "0") != 0) return false;
+    return static_cast<bool>(__builtin_cpu_supports("avx2"));
+  }();
   return has;
 }
 #endif
