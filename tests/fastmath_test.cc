@@ -69,6 +69,13 @@ TEST(FastStochastic, UnscaledRoundingMatchesTheCodecForEveryBf16) {
             if (std::bit_cast<std::uint32_t>(got) != std::bit_cast<std::uint32_t>(want) && bad++ < 5)
               ADD_FAILURE() << to_string(ET) << " B=" << B << " x=" << std::hex << xb << " e=" << std::dec << e
                             << " rnd=" << std::hex << rnd << std::dec << ": got " << got << " want " << want;
+            // the integer form (the CPU fast path's), every B: the code and its value
+            const std::uint32_t want_code = encode_scaled_sr<ET>(xb, e, rnd) & ((1u << (f.bits - 1)) - 1u);
+            const std::uint32_t code = sr_code_unscaled<ET>(xb, e, rnd), vbits = sr_code_value_bits<ET>(code, e);
+            if ((code != want_code || vbits != std::bit_cast<std::uint32_t>(want)) && bad++ < 5)
+              ADD_FAILURE() << to_string(ET) << " sr_code_unscaled B=" << B << " x=" << std::hex << xb << " e=" << std::dec
+                            << e << " rnd=" << std::hex << rnd << ": code " << code << " want " << want_code << ", value "
+                            << vbits << " want " << std::bit_cast<std::uint32_t>(want) << std::dec;
           }
         }
       }
@@ -121,6 +128,10 @@ TEST(FastStochastic, Nvfp4RoundingOfAnyProductMatchesTheCodec) {
         if (got != want && bad++ < 5)
           ADD_FAILURE() << "B=" << B << " v=" << std::hex << vb << " rnd=" << rnd << std::dec << ": got code " << got
                         << " want " << want << " (|v| " << u2f(a) << ")";
+        const std::uint32_t got_int = sr_code_unscaled<ElemType::e2m1>(vb, 0, rnd) | ((vb >> 31) << 3);
+        if (got_int != want && bad++ < 5)
+          ADD_FAILURE() << "sr_code_unscaled B=" << B << " v=" << std::hex << vb << " rnd=" << rnd << std::dec
+                        << ": got code " << got_int << " want " << want << " (|v| " << u2f(a) << ")";
       }
     }
   }

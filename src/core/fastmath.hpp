@@ -333,6 +333,40 @@ MXQ_HD_HOT float sr_round_unscaled(std::uint32_t xbits, int e, std::uint32_t rnd
   return fminf_nn(r, mul_rn(u2f(max_value_bits(f)), pow2f(e)));
 }
 
+// sr_round_unscaled's result as ET's magnitude code, in integer arithmetic (no rounding constant, no
+// fp32 subtraction): for any non-NaN x (infinities and |x| past the largest value saturate) and e in
+// the kernels' fast range, so that the smallest normal element's binade field lo >= 1. |x| = sig 2^(E-150)
+// (E its exponent field, a subnormal read in field 1 without the implicit bit); below lo the quantum
+// stays lo's: sh = 23 - mbits + max(lo - E, 0) bits of sig lie below it. The grid point under |x| as
+// a code is (max(E - lo, 0) << mbits) + (sig >> sh) (IEEE codes count quanta across binades), and it
+// rounds up by one code when rnd < floor(frac 2^32), frac = (sig mod 2^sh) / 2^sh: round_magnitude32's
+// comparison on the same fraction. Every shift count is below 32. fastmath_test checks it against
+// encode_scaled_sr.
+template <ElemType ET>
+MXQ_HD_HOT std::uint32_t sr_code_unscaled(std::uint32_t xbits, int e, std::uint32_t rnd) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  const std::uint32_t fld = (xbits >> 23) & 0xFFu, E = umax(fld, 1u);
+  const std::uint32_t sig = (xbits & 0x7FFFFFu) | (std::uint32_t(fld != 0u) << 23);
+  const std::uint32_t lo = std::uint32_t(f.emin + e + 127);
+  const std::uint32_t up = E > lo ? E - lo : 0u, sh = std::uint32_t(23 - f.mbits) + (lo > E ? lo - E : 0u);
+  const std::uint32_t t = (up << f.mbits) + (sig >> umin(sh, 31u));  // sig < 2^24: 0 from sh = 24 on
+  const std::uint32_t rem = sig & ((1u << umin(sh, 24u)) - 1u);
+  const std::uint32_t thr = (rem << (32u - umin(sh, 32u))) >> umin(umax(sh, 32u) - 32u, 31u);
+  return umin(t + std::uint32_t(rnd < thr), f.maxcode);
+}
+
+// The value of a magnitude code of ET scaled by 2^e (e in the kernels' fast range), as fp32 bits: a
+// normal code's exponent and mantissa fields placed in binade lo - 1 + (code >> mbits); a subnormal
+// code c read as 2^(lo-1) (1 + c 2^-mbits), less 2^(lo-1), doubled: c 2^(lo-mbits). Exact throughout.
+template <ElemType ET>
+MXQ_HD_HOT std::uint32_t sr_code_value_bits(std::uint32_t code, int e) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  const std::uint32_t lo1 = std::uint32_t(f.emin + e + 126) << 23;  // 2^(lo-1)'s bits
+  const std::uint32_t v = lo1 + (code << (23 - f.mbits));
+  const float sub = mul_rn(sub_rn(u2f(v), u2f(lo1)), 2.0f);
+  return code < (1u << f.mbits) ? f2u(sub) : v;
+}
+
 // sr_round_unscaled for a comparison word of B <= 16 random bits (sr_word: the field r in the word's B
 // high bits, the 32 - B low bits set), by a dithered add. The rule rounds up iff r < floor(frac 2^B),
 // frac = (|x| - t) / Q: for integers that is r + 1 <= frac 2^B, i.e. frac + (2^B - 1 - r) 2^-B >= 1. So

@@ -405,8 +405,6 @@ MXQ_INLINE void mx_block_codes(int g_rt, const float* xf, int e, bool sr, const 
   const int g = G ? G : g_rt;
   if (MxFastRange<ET>::contains(e)) {
     const MxBinades bn = mx_binades<ET>(e);
-    const std::uint32_t lo = bn.lo;
-    constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
     if (!sr) {
       for (int i = 0; i < g; ++i) {
         const std::uint32_t xb = f2u(xf[i]);
@@ -415,12 +413,9 @@ MXQ_INLINE void mx_block_codes(int g_rt, const float* xf, int e, bool sr, const 
       return;
     }
     if constexpr (!f.twos_complement) {
-      for (int i = 0; i < g; ++i) {
+      for (int i = 0; i < g; ++i) {  // the integer form (fastmath_test)
         const std::uint32_t xb = f2u(xf[i]);
-        // r is a grid value: r + Cc is exact, and its bits count r's quanta.
-        const float r = sr_round_unscaled_bf<ET>(xb, e, rnd[i]);
-        const std::uint32_t be = umax(f2u(r) & 0x7F800000u, lo), cb = be + kC;
-        codes[i] = sign_code<ET>(umin(readoff_mag<f.mbits>(f2u(add_rn(r, u2f(cb))), be, cb, lo), f.maxcode), xb >> 31);
+        codes[i] = sign_code<ET>(sr_code_unscaled<ET>(xb, e, rnd[i]), xb >> 31);
       }
       return;
     }

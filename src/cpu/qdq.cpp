@@ -189,7 +189,8 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
       const float m = nv->m[sc], sval = nv->sval[sc], S = p.S;
       std::uint32_t* codes = out;  // the codes, then the outputs in their place
       if (sr)
-        for (int i = 0; i < g; ++i) codes[i] = nvfp4_encode_sr(f2u(xf[i]), m, rnd[i]);
+        for (int i = 0; i < g; ++i)  // nvfp4_encode_sr in the integer form (fastmath_test)
+          codes[i] = sr_code_unscaled<ElemType::e2m1>(f2u(nvfp4_product(f2u(xf[i]), m)), 0, rnd[i]) | ((f2u(xf[i]) >> 31) << 3);
       else
         for (int i = 0; i < g; ++i) codes[i] = nvfp4_code_rne_bf(f2u(xf[i]), m);
       for (int i = 0; i < g; ++i) {
@@ -215,7 +216,7 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
         // bits and normal, so the bf16 output is its high half.
         for (int i = 0; i < g; ++i) {
           const std::uint32_t xb = f2u(xf[i]);
-          const std::uint32_t v = f2u(sr_round_unscaled_bf<ET>(xb, e, rnd[i]));
+          const std::uint32_t v = sr_code_value_bits<ET>(sr_code_unscaled<ET>(xb, e, rnd[i]), e);
           out[i] = DT == DType::f32 ? (v | (xb & 0x80000000u)) : ((v >> 16) | ((xb >> 31) << 15));
         }
       } else {

@@ -270,7 +270,8 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
         const float m = nv->m[sc];
         sb = static_cast<std::uint8_t>(sc);
         if (sr)
-          for (int i = 0; i < g; ++i) codes[i] = nvfp4_encode_sr(f2u(xf[i]), m, rnd[i]);
+          for (int i = 0; i < g; ++i)  // nvfp4_encode_sr in the integer form (fastmath_test)
+          codes[i] = sr_code_unscaled<ElemType::e2m1>(f2u(nvfp4_product(f2u(xf[i]), m)), 0, rnd[i]) | ((f2u(xf[i]) >> 31) << 3);
         else
           for (int i = 0; i < g; ++i) codes[i] = nvfp4_code_rne_bf(f2u(xf[i]), m);
         if (o.mask_row)
