@@ -138,8 +138,14 @@ Backend choose(const char* fn, const QuantOptions* opt, const Tensor& first,
 // The plan's NVFP4 tensor scale (numerics.md section 3), for every backend alike: given; 1 for an
 // empty tensor (the scale of amax 0); from the host amax for the CPU backends; on the CUDA backend
 // reduced on the device into `acc` (quantize: its tensor-scale output, else the workspace), which the
-// caller must provide.
+// caller must provide. NVFP4 under rule quest: 1, on the CPU backends only in this version.
 void plan_tensor_scale(const Checker& c, Problem& p, const Tensor& x, Backend b, float* tensor_scale_out) {
+  if (p.nvfp4_quest()) {
+    if (b == Backend::cuda)
+      c.unsupported("nvfp4 with rule 'quest' on the CUDA backend: its block scales are computed by the CPU backends in "
+                    "this version (dequantize runs anywhere: the tensor scale is 1)");
+    return;  // S = 1 (make_problem)
+  }
   if (!p.nvfp4() || p.opt.tensor_scale) return;
   if (p.empty) {
     p.S = core::nvfp4_encode_scale(0.0f);
@@ -252,8 +258,8 @@ void dequantize(const QuantizedIn& q, const Tensor& y, const QuantOptions& opt) 
   Checker c("dequantize");
   c.float_view("y", y);
   const Problem p = core::make_problem(c, opt, y.rows, y.cols);
-  if (opt.format == Format::nvfp4 && !opt.tensor_scale)
-    c.fail("option 'tensor_scale': dequantizing nvfp4 needs the encode scale S that quantize used");
+  if (opt.format == Format::nvfp4 && !opt.tensor_scale && opt.rule != ScaleRule::quest)
+    c.fail("option 'tensor_scale': dequantizing nvfp4 needs the encode scale S that quantize used (rule 'quest': 1)");
   c.view("codes", q.codes, DType::u8, y.rows, code_cols(opt.format, y.cols));
   const Shape2 ss = scale_shape(opt, y.rows, y.cols);
   c.view("scales", q.scales, DType::u8, ss.rows, ss.cols, opt.scale_layout == ScaleLayout::swizzled);
@@ -411,6 +417,8 @@ std::optional<Problem> fused_problem(const Checker& c, const QuantOptions* q, co
   if (p.stochastic)
     c.unsupported("option 'rounding': the fused producer ops round to nearest even only (stochastic rounding: "
                   "produce the tensor, then qdq())");
+  if (p.nvfp4_quest())
+    c.unsupported("nvfp4 with rule 'quest' in the fused producer ops (produce the tensor, then qdq())");
   if (p.nvfp4() && !q->tensor_scale)
     c.unsupported("nvfp4 needs option 'tensor_scale' in the fused producer ops (a computed tensor scale needs the "
                   "whole output before any block: produce the tensor, then qdq())");

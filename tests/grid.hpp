@@ -76,6 +76,7 @@ inline std::vector<Case> all_cases() {
 
 inline mxq::QuantOptions options_of(const Case& c) {
   mxq::QuantOptions o = c.format == mxq::Format::nvfp4 ? mxq::QuantOptions::nvfp4() : mxq::QuantOptions::mx(c.format, c.rule);
+  o.rule = c.rule;
   o.rounding = c.rounding;
   o.group_size = c.group;
   o.seed = 0xC0FFEE;
@@ -158,6 +159,16 @@ inline float nvfp4_bf16_tie_scale() {
   }
 }
 
+// What the CUDA backend refuses by design in this version (the tests check the refusal itself
+// elsewhere): NVFP4 under rule quest (its block scales are computed on the CPU backends only).
+inline bool cuda_refuses(mxq::Backend b, const mxq::QuantOptions& o) {
+  return b == mxq::Backend::cuda && o.format == mxq::Format::nvfp4 && o.rule == mxq::ScaleRule::quest;
+}
+#define TH_SKIP_IF_CUDA_REFUSES(b, o) \
+  do {                                \
+    if (th::cuda_refuses(b, o)) GTEST_SKIP() << "the CUDA backend refuses nvfp4 with rule quest (CPU backends only)"; \
+  } while (0)
+
 // The sweep's options: every format x every rule it accepts, NVFP4 with a computed and given tensor
 // scales (1; one reaching the bf16 output's ties; tiny ones whose outputs pass the largest bf16 and
 // overflow fp32); each with round-to-nearest-even and with stochastic rounding.
@@ -165,7 +176,11 @@ inline std::vector<mxq::QuantOptions> sweep_options(mxq::Backend b) {
   using namespace mxq;
   std::vector<QuantOptions> opts;
   for (Format f : all_formats())
-    for (ScaleRule r : rules_for(f)) opts.push_back(f == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(f, r));
+    for (ScaleRule r : rules_for(f)) {
+      QuantOptions o = f == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(f, r);
+      o.rule = r;
+      if (!cuda_refuses(b, o)) opts.push_back(o);
+    }
   // (3.4e38: S / s overflows to Inf for small block scales, where zero elements must stay zero; the
   // CPU backends handle it, the CUDA kernels' fix is on branch cuda-nvfp4-zero-fix until it has run on
   // a GPU, so the sweeps on the CUDA backend leave it out)

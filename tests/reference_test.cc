@@ -262,6 +262,91 @@ TEST(Reference, Nvfp4AgainstOracle) {
   }
 }
 
+// NVFP4 under rule quest (QuTLASS's fusedQuantizeNv method "quest"), both CPU backends: worked blocks
+// (scale bytes and codes computed by hand from the definition: the E4M3 rounding of sigma *
+// 2.92247856 / 6 + 1e-8, elements E2M1(x * RN(1/s)), tensor scale 1), then random blocks against a
+// float64 oracle of the statistic, away from E4M3 rounding boundaries (where fp32 and float64 agree).
+TEST(Reference, Nvfp4QuestWorkedBlocksAndOracle) {
+  const oracle::Fmt& e2m1 = oracle::fmt(ElemType::e2m1);
+  const oracle::Fmt& e4m3 = oracle::fmt(ElemType::e4m3);
+  struct Worked {
+    float v[16];
+    std::uint8_t scale;
+    const char* codes;  // element 0 first, hex
+  };
+  std::vector<Worked> worked;
+  {
+    Worked a{}, b{}, c{}, d{}, z{};
+    for (int i = 0; i < 16; ++i) {
+      a.v[i] = float(i) - 7.5f;                                     // sigma^2 = 21.25 -> t = 2.2453 -> 2.25
+      b.v[i] = (i % 2 ? -1.0f : 1.0f) * float(i + 1) / 10.0f;       // t = 0.4698 -> 0.46875
+      c.v[i] = i % 2 ? -1000.0f : 1000.0f;                          // t = 487.08 -> 448 (saturated)
+      d.v[i] = i % 2 ? -0.001f : 0.001f;                            // t = 4.9e-4 <= 2^-10 -> scale 0
+      z.v[i] = 0.0f;
+    }
+    a.scale = 0x41, a.codes = "ddccba9801234455";
+    b.scale = 0x2F, b.codes = "091a2b3b4c4d5d5d";
+    c.scale = 0x7E, c.codes = "4c4c4c4c4c4c4c4c";
+    d.scale = 0x00, d.codes = "0808080808080808";
+    z.scale = 0x00, z.codes = "0000000000000000";
+    worked = {a, b, c, d, z};
+  }
+  for (Backend be : {Backend::reference, Backend::cpu}) {
+    HostTensor x(DType::f32, std::int64_t(worked.size()), 16);
+    for (std::size_t r = 0; r < worked.size(); ++r)
+      for (int i = 0; i < 16; ++i) x.set(std::int64_t(r), i, worked[r].v[i]);
+    QuantOptions o = QuantOptions::nvfp4();
+    o.rule = ScaleRule::quest;
+    o.backend = be;
+    Quantized q(o, x.rows, x.cols);
+    quantize(x.view(), q.out(), o);
+    EXPECT_EQ(q.S, 1.0f);
+    for (std::size_t r = 0; r < worked.size(); ++r) {
+      EXPECT_EQ(q.scale(std::int64_t(r), 0), worked[r].scale) << to_string(be) << " block " << r;
+      for (int i = 0; i < 16; ++i) {
+        const char h = worked[r].codes[i];
+        const std::uint32_t want = std::uint32_t(h <= '9' ? h - '0' : h - 'a' + 10);
+        EXPECT_EQ(q.code(std::int64_t(r), i), want) << to_string(be) << " block " << r << " element " << i;
+      }
+    }
+    // dequantize: code * s (tensor scale 1; no tensor_scale option needed)
+    QuantOptions od = o;
+    HostTensor y(DType::f32, x.rows, x.cols);
+    dequantize(q.in(), y.view(), od);
+    for (std::int64_t r = 0; r < x.rows; ++r)
+      for (int k = 0; k < 16; ++k)
+        ASSERT_EQ(y.get(r, k), float(oracle::decode(e2m1, q.code(r, k)) * oracle::decode(e4m3, q.scale(r, 0)))) << r << "," << k;
+
+    // LLM-like rows: every block's scale against the float64 statistic where t is not within 1e-5
+    // (relative) of an E4M3 rounding boundary, and every element code against E2M1(v * RN(1/s)).
+    const HostTensor xl = th::llm_like(DType::bf16, 7, 16 * 40, 31);
+    Quantized ql(o, xl.rows, xl.cols);
+    quantize(xl.view(), ql.out(), o);
+    oracle::Mismatches mm(std::string("nvfp4 quest ") + std::string(to_string(be)) + " vs float64 oracle");
+    int compared = 0;
+    for (int r = 0; r < xl.rows; ++r)
+      for (int b = 0; b < xl.cols / 16; ++b) {
+        double s1 = 0, s2 = 0;
+        for (int k = 16 * b; k < 16 * b + 16; ++k) s1 += xl.get(r, k);
+        const double mean = s1 / 16;
+        for (int k = 16 * b; k < 16 * b + 16; ++k) s2 += (xl.get(r, k) - mean) * (xl.get(r, k) - mean);
+        const double t = std::sqrt(s2 / 16) * 2.92247856 / 6 + 1e-8;
+        const std::uint32_t sc = oracle::encode(e4m3, t);
+        if (oracle::encode(e4m3, t * (1 + 1e-5)) != sc || oracle::encode(e4m3, t * (1 - 1e-5)) != sc) continue;
+        ++compared;
+        if (ql.scale(r, b) != sc) mm.add("scale " + std::to_string(r) + "," + std::to_string(b));
+        const float sv = float(oracle::decode(e4m3, sc));
+        const float m = sv == 0 ? 0.0f : 1.0f / sv;
+        for (int k = 16 * b; k < 16 * b + 16; ++k) {
+          const float v = xl.get(r, k);
+          const std::uint32_t want = v == 0 || m == 0 ? (std::signbit(v) ? 8u : 0u) : oracle::encode(e2m1, double(v * m));
+          if (ql.code(r, k) != want) mm.add("code " + std::to_string(r) + "," + std::to_string(k));
+        }
+      }
+    EXPECT_GT(compared, 200);
+  }
+}
+
 TEST(Reference, QdqIsDequantizeOfQuantizeInEveryDtype) {
   for (Format fmt : {Format::mxfp4, Format::mxfp8_e4m3, Format::nvfp4})
     for (DType dt : {DType::bf16, DType::f16, DType::f32}) {

@@ -30,7 +30,9 @@ enum class ScaleRule : std::uint8_t {
   rceil,           // ceil(log2(amax / max_elem))    (cuBLAS / TransformerEngine MXFP8)
   even_fp4,        // floor(log2 RNE_1(amax)) - emax_elem: even at E2M1's mantissa width, whatever the
                    // element (compressed-tensors' MX scales: its MXFP8 rule; for MXFP4 it equals even)
-  quest,           // floor(log2(sigma * 2.92247856 / 6 + 1e-8))   (QuTLASS quest)
+  quest,           // floor(log2(sigma * 2.92247856 / 6 + 1e-8))   (QuTLASS quest); with Format::nvfp4:
+                   // E4M3_RN_sat(sigma * 2.92247856 / 6 + 1e-8) per block of 16, tensor scale 1
+                   // (QuTLASS fusedQuantizeNv method "quest")
   qutlass_absmax,  // floor(log2(amax + 1e-8)); elements E(3 * x * 2^-e)   (QuTLASS abs_max)
   nvfp4,           // the NVFP4 recipe (E4M3 block scale, fp32 tensor scale); only with Format::nvfp4
 };

@@ -33,7 +33,7 @@ constexpr std::array kMxRules{ScaleRule::floor, ScaleRule::ceil, ScaleRule::even
                               ScaleRule::quest};
 constexpr std::array kMxfp4Rules{ScaleRule::floor,    ScaleRule::ceil,  ScaleRule::even,          ScaleRule::rceil,
                                  ScaleRule::even_fp4, ScaleRule::quest, ScaleRule::qutlass_absmax};
-constexpr std::array kNvfp4Rules{ScaleRule::nvfp4};
+constexpr std::array kNvfp4Rules{ScaleRule::nvfp4, ScaleRule::quest};
 
 }  // namespace
 

@@ -30,6 +30,8 @@ struct Problem {
   bool empty = false;       // no elements: nothing to compute, only fixed outputs to write
 
   bool nvfp4() const { return opt.format == Format::nvfp4; }
+  // NVFP4 under rule quest: block scales from the quest statistic, tensor scale 1.
+  bool nvfp4_quest() const { return nvfp4() && opt.rule == ScaleRule::quest; }
   // Byte offset of scale (r, b) in the scale tensor.
   std::int64_t scale_offset(std::int64_t r, std::int64_t b, std::int64_t linear_stride) const {
     return opt.scale_layout == ScaleLayout::swizzled ? swizzled_offset(r, b, scale_cols_padded)

@@ -90,9 +90,9 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
   p.info = format_info(opt.format);
   p.elem = elem_spec(p.info.elem);
   const std::string fmt(to_string(opt.format)), rule(to_string(opt.rule));
-  if (opt.format == Format::nvfp4 && opt.rule != ScaleRule::nvfp4)
-    c.fail("option 'rule': format nvfp4 uses rule 'nvfp4' (E4M3 block scale with a tensor scale), got '" + rule +
-           "'");
+  if (opt.format == Format::nvfp4 && opt.rule != ScaleRule::nvfp4 && opt.rule != ScaleRule::quest)
+    c.fail("option 'rule': format nvfp4 uses rule 'nvfp4' (E4M3 block scale with a tensor scale) or 'quest' (QuTLASS's "
+           "quest scale, tensor scale 1), got '" + rule + "'");
   if (opt.format != Format::nvfp4 && opt.rule == ScaleRule::nvfp4)
     c.fail("option 'rule': rule 'nvfp4' needs format nvfp4, got format '" + fmt + "'");
   if (opt.rule == ScaleRule::qutlass_absmax && opt.format != Format::mxfp4)
@@ -112,6 +112,8 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
     const float s = *opt.tensor_scale;
     if (!(s > 0.0f) || !is_finite_bits(f2u(s)))
       c.fail("option 'tensor_scale': " + std::to_string(s) + ", expected a finite value > 0 (the encode scale 448*6/amax)");
+    if (opt.rule == ScaleRule::quest && s != 1.0f)
+      c.fail("option 'tensor_scale': " + std::to_string(s) + " with nvfp4 rule 'quest', whose tensor scale is 1 (leave it unset)");
   }
   if (static_cast<unsigned>(opt.rotation) > static_cast<unsigned>(Rotation::matrix))
     c.fail("option 'rotation': invalid value " + std::to_string(int(opt.rotation)));

@@ -156,7 +156,7 @@ MXQ_INLINE void quantize_block_scalar(const Problem& p, std::int64_t r, std::int
   }
   const std::int64_t j0 = p.opt.offset + r * p.K + b * g;
   if (p.nvfp4()) {
-    const std::uint32_t sc = nvfp4_block_scale_code(u2f(am), p.S);
+    const std::uint32_t sc = p.nvfp4_quest() ? nvfp4_quest_scale_code(quest_arg(xf, g)) : nvfp4_block_scale_code(u2f(am), p.S);
     const float m = nvfp4_multiplier(sc, p.S);
     scale_byte = static_cast<std::uint8_t>(sc);
     for (int i = 0; i < g; ++i) {

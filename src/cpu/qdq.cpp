@@ -138,7 +138,7 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
   const int g = G ? G : p.g;
   std::int64_t b = b0;
   if constexpr (ET == ElemType::e2m1 && G == 16 && DT != DType::f16) {
-    if (nv4 && !sr) {  // NVFP4's full blocks, eight at a time
+    if (nv4 && !sr && rule != ScaleRule::quest) {  // NVFP4's full blocks, eight at a time
       const Storage<DT>* xrow =
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
 #if defined(MXQ_CPU_AVX2)
@@ -185,7 +185,8 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
     if (sr) sr_words(p.opt.seed, std::uint64_t(p.opt.offset + r * p.K + k0), g, p.sr_bits, rnd);
     if (nv4) {
       // The element code (readoff / stochastic), then nvfp4_decode: (E2M1 value * s) / S, signed.
-      const std::uint32_t sc = e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), p.S), 6.0f));
+      const std::uint32_t sc = rule == ScaleRule::quest ? nvfp4_quest_scale_code(quest_arg(xf, g))
+                                                        : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), p.S), 6.0f));
       const float m = nv->m[sc], sval = nv->sval[sc], S = p.S;
       std::uint32_t* codes = out;  // the codes, then the outputs in their place
       if (sr)

@@ -209,7 +209,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
     }
   }
   if constexpr (ET == ElemType::e2m1 && G == 16 && DT != DType::f16) {
-    if (nv4 && !sr && !o.mask_row) {  // NVFP4's full blocks, eight at a time, straight from the source
+    if (nv4 && !sr && !o.mask_row && rule != ScaleRule::quest) {  // NVFP4's full blocks, eight at a time, from the source
       const Storage<DT>* row =
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
 #if defined(MXQ_CPU_AVX2)
@@ -266,7 +266,8 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
       if (sr) sr_words(p.opt.seed, std::uint64_t(p.opt.offset + r * p.K + k0), g, p.sr_bits, rnd);
       if (nv4) {
         // nvfp4_block_scale_code (e4m3_code_rne_sat: fastmath_test) and the table's multiplier
-        const std::uint32_t sc = e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), p.S), 6.0f));
+        const std::uint32_t sc = rule == ScaleRule::quest ? nvfp4_quest_scale_code(quest_arg(xf, g))
+                                                          : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), p.S), 6.0f));
         const float m = nv->m[sc];
         sb = static_cast<std::uint8_t>(sc);
         if (sr)

@@ -3,6 +3,10 @@ bytes everywhere except the documented differences (docs/python.md, "Compatibili
 are asserted to occur in the test data and to differ exactly the documented way."""
 from __future__ import annotations
 
+import math
+import struct
+from fractions import Fraction
+
 import pytest
 import torch
 
@@ -211,8 +215,80 @@ def test_qutlass_to_blocked_and_rotation():
         Q.fusedQuantizeMx(x, None, method="abs_max", return_mask=True)
     with pytest.raises(ValueError, match="multiple of 32"):
         Q.fusedQuantizeMx(x[:, :48], None)
-    with pytest.raises(NotImplementedError, match="quest"):
-        Q.fusedQuantizeNv(x, None, torch.tensor([6.0]), method="quest")
+    with pytest.raises(ValueError, match="invalid method"):
+        Q.fusedQuantizeNv(x, None, torch.tensor([6.0]), method="rtn")
+
+
+def _f32(v: float) -> float:
+    """v rounded to fp32 (RN), as a Python float."""
+    return struct.unpack("<f", struct.pack("<f", v))[0]
+
+
+def _fma32(a: float, b: float, c: float) -> float:
+    """fp32 fma: a*b + c exactly (fractions), rounded once to fp32 (ties to even)."""
+    v = Fraction(a) * Fraction(b) + Fraction(c)
+    r = _f32(float(v))  # within an ulp; settle RN among it and its fp32 neighbours
+    bits = struct.unpack("<I", struct.pack("<f", r))[0]
+    cands = [r] + [struct.unpack("<f", struct.pack("<I", n))[0] for n in (bits - 1, bits + 1) if 0 <= n < 2**32]
+    cands = [t for t in cands if math.isfinite(t)]
+    return min(cands, key=lambda t: (abs(Fraction(t) - v), struct.unpack("<I", struct.pack("<f", t))[0] & 1))
+
+
+def _qutlass_nv_quest_kernel_scales(y: torch.Tensor) -> list:
+    """QuTLASS's fusedQuantizeNv(method="quest") scale bytes as its kernel computes them (IEEE: without
+    its flush-to-zero, approximate sqrt and reciprocal): per 16, s1 = running fp32 sum in index order,
+    s2 = fp32 fma chain of y_i^2, mean = s1 * 0.0625, var = fma(s2, 0.0625, -RN(mean^2)) (no guard:
+    var < 0 gives NaN, byte 0x7F), scale = fp32(sqrt(var) * (2.92247856/6) + 1e-8) in float64 (the
+    kernel fuses that into one f64 fma), E4M3 RN satfinite. Returns ints (-1 where the scale is NaN)."""
+    out = []
+    for blk in y.float().reshape(-1, 16).tolist():
+        s1, s2 = 0.0, 0.0
+        for v in blk:
+            s1 = _f32(s1 + v)
+            s2 = _fma32(v, v, s2)
+        mean = _f32(s1 * 0.0625)
+        var = _fma32(s2, 0.0625, -_f32(mean * mean))
+        if var < 0:
+            out.append(-1)
+            continue
+        scale = _f32(_f32(math.sqrt(var)) * (2.92247856 / 6.0) + 1e-8)
+        out.append(int(torch.tensor([scale]).to(torch.float8_e4m3fn).view(torch.uint8)))
+    return out
+
+
+def test_fused_quantize_nv_quest_against_qutlass_kernel_arithmetic() -> None:
+    """fusedQuantizeNv(method="quest") == mxq's nvfp4 rule quest, and against a transcription of QuTLASS's
+    kernel arithmetic: scale bytes equal except where QuTLASS's one-pass variance goes negative (its NaN
+    scale) or the two statistics fall on either side of an E4M3 rounding boundary (counted, and each
+    checked to be within 1e-5 relative of one); elements under equal scales equal E2M1(y * RN(1/s))."""
+    torch.manual_seed(5)
+    x = (torch.randn(48, 256) * torch.where(torch.rand(48, 256) < 0.02, 30.0, 1.0)).to(torch.bfloat16)
+    x[3, 16:32] = 0.0  # a zero block: scale byte 0, codes 0
+    codes, scales = Q.fusedQuantizeNv(x, None, torch.tensor([123.0]), method="quest")  # global scale ignored
+    q = mxq.quantize(x, "nvfp4", rule="quest", layout="padded")
+    assert_bytes_equal(codes, q.codes, "codes == mxq nvfp4 quest")
+    assert_bytes_equal(scales.view(torch.uint8), q.scales, "scales == mxq nvfp4 quest")
+    assert float(q.tensor_scale) == 1.0
+    got = scales.view(torch.uint8)[:48, :16].reshape(-1).tolist()
+    want = _qutlass_nv_quest_kernel_scales(x)
+    nan_blocks = sum(w == -1 for w in want)
+    differ = [(i, g, w) for i, (g, w) in enumerate(zip(got, want)) if w != -1 and g != w]
+    xb = x.double().reshape(-1, 16)
+    for i, g, w in differ:  # each difference: t within 1e-5 of the E4M3 midpoint between g and w
+        t = xb[i].std(correction=0).item() * 2.92247856 / 6 + 1e-8
+        lo, hi = sorted(torch.tensor([g, w], dtype=torch.uint8).view(torch.float8_e4m3fn).float().tolist())
+        assert abs(t - (lo + hi) / 2) <= 1e-5 * t, (i, g, w, t)
+    print(f"nvfp4 quest vs QuTLASS kernel arithmetic: {len(differ)} of {len(got)} scale bytes differ "
+          f"(E4M3 boundary cases), {nan_blocks} QuTLASS NaN blocks")
+    assert len(differ) <= len(got) // 100
+    assert got[3 * 16 + 1] == 0 and not codes[3, 8:16].any()
+    # dequantize: code * s, the tensor scale 1
+    y = mxq.dequantize(q, dtype=torch.float32)
+    assert torch.isfinite(y).all()
+    # CUDA refuses it in this version
+    if torch.cuda.is_available():
+        with pytest.raises(NotImplementedError, match="quest"):
+            Q.fusedQuantizeNv(x.cuda(), None, torch.tensor([1.0]), method="quest")
 
 
 _E2M1_MIDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)

@@ -628,7 +628,8 @@ int run_quantize(const QuantizeArgs& a) {
   else if (a.format == "nvfp4") format = Format::nvfp4, rule = ScaleRule::nvfp4, ct_format = "nvfp4-pack-quantized";
   else fail("--format '" + a.format + "': the checkpoint layouts vLLM loads are mxfp4, mxfp8 and nvfp4");
   if (!a.rule.empty()) {
-    if (format == Format::nvfp4) fail("--rule: nvfp4 has one scale rule (E4M3 block scales under the tensor scale)");
+    if (format == Format::nvfp4)
+      fail("--rule: an nvfp4 checkpoint takes the NVFP4 recipe (E4M3 block scales under the tensor scale), no other rule");
     rule = parse_rule(a.rule);
     if (rule == ScaleRule::nvfp4 || (!a.fake && (rule == ScaleRule::quest || rule == ScaleRule::qutlass_absmax)))
       fail("--rule '" + a.rule + "': a checkpoint takes floor, ceil, even, rceil or even_fp4");

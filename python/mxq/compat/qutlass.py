@@ -119,17 +119,26 @@ def fusedQuantizeNv(
     *,
     method: Literal["quest", "abs_max"] = "abs_max",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """NVFP4 quantization of `a` [..., K] (K % 16 == 0) as QuTLASS's fusedQuantizeNv (abs_max):
-    E4M3 block scales per 16 from the global encode scale `global_scale` (a 1-element tensor, read to
-    the host: a synchronisation for a GPU tensor, or a float).
+    """NVFP4 quantization of `a` [..., K] (K % 16 == 0) as QuTLASS's fusedQuantizeNv.
+
+    method "abs_max" (the default, as QuTLASS's): E4M3 block scales per 16 from the global encode
+    scale `global_scale` (a 1-element tensor, read to the host: a synchronisation for a GPU tensor,
+    or a float); mxq rule "nvfp4".
+    method "quest": block scale E4M3_RN_satfinite(sigma * 2.92247856/6 + 1e-8) per 16 (sigma the
+    block's population standard deviation), elements E2M1(y * 1/scale); `global_scale` is checked and
+    ignored, as QuTLASS ignores it (dequantize: code * scale). mxq rule "quest" with format "nvfp4",
+    CPU tensors only in this version (GPU tensors raise NotImplementedError). Where it differs from
+    QuTLASS's kernel (its one-pass fp32 statistics, approximate sqrt and reciprocal, flush-to-zero,
+    and a NaN scale for a block whose one-pass variance rounds below zero): docs/python.md.
     Returns (codes uint8 [..., K/2], scales float8_e4m3fn [pad128(rows), pad4(K/16)])."""
     if method not in ("quest", "abs_max"):
         raise ValueError(f"invalid method {method!r}, must be 'quest' or 'abs_max'")
-    if method == "quest":
-        raise NotImplementedError("fusedQuantizeNv(method='quest'): mxq has no NVFP4 quest rule yet")
     _check_input(a, 16, "fusedQuantizeNv")
     a = _rotate(a, b, "fusedQuantizeNv")
     gs = _global_scale(global_scale)
+    if method == "quest":
+        codes, scales, _, _ = torch.ops.mxq.quantize(a, "nvfp4", "quest", 16, False, 0, 0, "padded", None, False)
+        return codes, scales.view(torch.float8_e4m3fn)
     codes, scales, _, _ = torch.ops.mxq.quantize(a, "nvfp4", "nvfp4", 16, False, 0, 0, "padded", gs, False)
     return codes, scales.view(torch.float8_e4m3fn)
 

@@ -79,7 +79,8 @@ void quantize(const Problem& p, const Tensor& x, const QuantizedOut& out) {
         // Non-finite block: NaN scale, zero codes, mask 0 (already zero).
         scale_byte = p.nvfp4() ? kE4M3NaN : kE8M0NaN;
       } else if (p.nvfp4()) {
-        const std::uint32_t sc = nvfp4_block_scale_code(amax, p.S);
+        const std::uint32_t sc = p.nvfp4_quest() ? nvfp4_quest_scale_code(quest_arg(v.data(), g))
+                                                 : nvfp4_block_scale_code(amax, p.S);
         const float m = nvfp4_multiplier(sc, p.S);
         scale_byte = static_cast<std::uint8_t>(sc);
         for (int i = 0; i < g; ++i) {
