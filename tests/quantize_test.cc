@@ -98,7 +98,7 @@ TEST_P(EdgeBlocks, QuantizeDequantizeQdqMatchReference) {
   TH_REQUIRE_BACKEND(b);
   th::Scalar workspace(b);
   const std::int64_t R = 9;
-  std::vector<QuantOptions> opts = th::sweep_options(b);
+  std::vector<QuantOptions> opts = th::sweep_options();
   {
     QuantOptions sr = QuantOptions::mx(Format::mxfp6_e3m2, ScaleRule::even);
     sr.rounding = Rounding::stochastic;

@@ -77,7 +77,7 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
     auto round_sr = [&](auto dither) {
 #pragma unroll
       for (int i = 0; i < C; ++i) {
-        const u32 v = f2u(mul_rn(u2f(xb[i]), m));
+        const u32 v = f2u(nvfp4_product(xb[i], m));
         const float rm = decltype(dither)::value ? sr_round_dither<ElemType::e2m1>(v, 0, rnd[i])
                                                  : sr_round_unscaled<ElemType::e2m1>(v, 0, rnd[i]);
         if constexpr (QDQ) {
@@ -86,7 +86,8 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
           out[i] = hi16<ODT>(o);
         } else {
           codes[i] = e2m1_code_of_grid(rm) | ((xb[i] >> 31) << 3);  // NaN/Inf blocks: zeroed by store_quantized
-          if (p.mask) keep |= u32(!nonfinite && fabs_bits(u2f(v)) < 6.0f) << i;
+          // the reference's |x * m| < 6 (the raw product: a zero under an infinite m is not kept)
+          if (p.mask) keep |= u32(!nonfinite && fabs_bits(mul_rn(u2f(xb[i]), m)) < 6.0f) << i;
         }
       }
     };
@@ -98,7 +99,7 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
     auto qdq_rne = [&](auto fast) {
 #pragma unroll
       for (int i = 0; i < C; ++i) {
-        const float rm = rne_mag<ElemType::e2m1>(mul_rn(u2f(xb[i]), m), 1.0f);
+        const float rm = rne_mag<ElemType::e2m1>(nvfp4_product(xb[i], m), 1.0f);
         const u32 o = nv_out<decltype(fast)::value, ODT>(mul_rn(rm, sval), xb[i] >> 31, nv);
         out[i] = hi16<ODT>(o);
       }
