@@ -138,14 +138,9 @@ Backend choose(const char* fn, const QuantOptions* opt, const Tensor& first,
 // The plan's NVFP4 tensor scale (numerics.md section 3), for every backend alike: given; 1 for an
 // empty tensor (the scale of amax 0); from the host amax for the CPU backends; on the CUDA backend
 // reduced on the device into `acc` (quantize: its tensor-scale output, else the workspace), which the
-// caller must provide. NVFP4 under rule quest: 1, on the CPU backends only in this version.
+// caller must provide. NVFP4 under rule quest: 1.
 void plan_tensor_scale(const Checker& c, Problem& p, const Tensor& x, Backend b, float* tensor_scale_out) {
-  if (p.nvfp4_quest()) {
-    if (b == Backend::cuda)
-      c.unsupported("nvfp4 with rule 'quest' on the CUDA backend: its block scales are computed by the CPU backends in "
-                    "this version (dequantize runs anywhere: the tensor scale is 1)");
-    return;  // S = 1 (make_problem)
-  }
+  if (p.nvfp4_quest()) return;  // S = 1 (make_problem)
   if (!p.nvfp4() || p.opt.tensor_scale) return;
   if (p.empty) {
     p.S = core::nvfp4_encode_scale(0.0f);

@@ -18,7 +18,6 @@ TEST_P(Dequantize, MatchesReferenceBitExact) {
   const auto [b, c] = GetParam();
   TH_REQUIRE_BACKEND(b);
   QuantOptions o = th::options_of(c);
-  TH_SKIP_IF_CUDA_REFUSES(b, o);
   o.backend = Backend::reference;
   std::uint32_t seed = 1;
   for (const th::Shape& s : th::shapes_for(group_size(o))) {

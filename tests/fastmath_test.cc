@@ -139,8 +139,8 @@ TEST(FastStochastic, Nvfp4RoundingOfAnyProductMatchesTheCodec) {
 }
 
 // nvfp4_encode_rne_readoff (the kernels' NVFP4 quantize) against nvfp4_encode_rne: every finite bf16
-// pattern under multipliers from 0 and denormal to FLT_MAX (products that underflow, saturate and
-// overflow to infinity) and 200 random ones.
+// pattern under multipliers from 0 and denormal to FLT_MAX and Inf (products that underflow, saturate
+// and overflow to infinity) and 200 random ones.
 // The kernels' amax scale rules as constants (core::amax_rule / amax_rule_exp) against the codec's
 // mx_scale_exp: every MX element format x floor, ceil, even, rceil; every subnormal pattern and every
 // significand of the binade [1, 2), and every 61st significand of a spread of other binades (the bump
@@ -185,8 +185,9 @@ TEST(FastScaleRules, AmaxRuleConstantsMatchTheCodecForEverySignificand) {
 TEST(FastNvfp4, ReadOffCodeMatchesTheEncoderForEveryBf16) {
   using namespace mxq::core;
   std::mt19937 rng(5);
-  // (INFINITY, S / s past fp32's range, joins these with the CUDA kernels' fix: branch cuda-nvfp4-zero-fix)
-  std::vector<float> ms = {0.0f, 1.0f, 1e-30f, 1e30f, 3.4e38f, 1e-45f};
+  // INFINITY: S / s past fp32's range (a huge tensor scale over a small block scale), where a zero
+  // element must still give code 0 (0 * Inf is NaN)
+  std::vector<float> ms = {0.0f, 1.0f, 1e-30f, 1e30f, 3.4e38f, 1e-45f, INFINITY};
   for (int k = 0; k < 200; ++k) ms.push_back(std::ldexp(1.0f + float(rng() % 1000) / 1000.0f, int(rng() % 60) - 30));
   long bad = 0, n = 0;
   for (const float m : ms)

@@ -159,33 +159,20 @@ inline float nvfp4_bf16_tie_scale() {
   }
 }
 
-// What the CUDA backend refuses by design in this version (the tests check the refusal itself
-// elsewhere): NVFP4 under rule quest (its block scales are computed on the CPU backends only).
-inline bool cuda_refuses(mxq::Backend b, const mxq::QuantOptions& o) {
-  return b == mxq::Backend::cuda && o.format == mxq::Format::nvfp4 && o.rule == mxq::ScaleRule::quest;
-}
-#define TH_SKIP_IF_CUDA_REFUSES(b, o) \
-  do {                                \
-    if (th::cuda_refuses(b, o)) GTEST_SKIP() << "the CUDA backend refuses nvfp4 with rule quest (CPU backends only)"; \
-  } while (0)
-
 // The sweep's options: every format x every rule it accepts, NVFP4 with a computed and given tensor
 // scales (1; one reaching the bf16 output's ties; tiny ones whose outputs pass the largest bf16 and
 // overflow fp32); each with round-to-nearest-even and with stochastic rounding.
-inline std::vector<mxq::QuantOptions> sweep_options(mxq::Backend b) {
+inline std::vector<mxq::QuantOptions> sweep_options() {
   using namespace mxq;
   std::vector<QuantOptions> opts;
   for (Format f : all_formats())
     for (ScaleRule r : rules_for(f)) {
       QuantOptions o = f == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(f, r);
       o.rule = r;
-      if (!cuda_refuses(b, o)) opts.push_back(o);
+      opts.push_back(o);
     }
-  // (3.4e38: S / s overflows to Inf for small block scales, where zero elements must stay zero; the
-  // CPU backends handle it, the CUDA kernels' fix is on branch cuda-nvfp4-zero-fix until it has run on
-  // a GPU, so the sweeps on the CUDA backend leave it out)
-  for (float S : {1.0f, nvfp4_bf16_tie_scale(), 7.915e-36f, 1.881e-38f, 3.4e38f})
-    if (b != Backend::cuda || S != 3.4e38f) opts.push_back(QuantOptions::nvfp4(S));
+  // (3.4e38: S / s overflows to Inf for small block scales, where zero elements must stay zero)
+  for (float S : {1.0f, nvfp4_bf16_tie_scale(), 7.915e-36f, 1.881e-38f, 3.4e38f}) opts.push_back(QuantOptions::nvfp4(S));
   for (std::size_t i = 0, n = opts.size(); i < n; ++i) {
     QuantOptions sr = opts[i];
     sr.rounding = Rounding::stochastic;
@@ -203,7 +190,7 @@ template <class F>
 void for_each_sweep_case(mxq::Backend b, F&& f) {
   const HostTensor shuffled = all_bf16_shuffled(), narrow = all_bf16_shuffled(2048), anchored = all_bf16_anchored();
   Placed sb(b, shuffled), nb(b, narrow), ab(b, anchored);
-  for (mxq::QuantOptions o : sweep_options(b)) {
+  for (mxq::QuantOptions o : sweep_options()) {
     for (const HostTensor* x : {&shuffled, &narrow, &anchored}) {
       o.group_size = x == &anchored ? 2 : 0;
       SCOPED_TRACE(name_of(o) + (x == &anchored ? " anchored" : (x == &narrow ? " shuffled [2048, 32]" : " shuffled")));

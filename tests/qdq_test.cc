@@ -15,7 +15,6 @@ TEST_P(Qdq, MatchesReferenceBitExactOutOfPlaceAndInPlace) {
   const auto [b, c] = GetParam();
   TH_REQUIRE_BACKEND(b);
   const QuantOptions o = th::options_of(c);
-  TH_SKIP_IF_CUDA_REFUSES(b, o);
   th::Scalar workspace(b);
   std::uint32_t seed = 1;
   for (const th::Shape& s : th::shapes_for(group_size(o))) {

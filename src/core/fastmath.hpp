@@ -185,15 +185,12 @@ MXQ_HD_HOT std::uint32_t nvfp4_encode_rne(std::uint32_t xbits, float m) {
 }
 
 // nvfp4_encode_rne for a non-NaN x, with the code read off the rounding: a = min(|x| m, 6) (a
-// product past 6, an overflow included, saturates at code 7), and t = a + Cc holds the rounded
-// magnitude in quanta of a's binade clamped below at 1 (readoff_mag). fastmath_test checks it against
-// nvfp4_encode_rne.
-// NOTE: used by the CUDA kernels only. A zero x under an infinite m (S / s past fp32's range) gives
-// code 7 here instead of 0 (0 * Inf = NaN); the fix (nvfp4_product here and in nvfp4_chunk.cuh) is on
-// branch cuda-nvfp4-zero-fix until it has run on a GPU. The CPU paths use nvfp4_product already.
+// product past 6, an overflow included, saturates at code 7; a zero x stays 0 even under an infinite
+// m), and t = a + Cc holds the rounded magnitude in quanta of a's binade clamped below at 1
+// (readoff_mag). fastmath_test checks it against nvfp4_encode_rne.
 MXQ_HD_HOT std::uint32_t nvfp4_encode_rne_readoff(std::uint32_t xbits, float m) {
   constexpr std::uint32_t lo = 127u << 23, kC = rne_const_bits<1>();
-  const float a = fminf_nn(mul_rn(fabs_op(u2f(xbits)), m), 6.0f);
+  const float a = fminf_nn(nvfp4_product(xbits & 0x7FFFFFFFu, m), 6.0f);
   const std::uint32_t be = umax(f2u(a) & 0x7F800000u, lo), cb = be + kC;
   return readoff_mag<1>(f2u(add_rn(a, u2f(cb))), be, cb, lo) | ((xbits >> 31) << 3);
 }

@@ -285,10 +285,18 @@ def test_fused_quantize_nv_quest_against_qutlass_kernel_arithmetic() -> None:
     # dequantize: code * s, the tensor scale 1
     y = mxq.dequantize(q, dtype=torch.float32)
     assert torch.isfinite(y).all()
-    # CUDA refuses it in this version
+    # the CUDA kernels: the same bytes (a rotation too)
     if torch.cuda.is_available():
-        with pytest.raises(NotImplementedError, match="quest"):
-            Q.fusedQuantizeNv(x.cuda(), None, torch.tensor([1.0]), method="quest")
+        for a, b_ in zip(Q.fusedQuantizeNv(x.cuda(), None, torch.tensor([1.0]), method="quest"), (codes, scales)):
+            assert_bytes_equal(a.cpu().view(torch.uint8), b_.view(torch.uint8), "nvfp4 quest CUDA == CPU")
+        h = torch.eye(32, dtype=torch.bfloat16)[torch.randperm(32)]
+        for a, b_ in zip(Q.fusedQuantizeNv(x.cuda(), h.cuda(), 1.0, method="quest"), Q.fusedQuantizeNv(x, h, 1.0, method="quest")):
+            assert_bytes_equal(a.cpu().view(torch.uint8), b_.view(torch.uint8), "nvfp4 quest CUDA == CPU, rotated")
+        q_cuda = mxq.quantize(x.cuda(), "nvfp4", rule="quest", rotation="had32")
+        q_cpu = mxq.quantize(x, "nvfp4", rule="quest", rotation="had32")
+        assert_bytes_equal(q_cuda.codes.cpu(), q_cpu.codes, "nvfp4 quest had32 codes")
+        assert_bytes_equal(q_cuda.scales.cpu(), q_cpu.scales, "nvfp4 quest had32 scales")
+        assert torch.equal(mxq.qdq(x.cuda(), "nvfp4", rule="quest").cpu(), mxq.qdq(x, "nvfp4", rule="quest"))
 
 
 _E2M1_MIDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)

@@ -126,8 +126,8 @@ def fusedQuantizeNv(
     or a float); mxq rule "nvfp4".
     method "quest": block scale E4M3_RN_satfinite(sigma * 2.92247856/6 + 1e-8) per 16 (sigma the
     block's population standard deviation), elements E2M1(y * 1/scale); `global_scale` is checked and
-    ignored, as QuTLASS ignores it (dequantize: code * scale). mxq rule "quest" with format "nvfp4",
-    CPU tensors only in this version (GPU tensors raise NotImplementedError). Where it differs from
+    ignored, as QuTLASS ignores it (dequantize: code * scale). mxq rule "quest" with format "nvfp4".
+    Where it differs from
     QuTLASS's kernel (its one-pass fp32 statistics, approximate sqrt and reciprocal, flush-to-zero,
     and a NaN scale for a block whose one-pass variance rounds below zero): docs/python.md.
     Returns (codes uint8 [..., K/2], scales float8_e4m3fn [pad128(rows), pad4(K/16)])."""

@@ -21,7 +21,8 @@ void dispatch_choices(const core::Problem& p, F&& f) {
     else f(Choices<SC, RoundChoice::rne>{});
   };
   if constexpr (Fmt::nvfp4) {
-    by_round(std::integral_constant<ScaleChoice, ScaleChoice::amax>{});
+    if (p.opt.rule == ScaleRule::quest) by_round(std::integral_constant<ScaleChoice, ScaleChoice::quest>{});
+    else by_round(std::integral_constant<ScaleChoice, ScaleChoice::amax>{});
   } else {
     switch (scale_choice(p.opt.rule)) {
       case ScaleChoice::quest: return by_round(std::integral_constant<ScaleChoice, ScaleChoice::quest>{});

@@ -50,9 +50,17 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
   u32 rnd[C];
   if (sr) chunk_sr_words<C>(p, c, rnd);
   unpack();
-  // nvfp4_block_scale_code (amax * S / 6 is finite or +Inf, never NaN), then the scale's value and
-  // multiplier from the tables (a NaN/Inf block: 0 and 0).
-  const u32 sc = nonfinite ? u32(kE4M3NaN) : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), nv.S), 6.0f));
+  // nvfp4_block_scale_code (amax * S / 6 is finite or +Inf, never NaN), or under rule quest
+  // nvfp4_quest_scale_code of the group's quest statistic (S = 1: the tables' multipliers are RN(1/s);
+  // every lane takes the statistic's shuffles), then the scale's value and multiplier from the tables
+  // (a NaN/Inf block: 0 and 0).
+  u32 sc;
+  if (Ch::quest(p)) {
+    const float t = group_quest_arg<C>(p, xb);
+    sc = nonfinite ? u32(kE4M3NaN) : nvfp4_quest_scale_code(t);
+  } else {
+    sc = nonfinite ? u32(kE4M3NaN) : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), nv.S), 6.0f));
+  }
   const float sval = nvt.sval[sc], m = nvt.m[sc];
   const std::uint8_t sb = static_cast<std::uint8_t>(sc);
   if constexpr (QDQ && ODT != DType::f32 && C % 8 == 0) {
@@ -77,7 +85,7 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
     auto round_sr = [&](auto dither) {
 #pragma unroll
       for (int i = 0; i < C; ++i) {
-        const u32 v = f2u(mul_rn(u2f(xb[i]), m));
+        const u32 v = f2u(nvfp4_product(xb[i], m));
         const float rm = decltype(dither)::value ? sr_round_dither<ElemType::e2m1>(v, 0, rnd[i])
                                                  : sr_round_unscaled<ElemType::e2m1>(v, 0, rnd[i]);
         if constexpr (QDQ) {
@@ -86,7 +94,8 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
           out[i] = hi16<ODT>(o);
         } else {
           codes[i] = e2m1_code_of_grid(rm) | ((xb[i] >> 31) << 3);  // NaN/Inf blocks: zeroed by store_quantized
-          if (p.mask) keep |= u32(!nonfinite && fabs_bits(u2f(v)) < 6.0f) << i;
+          // the reference's |x * m| < 6 (the raw product: a zero under an infinite m is not kept)
+          if (p.mask) keep |= u32(!nonfinite && fabs_bits(mul_rn(u2f(xb[i]), m)) < 6.0f) << i;
         }
       }
     };
@@ -98,7 +107,7 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
     auto qdq_rne = [&](auto fast) {
 #pragma unroll
       for (int i = 0; i < C; ++i) {
-        const float rm = rne_mag<ElemType::e2m1>(mul_rn(u2f(xb[i]), m), 1.0f);
+        const float rm = rne_mag<ElemType::e2m1>(nvfp4_product(xb[i], m), 1.0f);
         const u32 o = nv_out<decltype(fast)::value, ODT>(mul_rn(rm, sval), xb[i] >> 31, nv);
         out[i] = hi16<ODT>(o);
       }
