@@ -434,3 +434,70 @@ def test_cuda_rotation_graph_and_compile():
     g.replay()
     torch.cuda.synchronize()
     assert_bytes_equal(y, ref, "graph replay")
+
+
+def _orthogonal(rs: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(rs, rs, dtype=torch.float64, generator=g))
+    return q.to(dtype)
+
+
+@pytest.mark.parametrize("rs", [16, 128])
+@pytest.mark.parametrize("mdtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("fmt,rule", [("mxfp4", "even"), ("mxfp8_e4m3", "floor"), ("nvfp4", None)])
+def test_cuda_matrix_rotation_equals_cpu(fmt, rule, mdtype, rs):
+    """rotation= a matrix on GPU tensors (torch's float64 matmul, then mxq's kernels) against CPU tensors
+    (mxq's fused CPU kernels): the same bytes (bf16 inputs: every float64 sum is exact); dequantize
+    rotated back; qdq_ in place."""
+    x = _x((24, 512), torch.bfloat16, seed=7)
+    m = _orthogonal(rs, mdtype, 2)
+    xc, mc = x.cuda(), m.cuda()
+    assert_bytes_equal(mxq.qdq(xc, fmt, rule=rule, rotation=mc), mxq.qdq(x, fmt, rule=rule, rotation=m), "qdq")
+    qg, qc = mxq.quantize(xc, fmt, rule=rule, rotation=mc), mxq.quantize(x, fmt, rule=rule, rotation=m)
+    assert_bytes_equal(qg.codes, qc.codes, "codes")
+    assert_bytes_equal(qg.scales, qc.scales, "scales")
+    if fmt == "nvfp4":
+        assert_bytes_equal(qg.tensor_scale, qc.tensor_scale, "tensor scale")
+    assert_bytes_equal(qg.dequantize(), qc.dequantize(), "dequantize + R^-1")
+    u, v = xc.clone(), x.clone()
+    mxq.qdq_(u, fmt, rule=rule, rotation=mc)
+    mxq.qdq_(v, fmt, rule=rule, rotation=m)
+    assert_bytes_equal(u, v, "qdq_")
+
+
+def test_cuda_matrix_rotation_graph_and_compile():
+    x = _x((16, 1024)).cuda()
+    m = _orthogonal(64, torch.bfloat16, 4).cuda()
+    ref = mxq.qdq(x, "mxfp4", rule="even", rotation=m)
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: mxq.qdq(t, "mxfp4", rule="even", rotation=m), fullgraph=True)
+    assert_bytes_equal(f(x), ref, "compiled")
+    y = torch.empty_like(x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y.copy_(mxq.qdq(x, "mxfp4", rule="even", rotation=m))  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y.copy_(mxq.qdq(x, "mxfp4", rule="even", rotation=m))
+    y.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert_bytes_equal(y, ref, "graph replay")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_cuda_nvfp4_quest_equals_cpu(dtype):
+    x = _x((130, 4096 + 16), dtype, seed=9)
+    xc = x.cuda()
+    for kw in (dict(), dict(stochastic=True, seed=3), dict(rotation="had64"), dict(group_size=32)):
+        assert_bytes_equal(mxq.qdq(xc, "nvfp4", rule="quest", **kw), mxq.qdq(x, "nvfp4", rule="quest", **kw), f"qdq {kw}")
+        for layout in ("linear", "swizzled"):
+            qg = mxq.quantize(xc, "nvfp4", rule="quest", layout=layout, clip_mask=True, **kw)
+            qc = mxq.quantize(x, "nvfp4", rule="quest", layout=layout, clip_mask=True, **kw)
+            assert_bytes_equal(qg.codes, qc.codes, f"codes {kw} {layout}")
+            assert_bytes_equal(qg.scales, qc.scales, f"scales {kw} {layout}")
+            assert_bytes_equal(qg.clip_mask, qc.clip_mask, f"clip mask {kw} {layout}")
+            assert float(qg.tensor_scale) == 1.0
+            assert_bytes_equal(qg.dequantize(), qc.dequantize(), f"dequantize {kw} {layout}")
