@@ -406,16 +406,39 @@ bool Engine::oldest_ready() const {
   return true;  // converted on the CPU in start_*
 }
 
+int Engine::begin_lane() {
+#if defined(MXQ_TOOL_HAVE_CUDA)
+  const int li = gpu_->next_lane();
+  Lane& g = gpu_->lanes[li];
+  g.dests.clear();
+  g.stats = false;
+  g.timer.start(g.stream);
+  return li;
+#else
+  throw std::logic_error("Engine::begin_lane: a build without CUDA");
+#endif
+}
+
+void Engine::queued(int lane) {
+#if defined(MXQ_TOOL_HAVE_CUDA)
+  if (lane >= 0) {
+    Lane& g = gpu_->lanes[lane];
+    g.timer.stop(g.stream);
+    gpu_->order.push_back(lane);
+  }
+#endif
+  if (lane < 0) early_ += setup_.valid();
+  order_.push_back(lane >= 0);
+  ++in_flight_;
+}
+
 void Engine::start_quantize(const Tensor& x, const QuantizedOut& q, const QuantOptions& o) {
   check_room();
   settle(early_cpu_ ? Wait::probe : Wait::all);
 #if defined(MXQ_TOOL_HAVE_CUDA)
   if (gpu_) {
-    const int li = gpu_->next_lane();
+    const int li = begin_lane();
     Lane& g = gpu_->lanes[li];
-    g.dests.clear();
-    g.stats = false;
-    g.timer.start(g.stream);
     const Tensor xd = g.stage(0, x, true);
     QuantizedOut qd;
     qd.codes = g.stage(1, q.codes, false);
@@ -435,19 +458,14 @@ void Engine::start_quantize(const Tensor& x, const QuantizedOut& q, const QuantO
     g.download_later(2, q.scales);
     if (q.clip_mask.data) g.download_later(3, q.clip_mask);
     if (q.tensor_scale) g.download_later(4, q.tensor_scale, 4);
-    g.timer.stop(g.stream);
-    gpu_->order.push_back(li);
-    order_.push_back(true);
-    ++in_flight_;
+    queued(li);
     return;
   }
 #endif
   QuantOptions oc = o;
   oc.backend = Backend::cpu;
   cpu_totals_.push_back(cpu_quantize(x, q, oc));
-  early_ += setup_.valid();
-  order_.push_back(false);
-  ++in_flight_;
+  queued(-1);
 }
 
 void Engine::start_qdq(const Tensor& x, const Tensor& y, const QuantOptions& o) {
@@ -455,28 +473,20 @@ void Engine::start_qdq(const Tensor& x, const Tensor& y, const QuantOptions& o) 
   settle(early_cpu_ ? Wait::probe : Wait::all);
 #if defined(MXQ_TOOL_HAVE_CUDA)
   if (gpu_) {
-    const int li = gpu_->next_lane();
+    const int li = begin_lane();
     Lane& g = gpu_->lanes[li];
-    g.dests.clear();
-    g.stats = false;
-    g.timer.start(g.stream);
     const Tensor xd = g.stage(0, x, true), yd = g.stage(1, y, false);
     mxq::qdq(xd, yd, g.on_stream(o));
     if (x.stride() == x.cols && y.stride() == y.cols) g.stats_later(xd, yd);
     g.download_later(1, y);
-    g.timer.stop(g.stream);
-    gpu_->order.push_back(li);
-    order_.push_back(true);
-    ++in_flight_;
+    queued(li);
     return;
   }
 #endif
   QuantOptions oc = o;
   oc.backend = Backend::cpu;
   cpu_totals_.push_back(cpu_qdq(x, y, oc));
-  early_ += setup_.valid();
-  order_.push_back(false);
-  ++in_flight_;
+  queued(-1);
 }
 
 std::optional<ErrorTotals> Engine::finish() {

@@ -85,6 +85,11 @@ class Engine {
   // Wait::probe for the probe only (an unusable GPU is settled then), Wait::no for nothing.
   enum class Wait { no, probe, all };
   bool settle(Wait w) const;
+  // start_quantize's and start_qdq's bookkeeping: the GPU lane a conversion takes (its index; CUDA
+  // builds), and the conversion queued once enqueued on that lane (lane >= 0) or done on the CPU
+  // (lane -1, its statistics already in cpu_totals_).
+  int begin_lane();
+  void queued(int lane);
   std::string device_;
   bool early_cpu_;
   struct Hint;
