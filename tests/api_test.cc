@@ -104,7 +104,7 @@ TEST(Api, OptionsAreValidated) {
   expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'rule'", "needs format nvfp4"});
   o = QuantOptions::nvfp4();
   o.rule = ScaleRule::even;
-  expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'rule'", "format nvfp4 uses rule 'nvfp4'"});
+  expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'rule'", "format nvfp4 uses rule 'nvfp4'", "or 'quest'"});
   o = QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::qutlass_absmax);
   expect_error([&] { q(o); }, Error::Code::invalid_argument, {"qutlass_absmax", "mxfp4 only"});
   o = f.o;
@@ -123,6 +123,66 @@ TEST(Api, OptionsAreValidated) {
   o = f.o;
   o.format = static_cast<Format>(42);
   expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'format'", "invalid value 42"});
+}
+
+// NVFP4 under rule quest: its tensor scale is 1 (another given one is refused; dequantize needs none);
+// the fused producers refuse it.
+TEST(Api, Nvfp4Quest) {
+  const HostTensor x = th::llm_like(DType::bf16, 4, 64, 2);
+  QuantOptions o = QuantOptions::nvfp4(2.0f);
+  o.rule = ScaleRule::quest;
+  Quantized q(o, 4, 64);
+  expect_error([&] { quantize(x.view(), q.out(), o); }, Error::Code::invalid_argument,
+               {"'tensor_scale'", "rule 'quest'", "tensor scale is 1"});
+  o.tensor_scale = 1.0f;  // the one it uses: accepted
+  quantize(x.view(), q.out(), o);
+  EXPECT_EQ(q.S, 1.0f);
+  o.tensor_scale.reset();
+  HostTensor y(DType::f32, 4, 64), y1(DType::f32, 4, 64);
+  dequantize(q.in(), y.view(), o);  // no tensor_scale needed
+  o.tensor_scale = 1.0f;
+  dequantize(q.in(), y1.view(), o);
+  EXPECT_EQ(y.bytes, y1.bytes);
+  o.tensor_scale.reset();
+  HostTensor w(DType::bf16, 1, 64), out(DType::bf16, 4, 64);
+  for (int k = 0; k < 64; ++k) w.set(0, k, 1.0f);
+  expect_error([&] { rms_norm(x.view(), w.view(), 1e-6f, out.view(), &o); }, Error::Code::unsupported,
+               {"nvfp4 with rule 'quest'", "fused producer"});
+  expect_error([&] { silu_mul(x.view(), x.view(), out.view(), &o); }, Error::Code::unsupported,
+               {"nvfp4 with rule 'quest'", "fused producer"});
+}
+
+// A finite NVFP4 block whose quest statistic is NaN (the fp32 sums overflow to both infinities) is a
+// non-finite block on both CPU backends: scale 0x7F, codes 0, mask 0, NaN on dequantize and QDQ.
+TEST(Api, Nvfp4QuestNanStatisticIsANonFiniteBlock) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool sr : {false, true})
+      for (Backend be : {Backend::reference, Backend::cpu}) {
+        HostTensor x(dt, 1, 32);
+        for (int k = 0; k < 16; ++k) x.set(0, k, k % 4 < 2 ? 3e38f : -3e38f);
+        for (int k = 16; k < 32; ++k) x.set(0, k, float(k - 20));
+        QuantOptions o = QuantOptions::nvfp4();
+        o.rule = ScaleRule::quest;
+        o.backend = be;
+        if (sr) o.rounding = Rounding::stochastic;
+        Quantized q(o, 1, 32, true);
+        quantize(x.view(), q.out(), o);
+        EXPECT_EQ(q.scale(0, 0), 0x7Fu) << to_string(be);
+        for (int k = 0; k < 16; ++k) {
+          EXPECT_EQ(q.code(0, k), 0u) << to_string(be) << " " << k;
+          EXPECT_EQ((q.mask.bytes[k / 8] >> (k % 8)) & 1, 0) << to_string(be) << " " << k;
+        }
+        EXPECT_NE(q.scale(0, 1), 0x7Fu);
+        HostTensor y(dt, 1, 32), z(dt, 1, 32);
+        dequantize(q.in(), y.view(), o);
+        qdq(x.view(), z.view(), o);
+        for (int k = 0; k < 16; ++k) {
+          EXPECT_TRUE(std::isnan(y.get(0, k))) << to_string(be) << " " << k;
+          EXPECT_TRUE(std::isnan(z.get(0, k))) << to_string(be) << " " << k;
+        }
+        EXPECT_EQ(std::memcmp(y.bytes.data() + 16 * HostTensor::esize(dt), z.bytes.data() + 16 * HostTensor::esize(dt),
+                              16 * HostTensor::esize(dt)), 0);
+      }
 }
 
 TEST(Api, NothingIsWrittenWhenValidationFails) {

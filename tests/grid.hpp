@@ -48,6 +48,7 @@ inline std::vector<Case> all_cases() {
     for (Format f : mxq::all_formats())
       for (ScaleRule r : mxq::rules_for(f)) v.push_back({f, r, rd, 0});
     v.push_back({Format::nvfp4, ScaleRule::nvfp4, rd, 32});
+    for (int g : {8, 32}) v.push_back({Format::nvfp4, ScaleRule::quest, rd, g});  // groups over several lanes, C = 2
     for (int g : {2, 4, 8, 16, 64, 128, 256}) {
       v.push_back({Format::mxfp4, ScaleRule::quest, rd, g});
       v.push_back({Format::mxfp8_e4m3, ScaleRule::even, rd, g});
@@ -66,6 +67,7 @@ inline std::vector<Case> all_cases() {
       v.push_back({Format::mxfp4, ScaleRule::even, sr, 0, bits, aligned});
       v.push_back({Format::mxfp8_e4m3, ScaleRule::floor, sr, 0, bits, aligned});
       v.push_back({Format::nvfp4, ScaleRule::nvfp4, sr, 0, bits, aligned});
+      v.push_back({Format::nvfp4, ScaleRule::quest, sr, 0, bits, aligned});
       v.push_back({Format::mxfp6_e2m3, ScaleRule::quest, sr, 0, bits, aligned});
       v.push_back({Format::mxfp4, ScaleRule::quest, sr, 8, bits, aligned});
       v.push_back({Format::mxint8, ScaleRule::floor, sr, 2, bits, aligned});

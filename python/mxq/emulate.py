@@ -253,7 +253,7 @@ def _fusable(spec: Optional[dict]) -> bool:
     """A spec the fused producer ops compute: an mxq format with round to nearest even, NVFP4 only with
     its tensor scale given."""
     return (spec is not None and "fn" not in spec and not spec.get("stochastic", False)
-            and (spec["format"] != "nvfp4" or spec.get("tensor_scale") is not None))
+            and (spec["format"] != "nvfp4" or (spec.get("tensor_scale") is not None and spec.get("rule") != "quest")))
 
 
 def _fused_kwargs(spec: Optional[dict]) -> dict:
@@ -485,7 +485,7 @@ def emulate(
     inc, exc = _compile(include, "include"), _compile(exclude, "exclude")
     if fuse and a is not None and not _fusable(a):
         raise ValueError("mxq.emulate: fuse=True needs an mxq activation format with round to nearest even "
-                         f"(NVFP4 with its tensor_scale), got activations={_describe(a)}")
+                         f"(NVFP4 with its tensor_scale and rule nvfp4), got activations={_describe(a)}")
     handle = EmulationHandle(model, cache=_ActivationCache() if share_activations else None)
     candidates = []
     for name, module in model.named_modules():

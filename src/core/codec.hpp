@@ -465,8 +465,10 @@ MXQ_HD float nvfp4_encode_scale(float amax_tensor) {
 }
 // NVFP4 under rule quest (QuTLASS's fusedQuantizeNv method "quest"): the E4M3 block-scale code of the
 // block's quest statistic t = quest_arg (RN, saturating at 448: t >= 1e-8 > 0, +Inf where the fp32
-// statistics overflow; NaN codes 0x7F); the tensor scale is 1, so the elements' multiplier is RN(1/s).
-MXQ_HD std::uint32_t nvfp4_quest_scale_code(float t) { return encode_f32(f2u(t), spec_e4m3()); }
+// statistics overflow); the tensor scale is 1, so the elements' multiplier is RN(1/s). A NaN t (the
+// fp32 sum overflowing to +Inf and -Inf in a finite block) gives kE4M3NaN whatever its sign bit, and
+// every backend then treats the block as a non-finite one (zero codes, mask 0, NaN on dequantize).
+MXQ_HD std::uint32_t nvfp4_quest_scale_code(float t) { return t != t ? 0x7Fu : encode_f32(f2u(t), spec_e4m3()); }
 // E4M3 block-scale code for a finite block: E4M3_RN_satfinite((amax_block * S) / 6).
 MXQ_HD std::uint32_t nvfp4_block_scale_code(float amax_block, float S) {
   const float t = div_rn(mul_rn(amax_block, S), 6.0f);

@@ -1,6 +1,6 @@
 #pragma once
 // Shared by the fast CPU path's operations (src/cpu/{quantize,qdq,dequantize,layout}.cpp): tiling
-// over OpenMP threads, block loads and stores, the MX block scale, the scalar-codec block quantizer.
+// over OpenMP threads, block loads and stores, the per-element helpers of every format.
 //
 // Work is split into tiles of (one row, up to kTileBlocks blocks) and spread over OpenMP threads;
 // every tile is independent, so results do not depend on the thread count. Inside a block the MX
@@ -11,11 +11,11 @@
 //   r = min(r, max_elem)                 saturation
 // The same per-element arithmetic serves quantize (codes read off the rounding's bits: readoff_mag),
 // NVFP4 (nvfp4_encode_rne_readoff, the division by S one IEEE division per element) and stochastic
-// rounding (sr_round_unscaled in MxFastRange; the comparison words one Philox call per counter,
-// sr_words). The exact scalar codec remains for: blocks whose scale lies outside MxFastRange (RNE:
-// rne_mag/code_of, still branch-free; stochastic: encode_scaled_sr), INT8 and fp16-output stochastic
-// QDQ, NVFP4 stochastic rounding (nvfp4_encode_sr), quest's per-block sums (quest_arg), and
-// dequantize blocks holding NaN/Inf element codes (mx_dequant_bits).
+// rounding (MX in MxFastRange and NVFP4: sr_code_unscaled, in integer arithmetic; the comparison
+// words one Philox call per counter, sr_words). The exact scalar codec remains for: blocks whose
+// scale lies outside MxFastRange (RNE: rne_mag/code_of, still branch-free; stochastic:
+// encode_scaled_sr), INT8 and fp16-output stochastic QDQ, quest's per-block sums off the eight-block
+// paths (quest_arg), and dequantize blocks holding NaN/Inf element codes (mx_dequant_bits).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -128,54 +128,6 @@ MXQ_INLINE void* row_ptr(const Tensor& t, std::int64_t r) {
   return static_cast<char*>(t.data) + r * t.stride() * dtype_size(t.dtype);
 }
 
-// ---- the MX block scale -----------------------------------------------------------------------------------
-// Returns the scale exponent, or 128 for a non-finite block. Applies the abs_max pre-multiplier.
-template <int G>
-MXQ_INLINE int mx_block_exp(const Problem& p, float* xf) {
-  const std::uint32_t am = amax_bits<G>(xf, p.g);
-  if (am >= 0x7F800000u) return 128;
-  int e = -127;
-  if (am != 0) {
-    const float q = p.opt.rule == ScaleRule::quest ? quest_arg(xf, p.g) : 0.0f;
-    e = mx_scale_exp(p.opt.rule, u2f(am), q, p.elem);
-  }
-  if (p.opt.rule == ScaleRule::qutlass_absmax)
-    for (int i = 0; i < p.g; ++i) xf[i] = 3.0f * xf[i];
-  return e;
-}
-
-// Scalar-codec block quantizer (stochastic rounding, NVFP4): exactly the reference's arithmetic.
-MXQ_INLINE void quantize_block_scalar(const Problem& p, std::int64_t r, std::int64_t b, float* xf, std::uint32_t* codes,
-                                      std::uint8_t& scale_byte, std::uint32_t* keep) {
-  const int g = p.g;
-  const std::uint32_t am = amax_bits<0>(xf, g);
-  if (am >= 0x7F800000u) {
-    scale_byte = p.nvfp4() ? kE4M3NaN : kE8M0NaN;
-    for (int i = 0; i < g; ++i) codes[i] = keep[i] = 0;
-    return;
-  }
-  const std::int64_t j0 = p.opt.offset + r * p.K + b * g;
-  if (p.nvfp4()) {
-    const std::uint32_t sc = p.nvfp4_quest() ? nvfp4_quest_scale_code(quest_arg(xf, g)) : nvfp4_block_scale_code(u2f(am), p.S);
-    const float m = nvfp4_multiplier(sc, p.S);
-    scale_byte = static_cast<std::uint8_t>(sc);
-    for (int i = 0; i < g; ++i) {
-      const std::uint32_t rnd = p.stochastic ? sr_bits(p.opt.seed, j0 + i, p.sr_bits) : 0u;
-      codes[i] = nvfp4_encode(f2u(xf[i]), m, p.stochastic, rnd);
-      keep[i] = std::fabs(xf[i] * m) < 6.0f;
-    }
-    return;
-  }
-  const int e = mx_block_exp<0>(p, xf);
-  scale_byte = static_cast<std::uint8_t>(e + kE8M0Bias);
-  const float inv = pow2f(-e), maxv = u2f(max_value_bits(p.elem));
-  for (int i = 0; i < g; ++i) {
-    const std::uint32_t rnd = p.stochastic ? sr_bits(p.opt.seed, j0 + i, p.sr_bits) : 0u;
-    codes[i] = encode_scaled(f2u(xf[i]), e, p.elem, p.stochastic, rnd);
-    keep[i] = std::fabs(xf[i]) * inv < maxv;
-  }
-}
-
 // ---- branch-free selects -----------------------------------------------------------------------------------
 // c ? a : b on bit patterns, written with masks: GCC keeps a select of floating-point values (and
 // the float operations that feed only one side) as control flow under -ftrapping-math, which stops
@@ -192,39 +144,6 @@ MXQ_INLINE std::uint32_t to_dtype_bits_nonnan_bf(float v) {
   constexpr int sb = OUT == DType::f32 ? 31 : 15;
   const std::uint32_t inf = OUT == DType::f32 ? b : ((sign << 15) | (OUT == DType::bf16 ? 0x7F80u : 0x7C00u));
   return bsel(mag == 0x7F800000u, inf, out_mag_bits<OUT>(u2f(mag)) | (sign << sb));
-}
-
-// a + b rounded toward zero for a, b >= 0 with a finite sum: add_rz (codec.hpp), the step down a select.
-MXQ_INLINE float add_rz_bf(float a, float b) {
-  const float s = add_rn(a, b);
-  const float bb = sub_rn(s, a);
-  const float err = add_rn(sub_rn(a, sub_rn(s, bb)), sub_rn(b, bb));
-  return u2f(f2u(s) - std::uint32_t(err < 0.0f));
-}
-
-// sr_round_unscaled (fastmath.hpp) written with selects, for e in MxFastRange: the same operations
-// on the same values. There the quantum Q is a normal float, 2^-qexp is normal too (q + e <= 104),
-// and frac = (|x| - t) / Q * 2^32 is exact and below 2^32; its truncation is taken in two halves so
-// that each conversion stays in int32's range.
-template <ElemType ET>
-MXQ_INLINE float sr_round_unscaled_bf(std::uint32_t xbits, int e, std::uint32_t rnd) {
-  constexpr FloatSpec f = Elem<ET>::spec;
-  constexpr std::uint32_t kC = rne_const_bits<f.mbits>();
-  const std::uint32_t lo = std::uint32_t(f.emin + e + 127) << 23;
-  const std::uint32_t xa = umin(xbits & 0x7FFFFFFFu, std::uint32_t(f.emax + 1 + e + 127) << 23);
-  const std::uint32_t be = umax(xa & 0x7F800000u, lo);
-  const float Cc = u2f(be + kC);
-  const float t = sub_rn(add_rz_bf(u2f(xa), Cc), Cc);
-  const float q = u2f(be - (std::uint32_t(f.mbits) << 23));
-  const std::uint32_t qexp_bits = be - (std::uint32_t(f.mbits) << 23);    // exponent bits of Q
-  const float inv_q = u2f((254u << 23) - qexp_bits);                       // 2^-qexp, exact
-  const float frac = mul_rn(mul_rn(sub_rn(u2f(xa), t), inv_q), 4294967296.0f);
-  const bool big = frac >= 2147483648.0f;
-  const float fr = u2f(bsel(big, f2u(sub_rn(frac, 2147483648.0f)), f2u(frac)));  // < 2^31, exact
-  const std::uint32_t thr = std::uint32_t(std::int32_t(fr)) + (std::uint32_t(big) << 31);
-  const float r = u2f(bsel(rnd < thr, f2u(add_rn(t, q)), f2u(t)));
-  const float lim = mul_rn(u2f(max_value_bits(f)), pow2f(e));
-  return u2f(bsel(r < lim, f2u(r), f2u(lim)));
 }
 
 // nvfp4_encode_rne_readoff (fastmath.hpp) with its saturating min written as a select.

@@ -187,6 +187,11 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
       // The element code (readoff / stochastic), then nvfp4_decode: (E2M1 value * s) / S, signed.
       const std::uint32_t sc = rule == ScaleRule::quest ? nvfp4_quest_scale_code(quest_arg(xf, g))
                                                         : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), p.S), 6.0f));
+      if (sc == kE4M3NaN) {  // a NaN quest statistic: as a non-finite block
+        for (int i = 0; i < g; ++i) out[i] = nan_bits(DT);
+        store_out<DT>(yrow, k0, n, out);
+        continue;
+      }
       const float m = nv->m[sc], sval = nv->sval[sc], S = p.S;
       std::uint32_t* codes = out;  // the codes, then the outputs in their place
       if (sr)
@@ -213,8 +218,8 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
           out[i] = out_mag_bits<DT>(v) | (sign << kSignBit);
         }
       } else if (!f.twos_complement && DT != DType::f16 && MxFastRange<ET>::contains(e)) {
-        // sr_round_unscaled (fastmath_test): the dequantized value itself, at most 4 significant
-        // bits and normal, so the bf16 output is its high half.
+        // sr_code_unscaled and the code's value (fastmath_test): the dequantized value itself, at most
+        // 4 significant bits and normal, so the bf16 output is its high half.
         for (int i = 0; i < g; ++i) {
           const std::uint32_t xb = f2u(xf[i]);
           const std::uint32_t v = sr_code_value_bits<ET>(sr_code_unscaled<ET>(xb, e, rnd[i]), e);

@@ -169,7 +169,7 @@ __attribute__((target("avx2"))) void nvfp4_quantize_chunks_avx2(const Storage<DT
 #endif
 
 // One tile: every block staged to fp32 (load_block), its scale from the amax, its codes by the
-// branch-free helpers (mx_block_codes; NVFP4: nvfp4_encode_rne_readoff, or nvfp4_encode_sr), the
+// branch-free helpers (mx_block_codes; NVFP4: nvfp4_code_rne_bf, or sr_code_unscaled), the
 // stochastic comparison words one Philox call per counter (sr_words). Bit-exact with the scalar codec.
 template <ElemType ET, DType DT, int G>
 MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, const NvTables* nv, std::int64_t r,
@@ -270,13 +270,17 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
                                                           : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), p.S), 6.0f));
         const float m = nv->m[sc];
         sb = static_cast<std::uint8_t>(sc);
-        if (sr)
-          for (int i = 0; i < g; ++i)  // nvfp4_encode_sr in the integer form (fastmath_test)
-          codes[i] = sr_code_unscaled<ElemType::e2m1>(f2u(nvfp4_product(f2u(xf[i]), m)), 0, rnd[i]) | ((f2u(xf[i]) >> 31) << 3);
-        else
-          for (int i = 0; i < g; ++i) codes[i] = nvfp4_code_rne_bf(f2u(xf[i]), m);
-        if (o.mask_row)
-          for (int i = 0; i < g; ++i) keep[i] = std::fabs(xf[i] * m) < 6.0f;
+        if (sc == kE4M3NaN) {  // a NaN quest statistic: as a non-finite block
+          for (int i = 0; i < g; ++i) codes[i] = keep[i] = 0;
+        } else {
+          if (sr)
+            for (int i = 0; i < g; ++i)  // nvfp4_encode_sr in the integer form (fastmath_test)
+              codes[i] = sr_code_unscaled<ElemType::e2m1>(f2u(nvfp4_product(f2u(xf[i]), m)), 0, rnd[i]) | ((f2u(xf[i]) >> 31) << 3);
+          else
+            for (int i = 0; i < g; ++i) codes[i] = nvfp4_code_rne_bf(f2u(xf[i]), m);
+          if (o.mask_row)
+            for (int i = 0; i < g; ++i) keep[i] = std::fabs(xf[i] * m) < 6.0f;
+        }
       } else {
         int e = -127;
         if (am != 0) e = mx_scale_exp(rule, u2f(am), rule == ScaleRule::quest ? quest_arg(xf, g) : 0.0f, f);

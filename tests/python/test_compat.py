@@ -251,7 +251,7 @@ def _qutlass_nv_quest_kernel_scales(y: torch.Tensor) -> list:
         if var < 0:
             out.append(-1)
             continue
-        scale = _f32(_f32(math.sqrt(var)) * (2.92247856 / 6.0) + 1e-8)
+        scale = min(_f32(_f32(math.sqrt(var)) * (2.92247856 / 6.0) + 1e-8), 448.0)  # satfinite (torch: NaN past 464)
         out.append(int(torch.tensor([scale]).to(torch.float8_e4m3fn).view(torch.uint8)))
     return out
 

@@ -629,7 +629,8 @@ int run_quantize(const QuantizeArgs& a) {
   else fail("--format '" + a.format + "': the checkpoint layouts vLLM loads are mxfp4, mxfp8 and nvfp4");
   if (!a.rule.empty()) {
     if (format == Format::nvfp4)
-      fail("--rule: an nvfp4 checkpoint takes the NVFP4 recipe (E4M3 block scales under the tensor scale), no other rule");
+      fail("--rule: the tool's nvfp4 takes the NVFP4 recipe only (E4M3 block scales under the tensor scale); NVFP4 "
+           "rule quest is in the library and the Python package");
     rule = parse_rule(a.rule);
     if (rule == ScaleRule::nvfp4 || (!a.fake && (rule == ScaleRule::quest || rule == ScaleRule::qutlass_absmax)))
       fail("--rule '" + a.rule + "': a checkpoint takes floor, ceil, even, rceil or even_fp4");

@@ -135,10 +135,13 @@ def fusedQuantizeNv(
         raise ValueError(f"invalid method {method!r}, must be 'quest' or 'abs_max'")
     _check_input(a, 16, "fusedQuantizeNv")
     a = _rotate(a, b, "fusedQuantizeNv")
-    gs = _global_scale(global_scale)
-    if method == "quest":
+    if method == "quest":  # global_scale checked as QuTLASS checks it, never read (no host sync)
+        if isinstance(global_scale, torch.Tensor) and global_scale.numel() != 1:
+            raise ValueError(f"fusedQuantizeNv: argument 'global_scale': shape {tuple(global_scale.shape)}, "
+                             "expected one element")
         codes, scales, _, _ = torch.ops.mxq.quantize(a, "nvfp4", "quest", 16, False, 0, 0, "padded", None, False)
         return codes, scales.view(torch.float8_e4m3fn)
+    gs = _global_scale(global_scale)
     codes, scales, _, _ = torch.ops.mxq.quantize(a, "nvfp4", "nvfp4", 16, False, 0, 0, "padded", gs, False)
     return codes, scales.view(torch.float8_e4m3fn)
 

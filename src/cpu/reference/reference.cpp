@@ -83,7 +83,7 @@ void quantize(const Problem& p, const Tensor& x, const QuantizedOut& out) {
                                                  : nvfp4_block_scale_code(amax, p.S);
         const float m = nvfp4_multiplier(sc, p.S);
         scale_byte = static_cast<std::uint8_t>(sc);
-        for (int i = 0; i < g; ++i) {
+        for (int i = 0; i < g && sc != kE4M3NaN; ++i) {  // a NaN quest statistic: as a non-finite block
           const std::int64_t k = b * g + i;
           if (k >= p.K) break;
           const std::uint32_t rnd = p.stochastic ? sr_bits(p.opt.seed, p.opt.offset + r * p.K + k, p.sr_bits) : 0u;

@@ -12,7 +12,7 @@
 namespace mxq::cuda {
 
 // f(Choices<...>{}) for the problem's rule and rounding. Only the combinations a format accepts are
-// compiled (qutlass_absmax is MXFP4-only; NVFP4 has one scale rule).
+// compiled (qutlass_absmax is MXFP4-only; NVFP4 has its recipe's rule and quest).
 template <class Fmt, class F>
 void dispatch_choices(const core::Problem& p, F&& f) {
   auto by_round = [&](auto sc) {

@@ -46,7 +46,7 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
   u32 xb[C];
   auto unpack = [&] { unpack_words<DT, C, vec_words<DT, C>()>(xw, xb); };
   const u32 am = group_max(p, chunk_amax<DT, C>(xw, xb, unpack));
-  const bool nonfinite = am >= 0x7F800000u;
+  bool nonfinite = am >= 0x7F800000u;  // (or, under rule quest, a NaN statistic: below)
   u32 rnd[C];
   if (sr) chunk_sr_words<C>(p, c, rnd);
   unpack();
@@ -58,6 +58,7 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
   if (Ch::quest(p)) {
     const float t = group_quest_arg<C>(p, xb);
     sc = nonfinite ? u32(kE4M3NaN) : nvfp4_quest_scale_code(t);
+    nonfinite = sc == kE4M3NaN;  // a NaN statistic (sums overflowing to both infinities): as a NaN/Inf block
   } else {
     sc = nonfinite ? u32(kE4M3NaN) : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), nv.S), 6.0f));
   }
