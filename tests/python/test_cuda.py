@@ -490,7 +490,9 @@ def test_cuda_matrix_rotation_graph_and_compile():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_cuda_nvfp4_quest_equals_cpu(dtype):
     x = _x((130, 4096 + 16), dtype, seed=9)
+    x[0, :16] = torch.tensor([3e38, 3e38, -3e38, -3e38] * 4, dtype=torch.float32).to(dtype)  # a NaN statistic
     xc = x.cuda()
+    assert int(mxq.quantize(x, "nvfp4", rule="quest").scales[0, 0]) == 0x7F
     for kw in (dict(), dict(stochastic=True, seed=3), dict(rotation="had64"), dict(group_size=32)):
         assert_bytes_equal(mxq.qdq(xc, "nvfp4", rule="quest", **kw), mxq.qdq(x, "nvfp4", rule="quest", **kw), f"qdq {kw}")
         for layout in ("linear", "swizzled"):
