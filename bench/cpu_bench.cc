@@ -126,6 +126,11 @@ int main(int argc, char** argv) {
   cases.push_back({"quantize", mxq::QuantOptions::nvfp4(1.0f), "S"});
   cases.push_back({"quantize", mxq::QuantOptions::nvfp4()});
   {
+    mxq::QuantOptions q = mxq::QuantOptions::nvfp4();  // QuTLASS's NVFP4 quest (the staged path)
+    q.rule = mxq::ScaleRule::quest;
+    cases.push_back({"quantize", q});
+  }
+  {
     mxq::QuantOptions q = mxq::QuantOptions::nvfp4(1.0f);
     q.scale_layout = mxq::ScaleLayout::swizzled;
     cases.push_back({"quantize", q, "S,swz"});

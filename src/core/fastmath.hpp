@@ -206,6 +206,10 @@ MXQ_HD_HOT std::uint32_t e4m3_code_rne_sat(float y) {
   return readoff_mag<3>(f2u(add_rn(a, u2f(cb))), be, cb, lo);
 }
 
+// nvfp4_quest_scale_code (codec.hpp) by e4m3_code_rne_sat: the same code for every t >= 0 and +Inf
+// (fastmath_test), kE4M3NaN for a NaN t.
+MXQ_HD_HOT std::uint32_t nvfp4_quest_scale_code_fast(float t) { return t != t ? 0x7Fu : e4m3_code_rne_sat(t); }
+
 // ---- two bf16 elements per 32-bit word (the kernels' bf16 MX fast path) --------------------------------
 // Lane-wise helpers on two 16-bit lanes: on the GPU single SIMD instructions, on the host the same
 // arithmetic per lane. bf16x2_add is the correctly rounded (RNE) sum; the host forms it from the

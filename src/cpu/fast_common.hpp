@@ -128,6 +128,32 @@ MXQ_INLINE void* row_ptr(const Tensor& t, std::int64_t r) {
   return static_cast<char*>(t.data) + r * t.stride() * dtype_size(t.dtype);
 }
 
+// quest_arg (codec.hpp) for a compile-time group size G: the same operations in the same order
+// (pairwise_sum's levels, each a[i] = a[2i] + a[2i+1]), with every loop bound a constant so that the
+// levels vectorise. G = 0: the runtime size through quest_arg itself.
+template <int G>
+MXQ_INLINE float quest_arg_g(const float* x, int g) {
+  if constexpr (G == 0) {
+    return quest_arg(x, g);
+  } else {
+    alignas(64) float a[G], d2[G];
+    for (int i = 0; i < G; ++i) a[i] = x[i];
+#pragma GCC unroll 8
+    for (int w = G; w > 1; w >>= 1)
+      for (int i = 0; i < w / 2; ++i) a[i] = add_rn(a[2 * i], a[2 * i + 1]);
+    const float mean = div_rn(a[0], float(G));
+    for (int i = 0; i < G; ++i) {
+      const float d = sub_rn(x[i], mean);
+      d2[i] = mul_rn(d, d);
+    }
+#pragma GCC unroll 8
+    for (int w = G; w > 1; w >>= 1)
+      for (int i = 0; i < w / 2; ++i) d2[i] = add_rn(d2[2 * i], d2[2 * i + 1]);
+    const float var = div_rn(d2[0], float(G));
+    return add_rn(div_rn(mul_rn(sqrt_rn(var), 2.92247856f), 6.0f), 1e-8f);
+  }
+}
+
 // ---- branch-free selects -----------------------------------------------------------------------------------
 // c ? a : b on bit patterns, written with masks: GCC keeps a select of floating-point values (and
 // the float operations that feed only one side) as control flow under -ftrapping-math, which stops
@@ -146,10 +172,16 @@ MXQ_INLINE std::uint32_t to_dtype_bits_nonnan_bf(float v) {
   return bsel(mag == 0x7F800000u, inf, out_mag_bits<OUT>(u2f(mag)) | (sign << sb));
 }
 
+// nvfp4_product (fastmath.hpp) with its zero case a select on bits (a float select stays a branch and
+// stops the vectoriser).
+MXQ_INLINE std::uint32_t nvfp4_product_bits_bf(std::uint32_t xbits, float m) {
+  return bsel((xbits & 0x7FFFFFFFu) == 0, xbits, f2u(mul_rn(u2f(xbits), m)));
+}
+
 // nvfp4_encode_rne_readoff (fastmath.hpp) with its saturating min written as a select.
 MXQ_INLINE std::uint32_t nvfp4_code_rne_bf(std::uint32_t xbits, float m) {
   constexpr std::uint32_t lo = 127u << 23, kC = rne_const_bits<1>();
-  const float prod = nvfp4_product(xbits & 0x7FFFFFFFu, m);
+  const float prod = u2f(nvfp4_product_bits_bf(xbits & 0x7FFFFFFFu, m));
   const float a = u2f(bsel(prod < 6.0f, f2u(prod), 0x40C00000u));
   const std::uint32_t be = umax(f2u(a) & 0x7F800000u, lo), cb = be + kC;
   return readoff_mag<1>(f2u(add_rn(a, u2f(cb))), be, cb, lo) | ((xbits >> 31) << 3);

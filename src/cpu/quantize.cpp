@@ -266,7 +266,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
       if (sr) sr_words(p.opt.seed, std::uint64_t(p.opt.offset + r * p.K + k0), g, p.sr_bits, rnd);
       if (nv4) {
         // nvfp4_block_scale_code (e4m3_code_rne_sat: fastmath_test) and the table's multiplier
-        const std::uint32_t sc = rule == ScaleRule::quest ? nvfp4_quest_scale_code(quest_arg(xf, g))
+        const std::uint32_t sc = rule == ScaleRule::quest ? nvfp4_quest_scale_code_fast(quest_arg_g<G>(xf, g))
                                                           : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), p.S), 6.0f));
         const float m = nv->m[sc];
         sb = static_cast<std::uint8_t>(sc);
@@ -275,7 +275,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
         } else {
           if (sr)
             for (int i = 0; i < g; ++i)  // nvfp4_encode_sr in the integer form (fastmath_test)
-              codes[i] = sr_code_unscaled<ElemType::e2m1>(f2u(nvfp4_product(f2u(xf[i]), m)), 0, rnd[i]) | ((f2u(xf[i]) >> 31) << 3);
+              codes[i] = sr_code_unscaled<ElemType::e2m1>(nvfp4_product_bits_bf(f2u(xf[i]), m), 0, rnd[i]) | ((f2u(xf[i]) >> 31) << 3);
           else
             for (int i = 0; i < g; ++i) codes[i] = nvfp4_code_rne_bf(f2u(xf[i]), m);
           if (o.mask_row)
