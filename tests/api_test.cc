@@ -154,35 +154,52 @@ TEST(Api, Nvfp4Quest) {
 
 // A finite NVFP4 block whose quest statistic is NaN (the fp32 sums overflow to both infinities) is a
 // non-finite block on both CPU backends: scale 0x7F, codes 0, mask 0, NaN on dequantize and QDQ.
+// A block whose quest sums overflow to both infinities (NaN statistic) inside a row of ordinary blocks:
+// K = 256 puts it inside a chunk of eight blocks (the CPU's AVX2 path) and K = 32 after none; with and
+// without the clip mask (which takes the staged path); every output equal to the reference's bytes.
 TEST(Api, Nvfp4QuestNanStatisticIsANonFiniteBlock) {
-  for (DType dt : {DType::f32, DType::bf16})
-    for (bool sr : {false, true})
-      for (Backend be : {Backend::reference, Backend::cpu}) {
-        HostTensor x(dt, 1, 32);
-        for (int k = 0; k < 16; ++k) x.set(0, k, k % 4 < 2 ? 3e38f : -3e38f);
-        for (int k = 16; k < 32; ++k) x.set(0, k, float(k - 20));
-        QuantOptions o = QuantOptions::nvfp4();
-        o.rule = ScaleRule::quest;
-        o.backend = be;
-        if (sr) o.rounding = Rounding::stochastic;
-        Quantized q(o, 1, 32, true);
-        quantize(x.view(), q.out(), o);
-        EXPECT_EQ(q.scale(0, 0), 0x7Fu) << to_string(be);
-        for (int k = 0; k < 16; ++k) {
-          EXPECT_EQ(q.code(0, k), 0u) << to_string(be) << " " << k;
-          EXPECT_EQ((q.mask.bytes[k / 8] >> (k % 8)) & 1, 0) << to_string(be) << " " << k;
+  for (std::int64_t K : {32, 256})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (bool sr : {false, true})
+        for (bool with_mask : {true, false}) {
+          const std::int64_t nb = 1 + (K > 32 ? 3 : 0);  // the NaN block's index (1 or 4)
+          HostTensor x(dt, 1, K);
+          for (int k = 0; k < K; ++k) x.set(0, k, float((k * 7) % 23 - 11) * 0.25f);
+          for (int k = 0; k < 16; ++k) x.set(0, 16 * nb + k, k % 4 < 2 ? 3e38f : -3e38f);
+          std::vector<std::uint8_t> ref_codes, ref_scales, ref_mask, ref_y, ref_z;
+          for (Backend be : {Backend::reference, Backend::cpu}) {
+            QuantOptions o = QuantOptions::nvfp4();
+            o.rule = ScaleRule::quest;
+            o.backend = be;
+            if (sr) o.rounding = Rounding::stochastic;
+            Quantized q(o, 1, K, with_mask);
+            quantize(x.view(), q.out(), o);
+            const std::string what = std::string(to_string(be)) + " K " + std::to_string(K) + (sr ? " sr" : " rne") + (with_mask ? " mask" : "");
+            EXPECT_EQ(q.scale(0, nb), 0x7Fu) << what;
+            for (int k = 0; k < 16; ++k) {
+              EXPECT_EQ(q.code(0, 16 * nb + k), 0u) << what << " " << k;
+              if (with_mask) EXPECT_EQ((q.mask.bytes[(16 * nb + k) / 8] >> (k % 8)) & 1, 0) << what << " " << k;
+            }
+            for (std::int64_t b = 0; b < K / 16; ++b)
+              if (b != nb) EXPECT_NE(q.scale(0, b), 0x7Fu) << what << " block " << b;
+            HostTensor y(dt, 1, K), z(dt, 1, K);
+            dequantize(q.in(), y.view(), o);
+            qdq(x.view(), z.view(), o);
+            for (int k = 0; k < 16; ++k) {
+              EXPECT_TRUE(std::isnan(y.get(0, 16 * nb + k))) << what << " " << k;
+              EXPECT_TRUE(std::isnan(z.get(0, 16 * nb + k))) << what << " " << k;
+            }
+            EXPECT_EQ(y.bytes, z.bytes) << what;  // QDQ = dequantize(quantize), NaN bits included
+            if (be == Backend::reference) {
+              ref_codes = q.codes.bytes, ref_scales = q.scales.bytes, ref_mask = q.mask.bytes, ref_z = z.bytes;
+            } else {
+              EXPECT_EQ(q.codes.bytes, ref_codes) << what;
+              EXPECT_EQ(q.scales.bytes, ref_scales) << what;
+              EXPECT_EQ(q.mask.bytes, ref_mask) << what;
+              EXPECT_EQ(z.bytes, ref_z) << what;
+            }
+          }
         }
-        EXPECT_NE(q.scale(0, 1), 0x7Fu);
-        HostTensor y(dt, 1, 32), z(dt, 1, 32);
-        dequantize(q.in(), y.view(), o);
-        qdq(x.view(), z.view(), o);
-        for (int k = 0; k < 16; ++k) {
-          EXPECT_TRUE(std::isnan(y.get(0, k))) << to_string(be) << " " << k;
-          EXPECT_TRUE(std::isnan(z.get(0, k))) << to_string(be) << " " << k;
-        }
-        EXPECT_EQ(std::memcmp(y.bytes.data() + 16 * HostTensor::esize(dt), z.bytes.data() + 16 * HostTensor::esize(dt),
-                              16 * HostTensor::esize(dt)), 0);
-      }
 }
 
 TEST(Api, NothingIsWrittenWhenValidationFails) {

@@ -344,64 +344,74 @@ TEST(FastOutput, NonNanRoundingMatchesTheCodec) {
 }
 
 // The fast CPU path's quest statistics (src/cpu/fast_common.hpp): quest_arg_direct and, where the CPU
-// has AVX2, quest_args8_avx2 (eight blocks in vector lanes) give core::quest_arg's fp32 bits for every
-// block: random blocks over many magnitudes, constant blocks (sigma 0: the 1e-8 term alone), a single
-// non-zero element, tiny and huge values; bf16 and fp32 storage.
+// has AVX2, quest_args8_avx2 (eight blocks in vector lanes), and core::quest_arg's compile-time-size
+// form give core::quest_arg's fp32 bits (runtime size) for every block, at G = 32 (MX quest) and G = 16
+// (NVFP4 quest): random blocks over many magnitudes, constant blocks (sigma 0: the 1e-8 term alone), a
+// single non-zero element, tiny and huge values, sums that overflow (NaN / Inf statistics); bf16 and
+// fp32 storage.
 #include "cpu/fast_common.hpp"
 
-TEST(FastQuest, BlockStatisticsMatchTheCodec) {
-  std::mt19937 rng(21);
+template <int G>
+void check_quest_statistics() {
+  std::mt19937 rng(21 + G);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   auto block = [&](int kind, float* v) {
     const float scale = std::ldexp(1.0f, int(rng() % 200) - 100);
-    for (int i = 0; i < 32; ++i) {
+    const int one = int(rng() % G);
+    for (int i = 0; i < G; ++i) {
       switch (kind) {
         case 0: v[i] = nd(rng) * scale; break;
-        case 1: v[i] = scale; break;                         // constant
-        case 2: v[i] = i == int(rng() % 32) ? scale : 0.0f; break;
+        case 1: v[i] = scale; break;  // constant
+        case 2: v[i] = i == one ? scale : 0.0f; break;
+        case 3: v[i] = ((one % 2 ? i : i / 2) % 2 ? -3.0e38f : 3.0e38f); break;  // sums overflow: +-Inf, or NaN
         default: v[i] = nd(rng) * scale * (rng() % 7 == 0 ? 300.0f : 1.0f); break;  // outliers
       }
     }
   };
+  auto same = [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b) || (a != a && b != b); };
   long bad = 0, n = 0;
   for (int rep = 0; rep < 4000; ++rep) {
-    alignas(64) float v[256];
-    for (int j = 0; j < 8; ++j) block(int(rng() % 4), v + 32 * j);
-    std::uint16_t b16[256];
-    for (int i = 0; i < 256; ++i) {
+    alignas(64) float v[8 * G];
+    for (int j = 0; j < 8; ++j) block(int(rng() % 5), v + G * j);
+    std::uint16_t b16[8 * G];
+    for (int i = 0; i < 8 * G; ++i) {
       b16[i] = mxq::f32_to_bf16(v[i]);
       if (!std::isfinite(mxq::bf16_to_f32(b16[i]))) b16[i] = 0x3F80;
     }
-    float vb[256];
-    for (int i = 0; i < 256; ++i) vb[i] = mxq::bf16_to_f32(b16[i]);
+    float vb[8 * G];
+    for (int i = 0; i < 8 * G; ++i) vb[i] = mxq::bf16_to_f32(b16[i]);
     for (int dt = 0; dt < 2; ++dt) {
       const float* src = dt ? v : vb;
-      float want[8], direct[8], lanes[8] = {};
+      float want[8], fixed[8], direct[8], lanes[8] = {};
       for (int j = 0; j < 8; ++j) {
-        want[j] = mxq::core::quest_arg(src + 32 * j, 32);
-        direct[j] = dt ? mxq::cpu::quest_arg_direct<DType::f32, 32>(reinterpret_cast<const std::uint32_t*>(v) + 32 * j)
-                       : mxq::cpu::quest_arg_direct<DType::bf16, 32>(b16 + 32 * j);
+        want[j] = mxq::core::quest_arg(src + G * j, G);
+        fixed[j] = mxq::core::quest_arg<G>(src + G * j);
+        direct[j] = dt ? mxq::cpu::quest_arg_direct<DType::f32, G>(reinterpret_cast<const std::uint32_t*>(v) + G * j)
+                       : mxq::cpu::quest_arg_direct<DType::bf16, G>(b16 + G * j);
       }
 #if defined(MXQ_CPU_AVX2)
       const bool avx2 = mxq::cpu::cpu_has_avx2();
       if (avx2) {
-        if (dt) mxq::cpu::quest_args8_avx2<DType::f32>(reinterpret_cast<const std::uint32_t*>(v), lanes);
-        else mxq::cpu::quest_args8_avx2<DType::bf16>(b16, lanes);
+        if (dt) mxq::cpu::quest_args8_avx2<DType::f32, G>(reinterpret_cast<const std::uint32_t*>(v), lanes);
+        else mxq::cpu::quest_args8_avx2<DType::bf16, G>(b16, lanes);
       }
 #else
       const bool avx2 = false;
 #endif
       for (int j = 0; j < 8; ++j) {
         ++n;
-        const bool ok = std::bit_cast<std::uint32_t>(direct[j]) == std::bit_cast<std::uint32_t>(want[j]) &&
-                        (!avx2 || std::bit_cast<std::uint32_t>(lanes[j]) == std::bit_cast<std::uint32_t>(want[j]));
+        const bool ok = same(fixed[j], want[j]) && same(direct[j], want[j]) && (!avx2 || same(lanes[j], want[j]));
         if (!ok && bad++ < 5)
-          ADD_FAILURE() << (dt ? "f32" : "bf16") << " block " << j << ": want " << want[j] << " direct " << direct[j]
-                        << " avx2 " << lanes[j];
+          ADD_FAILURE() << "G " << G << (dt ? " f32" : " bf16") << " block " << j << ": want " << want[j] << " fixed "
+                        << fixed[j] << " direct " << direct[j] << " avx2 " << lanes[j];
       }
     }
   }
   EXPECT_EQ(bad, 0) << bad << " of " << n;
+}
+TEST(FastQuest, BlockStatisticsMatchTheCodec) {
+  check_quest_statistics<32>();
+  check_quest_statistics<16>();
 }
 
 // The fast path's stochastic-rounding words (sr_words: Philox eight counters at a time in AVX2 lanes

@@ -395,28 +395,45 @@ MXQ_HD_HOT int clamp_scale_exp(int e) { return e < -127 ? -127 : (e > 127 ? 127 
 
 // Sum of g values in the fixed pairwise order S(v, g) = S(v, g/2) + S(v + g/2, g/2): the order of a
 // shuffle reduction where each lane holds a contiguous chunk. g is a power of two, g <= 256.
+// pairwise_reduce: the same levels in place on a[0..n) (each a[i] = a[2i] + a[2i+1]), n = G when G is a
+// compile-time size (the host's fast paths: constant trip counts, so that each level vectorises), else g.
+#if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__clang__)
+#define MXQ_UNROLL_LEVELS _Pragma("GCC unroll 8")
+#else
+#define MXQ_UNROLL_LEVELS
+#endif
+template <int G = 0>
+MXQ_HD float pairwise_reduce(float* a, int g = G) {
+  MXQ_UNROLL_LEVELS
+  for (int w = G ? G : g; w > 1; w >>= 1)
+    for (int i = 0; i < w / 2; ++i) a[i] = add_rn(a[2 * i], a[2 * i + 1]);
+  return a[0];
+}
 MXQ_HD float pairwise_sum(const float* v, int g) {
   float buf[256];
   for (int i = 0; i < g; ++i) buf[i] = v[i];
-  for (int w = g; w > 1; w >>= 1)
-    for (int i = 0; i < w / 2; ++i) buf[i] = add_rn(buf[2 * i], buf[2 * i + 1]);
-  return buf[0];
+  return pairwise_reduce(buf, g);
 }
 
 // The quest rule's argument t = sigma * 2.92247856 / 6 + 1e-8 for one block (zeros padded in),
 // sigma the population standard deviation: mean = S(x) / g, var = S((x - mean)^2) / g, all fp32,
-// each operation rounded on its own, sums in pairwise_sum's order.
-MXQ_HD float quest_arg(const float* x, int g) {
-  const float mean = div_rn(pairwise_sum(x, g), float(g));
-  float d2[256];
-  for (int i = 0; i < g; ++i) {
+// each operation rounded on its own, sums in pairwise_sum's order. G: a compile-time g (0: runtime g).
+template <int G = 0>
+MXQ_HD float quest_arg(const float* x, int g = G) {
+  constexpr int N = G ? G : 256;
+  const int n = G ? G : g;
+  float a[N], d2[N];
+  for (int i = 0; i < n; ++i) a[i] = x[i];
+  const float mean = div_rn(pairwise_reduce<G>(a, n), float(n));
+  for (int i = 0; i < n; ++i) {
     const float d = sub_rn(x[i], mean);
     d2[i] = mul_rn(d, d);
   }
-  const float var = div_rn(pairwise_sum(d2, g), float(g));
+  const float var = div_rn(pairwise_reduce<G>(d2, n), float(n));
   const float sigma = sqrt_rn(var);
   return add_rn(div_rn(mul_rn(sigma, 2.92247856f), 6.0f), 1e-8f);
 }
+#undef MXQ_UNROLL_LEVELS
 
 // E8M0 scale exponent for a finite, non-zero block (amax > 0). `quest` is quest_arg of the block
 // (only read by ScaleRule::quest). The result is clamped to [-127, 127].

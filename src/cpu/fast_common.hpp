@@ -128,30 +128,11 @@ MXQ_INLINE void* row_ptr(const Tensor& t, std::int64_t r) {
   return static_cast<char*>(t.data) + r * t.stride() * dtype_size(t.dtype);
 }
 
-// quest_arg (codec.hpp) for a compile-time group size G: the same operations in the same order
-// (pairwise_sum's levels, each a[i] = a[2i] + a[2i+1]), with every loop bound a constant so that the
-// levels vectorise. G = 0: the runtime size through quest_arg itself.
+// quest_arg (codec.hpp) for a compile-time group size G (0: the runtime size g).
 template <int G>
 MXQ_INLINE float quest_arg_g(const float* x, int g) {
-  if constexpr (G == 0) {
-    return quest_arg(x, g);
-  } else {
-    alignas(64) float a[G], d2[G];
-    for (int i = 0; i < G; ++i) a[i] = x[i];
-#pragma GCC unroll 8
-    for (int w = G; w > 1; w >>= 1)
-      for (int i = 0; i < w / 2; ++i) a[i] = add_rn(a[2 * i], a[2 * i + 1]);
-    const float mean = div_rn(a[0], float(G));
-    for (int i = 0; i < G; ++i) {
-      const float d = sub_rn(x[i], mean);
-      d2[i] = mul_rn(d, d);
-    }
-#pragma GCC unroll 8
-    for (int w = G; w > 1; w >>= 1)
-      for (int i = 0; i < w / 2; ++i) d2[i] = add_rn(d2[2 * i], d2[2 * i + 1]);
-    const float var = div_rn(d2[0], float(G));
-    return add_rn(div_rn(mul_rn(sqrt_rn(var), 2.92247856f), 6.0f), 1e-8f);
-  }
+  if constexpr (G != 0) return quest_arg<G>(x);
+  else return quest_arg(x, g);
 }
 
 // ---- branch-free selects -----------------------------------------------------------------------------------
@@ -421,7 +402,7 @@ template <DType DT, int G>
 MXQ_INLINE float quest_arg_direct(const Storage<DT>* s) {
   alignas(64) float v[G];
   for (int i = 0; i < G; ++i) v[i] = u2f(DT == DType::f32 ? std::uint32_t(s[i]) : std::uint32_t(s[i]) << 16);
-  return quest_arg(v, G);
+  return quest_arg<G>(v);
 }
 
 // ---- NVFP4 outputs by AVX2's lane permute, NVFP4 and quest blocks in AVX2 lanes ------------------------
@@ -448,15 +429,76 @@ __attribute__((target("avx2"))) inline void nvfp4_store16_avx2(__m256i t, __m256
   }
 }
 
+// quest_arg (core::quest_arg) of eight full blocks of G (16 or 32) elements of bf16/fp32 storage, one
+// vector lane per block: the values transposed so that vector i holds element i of every block, then the same
+// operations in the same order (pairwise sums level by level, IEEE division and square root).
+MXQ_INLINE __attribute__((target("avx2"))) void transpose8_avx2(__m256 (&r)[8]) {
+  __m256 t[8], u[8];
+  for (int k = 0; k < 4; ++k) {
+    t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  for (int k = 0; k < 2; ++k) {
+    u[4 * k] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+    u[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+    u[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+    u[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20);
+    r[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
+  }
+}
+// b[0..G) -> their sum in core::pairwise_sum's order (b is overwritten)
+template <int G>
+MXQ_INLINE __attribute__((target("avx2"))) __m256 pairwise_avx2(__m256* b) {
+  for (int w = G; w > 1; w >>= 1)
+    for (int i = 0; i < w / 2; ++i) b[i] = _mm256_add_ps(b[2 * i], b[2 * i + 1]);
+  return b[0];
+}
+template <DType DT, int G = 32>
+__attribute__((target("avx2"))) inline __m256 quest_args8_avx2(const Storage<DT>* s) {
+  static_assert(G == 16 || G == 32);
+  __m256 v[G];
+  for (int c = 0; c < G / 8; ++c) {  // elements 8c .. 8c + 7 of the eight blocks
+    __m256 r[8];
+    for (int j = 0; j < 8; ++j) {
+      const Storage<DT>* p = s + G * j + 8 * c;
+      if constexpr (DT == DType::f32)
+        r[j] = _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+      else
+        r[j] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+    }
+    transpose8_avx2(r);
+    for (int i = 0; i < 8; ++i) v[8 * c + i] = r[i];
+  }
+  __m256 t[G];
+  for (int i = 0; i < G; ++i) t[i] = v[i];
+  const __m256 g = _mm256_set1_ps(float(G));
+  const __m256 mean = _mm256_div_ps(pairwise_avx2<G>(t), g);
+  for (int i = 0; i < G; ++i) {
+    const __m256 d = _mm256_sub_ps(v[i], mean);
+    t[i] = _mm256_mul_ps(d, d);
+  }
+  const __m256 sigma = _mm256_sqrt_ps(_mm256_div_ps(pairwise_avx2<G>(t), g));
+  return _mm256_add_ps(_mm256_div_ps(_mm256_mul_ps(sigma, _mm256_set1_ps(2.92247856f)), _mm256_set1_ps(6.0f)), _mm256_set1_ps(1e-8f));
+}
+template <DType DT, int G = 32>
+__attribute__((target("avx2"))) inline void quest_args8_avx2(const Storage<DT>* s, float* qa) {
+  _mm256_storeu_ps(qa, quest_args8_avx2<DT, G>(s));
+}
+
 // Eight full NVFP4 blocks (128 elements of bf16/fp32 storage), RNE, in AVX2 registers: the arithmetic
 // of nvfp4_scale_codes8 and nvfp4_code_rne_bf (the same IEEE operations, one lane per block or per
 // element, so the same bits). Out: sc, the eight scale codes (0 where a block is not finite); ok, all
 // ones where the block is finite; codes[2 j], codes[2 j + 1], the sign-magnitude codes of block j's
 // elements 0..7 and 8..15 (garbage where the block is not finite: callers mask with ok).
+// QUEST: the rule quest's scale codes instead (nvfp4_quest_scale_code_fast of quest_arg, S = 1 in the
+// tables); a block whose statistic is NaN is not finite either.
 struct Nvfp4Chunk {
   __m256i sc, ok, codes[16];
 };
-template <DType DT>
+template <DType DT, bool QUEST = false>
 __attribute__((target("avx2"))) inline void nvfp4_chunk_avx2(const Storage<DT>* s, float S, const float* mtab, Nvfp4Chunk& c) {
   const __m256i magmask = _mm256_set1_epi32(0x7FFFFFFF);
   __m256i am;  // the blocks' amax bits, one lane per block
@@ -493,16 +535,21 @@ __attribute__((target("avx2"))) inline void nvfp4_chunk_avx2(const Storage<DT>* 
     }
     am = _mm256_load_si256(reinterpret_cast<const __m256i*>(a8));
   }
-  // scale codes: e4m3_code_rne_sat(amax * S / 6), read off the rounding
+  // scale codes: e4m3_code_rne_sat(amax * S / 6) (quest: of its statistic), read off the rounding
   {
-    const __m256 y = _mm256_div_ps(_mm256_mul_ps(_mm256_castsi256_ps(am), _mm256_set1_ps(S)), _mm256_set1_ps(6.0f));
-    const __m256 a = _mm256_min_ps(y, _mm256_set1_ps(448.0f));  // y is not NaN where the block is finite
+    __m256 y;
+    if constexpr (QUEST)
+      y = quest_args8_avx2<DT, 16>(s);
+    else
+      y = _mm256_div_ps(_mm256_mul_ps(_mm256_castsi256_ps(am), _mm256_set1_ps(S)), _mm256_set1_ps(6.0f));
+    const __m256 a = _mm256_min_ps(y, _mm256_set1_ps(448.0f));  // NaN y (a block not finite): 448
     constexpr std::uint32_t lo = 121u << 23, kC = rne_const_bits<3>();
     const __m256i be = _mm256_max_epi32(_mm256_and_si256(_mm256_castps_si256(a), _mm256_set1_epi32(0x7F800000)), _mm256_set1_epi32(int(lo)));
     const __m256i cb = _mm256_add_epi32(be, _mm256_set1_epi32(int(kC)));
     const __m256i t = _mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(cb)));
     const __m256i code = _mm256_sub_epi32(_mm256_add_epi32(t, _mm256_srli_epi32(be, 20)), _mm256_add_epi32(cb, _mm256_set1_epi32(int(lo >> 20))));
     c.ok = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7F800000), am);
+    if constexpr (QUEST) c.ok = _mm256_and_si256(c.ok, _mm256_castps_si256(_mm256_cmp_ps(y, y, _CMP_ORD_Q)));
     c.sc = _mm256_and_si256(code, c.ok);
   }
   alignas(32) float m8[8];
@@ -532,60 +579,6 @@ __attribute__((target("avx2"))) inline void nvfp4_chunk_avx2(const Storage<DT>* 
       c.codes[2 * j + h] = _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi32(xb, 28), eight));
     }
   }
-}
-
-// quest_arg (core::quest_arg) of eight full blocks of 32 elements of bf16/fp32 storage, one vector lane
-// per block: the values transposed so that vector i holds element i of every block, then the same
-// operations in the same order (pairwise sums level by level, IEEE division and square root).
-MXQ_INLINE __attribute__((target("avx2"))) void transpose8_avx2(__m256 (&r)[8]) {
-  __m256 t[8], u[8];
-  for (int k = 0; k < 4; ++k) {
-    t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-    t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-  }
-  for (int k = 0; k < 2; ++k) {
-    u[4 * k] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
-    u[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
-    u[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
-    u[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
-  }
-  for (int k = 0; k < 4; ++k) {
-    r[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20);
-    r[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
-  }
-}
-// b[0..32) -> their sum in core::pairwise_sum's order (b is overwritten)
-MXQ_INLINE __attribute__((target("avx2"))) __m256 pairwise32_avx2(__m256* b) {
-  for (int w = 32; w > 1; w >>= 1)
-    for (int i = 0; i < w / 2; ++i) b[i] = _mm256_add_ps(b[2 * i], b[2 * i + 1]);
-  return b[0];
-}
-template <DType DT>
-__attribute__((target("avx2"))) inline void quest_args8_avx2(const Storage<DT>* s, float* qa) {
-  __m256 v[32];
-  for (int c = 0; c < 4; ++c) {  // elements 8c .. 8c + 7 of the eight blocks
-    __m256 r[8];
-    for (int j = 0; j < 8; ++j) {
-      const Storage<DT>* p = s + 32 * j + 8 * c;
-      if constexpr (DT == DType::f32)
-        r[j] = _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-      else
-        r[j] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-    }
-    transpose8_avx2(r);
-    for (int i = 0; i < 8; ++i) v[8 * c + i] = r[i];
-  }
-  __m256 t[32];
-  for (int i = 0; i < 32; ++i) t[i] = v[i];
-  const __m256 g = _mm256_set1_ps(32.0f);
-  const __m256 mean = _mm256_div_ps(pairwise32_avx2(t), g);
-  for (int i = 0; i < 32; ++i) {
-    const __m256 d = _mm256_sub_ps(v[i], mean);
-    t[i] = _mm256_mul_ps(d, d);
-  }
-  const __m256 sigma = _mm256_sqrt_ps(_mm256_div_ps(pairwise32_avx2(t), g));
-  _mm256_storeu_ps(qa, _mm256_add_ps(_mm256_div_ps(_mm256_mul_ps(sigma, _mm256_set1_ps(2.92247856f)), _mm256_set1_ps(6.0f)),
-                                     _mm256_set1_ps(1e-8f)));
 }
 
 // The packed FP4 bytes of one chunk's 128 codes (element 2i low nibble, 2i + 1 high), zero codes where

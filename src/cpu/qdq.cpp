@@ -89,7 +89,7 @@ MXQ_INLINE void nvfp4_qdq_blocks8(const Storage<DT>* s, float S, const NvTables&
 // eight possible outputs (nvfp4_decode of magnitudes 0..7 under its scale, converted to DT) computed
 // once, then every element's picked by its code (nvfp4_store16_avx2) instead of a division per
 // element. The scale and element codes from nvfp4_chunk_avx2; the outputs of every block at once.
-template <DType DT>
+template <DType DT, bool QUEST>
 __attribute__((target("avx2"))) void nvfp4_qdq_chunks_avx2(const Storage<DT>* s, std::int64_t n, float S, const NvTables& nv,
                                                           Storage<DT>* y) {
   // the eight E2M1 magnitudes, and the output dtype's largest finite and Inf bits (out_mag_bits saturates)
@@ -97,7 +97,7 @@ __attribute__((target("avx2"))) void nvfp4_qdq_chunks_avx2(const Storage<DT>* s,
   const __m256 vS = _mm256_set1_ps(S);
   for (std::int64_t ch = 0; ch < n; ++ch, s += 128, y += 128) {
     Nvfp4Chunk c;
-    nvfp4_chunk_avx2<DT>(s, S, nv.m, c);
+    nvfp4_chunk_avx2<DT, QUEST>(s, S, nv.m, c);
     alignas(32) float sv[8];
     alignas(32) std::uint32_t ok[8];
     _mm256_store_ps(sv, _mm256_i32gather_ps(nv.sval, c.sc, 4));
@@ -138,17 +138,22 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
   const int g = G ? G : p.g;
   std::int64_t b = b0;
   if constexpr (ET == ElemType::e2m1 && G == 16 && DT != DType::f16) {
-    if (nv4 && !sr && rule != ScaleRule::quest) {  // NVFP4's full blocks, eight at a time
+    if (nv4 && !sr) {  // NVFP4's full blocks, eight at a time
       const Storage<DT>* xrow =
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
+      const bool quest = rule == ScaleRule::quest;
 #if defined(MXQ_CPU_AVX2)
       if (cpu_has_avx2()) {
         const std::int64_t n = std::max<std::int64_t>(0, (std::min(b1, p.K / 16) - b) / 8);
-        nvfp4_qdq_chunks_avx2<DT>(xrow + b * 16, n, p.S, *nv, static_cast<Storage<DT>*>(yrow) + b * 16);
+        Storage<DT>* yb = static_cast<Storage<DT>*>(yrow) + b * 16;
+        if (quest)
+          nvfp4_qdq_chunks_avx2<DT, true>(xrow + b * 16, n, p.S, *nv, yb);
+        else
+          nvfp4_qdq_chunks_avx2<DT, false>(xrow + b * 16, n, p.S, *nv, yb);
         b += 8 * n;
       }
 #endif
-      for (; b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8)
+      for (; !quest && b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8)
         nvfp4_qdq_blocks8<DT>(xrow + b * 16, p.S, *nv, static_cast<Storage<DT>*>(yrow) + b * 16);
     }
   }

@@ -156,13 +156,14 @@ MXQ_INLINE void nvfp4_blocks8(const Storage<DT>* s, float S, const float* mtab, 
 
 #if defined(MXQ_CPU_AVX2)
 // nvfp4_blocks8 for n consecutive chunks of eight blocks, where the CPU has AVX2 (nvfp4_chunk_avx2:
-// the same operations, one vector lane per block or element). sb: the 8 n scale bytes.
-template <DType DT>
+// the same operations, one vector lane per block or element; QUEST: the rule quest's scales, which
+// only this path and the staged one compute). sb: the 8 n scale bytes.
+template <DType DT, bool QUEST>
 __attribute__((target("avx2"))) void nvfp4_quantize_chunks_avx2(const Storage<DT>* s, std::int64_t n, float S, const float* mtab,
                                                                std::uint8_t* d, std::uint8_t* sb) {
   for (std::int64_t ch = 0; ch < n; ++ch) {
     Nvfp4Chunk c;
-    nvfp4_chunk_avx2<DT>(s + 128 * ch, S, mtab, c);
+    nvfp4_chunk_avx2<DT, QUEST>(s + 128 * ch, S, mtab, c);
     nvfp4_pack_chunk_avx2(c, d + 64 * ch, sb + 8 * ch);
   }
 }
@@ -209,19 +210,23 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
     }
   }
   if constexpr (ET == ElemType::e2m1 && G == 16 && DT != DType::f16) {
-    if (nv4 && !sr && !o.mask_row && rule != ScaleRule::quest) {  // NVFP4's full blocks, eight at a time, from the source
+    if (nv4 && !sr && !o.mask_row) {  // NVFP4's full blocks, eight at a time, from the source
       const Storage<DT>* row =
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
+      const bool quest = rule == ScaleRule::quest;
 #if defined(MXQ_CPU_AVX2)
       if (cpu_has_avx2()) {
         const std::int64_t n = std::max<std::int64_t>(0, (std::min(b1, p.K / 16) - b) / 8);
         alignas(64) std::uint8_t sb[kTileBlocks];
-        nvfp4_quantize_chunks_avx2<DT>(row + b * 16, n, p.S, nv->m, o.codes_row + b * 8, sb);
+        if (quest)
+          nvfp4_quantize_chunks_avx2<DT, true>(row + b * 16, n, p.S, nv->m, o.codes_row + b * 8, sb);
+        else
+          nvfp4_quantize_chunks_avx2<DT, false>(row + b * 16, n, p.S, nv->m, o.codes_row + b * 8, sb);
         store_scales(p, o.scales, o.scale_stride, r, b, sb, 8 * n);
         b += 8 * n;
       }
 #endif
-      for (; b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8) {
+      for (; !quest && b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8) {
         std::uint8_t sb8[8];
         nvfp4_blocks8<DT>(row + b * 16, p.S, nv->m, o.codes_row + b * 8, sb8);
         store_scales(p, o.scales, o.scale_stride, r, b, sb8, 8);
