@@ -54,6 +54,19 @@ std::vector<std::uint32_t> nvfp4_decode_table(const NvTables& nv, float S) {
   return t;
 }
 
+// MXFP4: the output bits of every (scale byte, E2M1 magnitude) pair, the per-element arithmetic of
+// dequantize_tile below (the value times 2^e, out_mag_bits) done once per pair; the sign as for NVFP4.
+// The NaN scale byte's entries are unused (its blocks are NaN).
+template <DType DT>
+std::vector<std::uint32_t> mxfp4_decode_table() {
+  std::vector<std::uint32_t> t(256 * 8);
+  for (int sb = 0; sb < 256; ++sb) {
+    const float scale = pow2f(sb - kE8M0Bias);
+    for (std::uint32_t mag = 0; mag < 8; ++mag) t[std::size_t(sb) * 8 + mag] = out_mag_bits<DT>(fabs_bits(decode_value<ElemType::e2m1>(mag) * scale));
+  }
+  return t;
+}
+
 // NVFP4's full blocks of 16: each element's output bits picked from its scale byte's eight table
 // entries by a lane shuffle (GCC's generic vectors: one permute of eight 32-bit lanes on AVX2 and
 // above) instead of a load per element; the NaN scale gives NaN everywhere, as below.
@@ -82,11 +95,13 @@ MXQ_INLINE void nvfp4_dequant_block16(const std::uint8_t* c, std::uint8_t sb, co
 }
 
 #if defined(MXQ_CPU_AVX2)
-// The same per block with AVX2 (nvfp4_store16_avx2), for nb consecutive full blocks of a row: codes
-// c, scale bytes sb[], outputs y. Called only where the CPU has AVX2.
-template <DType DT>
-__attribute__((target("avx2"))) void nvfp4_dequant_blocks_avx2(const std::uint8_t* c, const std::uint8_t* sb, int nb,
-                                                              const std::uint32_t* nvt, Storage<DT>* y) {
+// The same per block with AVX2 (nvfp4_store16_avx2), for nb consecutive runs of 16 elements of a row
+// (an NVFP4 block each; MXFP4: half or all of one, its scale byte repeated): codes c, scale bytes sb[]
+// (one per run), outputs y; MX: MXFP4's table and NaN scale byte (0xFF), else NVFP4's (S.1111.111).
+// Called only where the CPU has AVX2.
+template <DType DT, bool MX>
+__attribute__((target("avx2"))) void fp4_dequant_blocks_avx2(const std::uint8_t* c, const std::uint8_t* sb, int nb,
+                                                            const std::uint32_t* nvt, Storage<DT>* y) {
   const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), f15 = _mm256_set1_epi32(15);
   for (int j = 0; j < nb; ++j) {
     const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nvt + std::size_t(sb[j]) * 8));
@@ -95,7 +110,7 @@ __attribute__((target("avx2"))) void nvfp4_dequant_blocks_avx2(const std::uint8_
     std::memcpy(&w1, c + 8 * j + 4, 4);
     const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(w0)), sh), f15);
     const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(w1)), sh), f15);
-    nvfp4_store16_avx2<DT>(t, lo, hi, (sb[j] & 0x7F) != kE4M3NaN, y + 16 * j);
+    nvfp4_store16_avx2<DT>(t, lo, hi, MX ? sb[j] != kE8M0NaN : (sb[j] & 0x7F) != kE4M3NaN, y + 16 * j);
   }
 }
 #endif
@@ -113,11 +128,12 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
   const int g = G ? G : p.g;
   std::int64_t b = b0;
 #if defined(MXQ_CPU_AVX2)
-  if constexpr (ET == ElemType::e2m1 && G == 16) {
-    if (nv4 && cpu_has_avx2()) {  // the tile's full blocks in one call
-      const std::int64_t full = std::min(b1, p.K / 16);
+  if constexpr (ET == ElemType::e2m1 && (G == 16 || G == 32)) {
+    if (cpu_has_avx2()) {  // the tile's full blocks in one call
+      constexpr int R = G / 16;  // runs of 16 elements per block
+      const std::int64_t full = std::min(b1, p.K / G);
       if (full > b) {
-        alignas(64) std::uint8_t sb[kTileBlocks];
+        alignas(64) std::uint8_t sb[kTileBlocks * R];
         // the scale bytes by runs (four columns of a swizzled tile), as store_scales writes them
         // NOTE: written out, not a helper beside store_scales: calling one here made GCC compile this
         // template's MXFP8 instantiation 1.8x slower (measured 2026-12-04, this session's CPU).
@@ -126,7 +142,13 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
           std::memcpy(sb + (j - b), scales + p.scale_offset(r, j, q.scales.stride()), std::size_t(k));
           j += k;
         }
-        nvfp4_dequant_blocks_avx2<DT>(crow + b * 8, sb, int(full - b), nvt, static_cast<Storage<DT>*>(yrow) + b * 16);
+        if constexpr (R == 2)  // each MXFP4 block's byte for both of its runs
+          for (std::int64_t j = full - b - 1; j >= 0; --j) sb[2 * j + 1] = sb[2 * j] = sb[j];
+        Storage<DT>* yb = static_cast<Storage<DT>*>(yrow) + b * G;
+        if (nv4)
+          fp4_dequant_blocks_avx2<DT, false>(crow + b * G / 2, sb, int(full - b) * R, nvt, yb);
+        else
+          fp4_dequant_blocks_avx2<DT, true>(crow + b * G / 2, sb, int(full - b) * R, nvt, yb);
         b = full;
       }
     }
@@ -193,8 +215,11 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
 void dequantize(const Problem& p, const QuantizedIn& q, const Tensor& y) {
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(y.dtype, [&](auto dt) {
-      std::vector<std::uint32_t> nvt;
+      std::vector<std::uint32_t> nvt;  // NVFP4's and MXFP4's output table (the fast paths above)
       if (p.nvfp4()) nvt = nvfp4_decode_table<decltype(dt)::value>(make_nv_tables(p.S), p.S);
+#if defined(MXQ_CPU_AVX2)
+      else if (p.info.elem == ElemType::e2m1 && cpu_has_avx2()) nvt = mxfp4_decode_table<decltype(dt)::value>();
+#endif
       dispatch_group<decltype(et)::value>(p.g, [&](auto gc) {
         parallel_tiles(p.rows, p.nblocks, [&](std::int64_t r, std::int64_t b0, std::int64_t b1) {
           dequantize_tile<decltype(et)::value, decltype(dt)::value, decltype(gc)::value>(p, q, y, nvt.data(), r, b0, b1);
