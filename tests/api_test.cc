@@ -154,7 +154,8 @@ TEST(Api, Nvfp4Quest) {
 
 // A finite NVFP4 block whose quest statistic is NaN (the fp32 sums overflow to both infinities) is a
 // non-finite block on both CPU backends: scale 0x7F, codes 0, mask 0, NaN on dequantize and QDQ.
-// A block whose quest sums overflow to both infinities (NaN statistic) inside a row of ordinary blocks:
+// A block whose quest sums overflow to both infinities (NaN statistic) inside a row of ordinary blocks,
+// after one whose squares overflow (a +Inf statistic: a finite block of scale 448):
 // K = 256 puts it inside a chunk of eight blocks (the CPU's AVX2 path) and K = 32 after none; with and
 // without the clip mask (which takes the staged path); every output equal to the reference's bytes.
 TEST(Api, Nvfp4QuestNanStatisticIsANonFiniteBlock) {
@@ -166,6 +167,8 @@ TEST(Api, Nvfp4QuestNanStatisticIsANonFiniteBlock) {
           HostTensor x(dt, 1, K);
           for (int k = 0; k < K; ++k) x.set(0, k, float((k * 7) % 23 - 11) * 0.25f);
           for (int k = 0; k < 16; ++k) x.set(0, 16 * nb + k, k % 4 < 2 ? 3e38f : -3e38f);
+          // the block before: pair sums 0, squares overflow: a +Inf statistic, a finite block (scale 448)
+          for (int k = 0; k < 16; ++k) x.set(0, 16 * (nb - 1) + k, k % 2 ? -3e38f : 3e38f);
           std::vector<std::uint8_t> ref_codes, ref_scales, ref_mask, ref_y, ref_z;
           for (Backend be : {Backend::reference, Backend::cpu}) {
             QuantOptions o = QuantOptions::nvfp4();
@@ -176,6 +179,7 @@ TEST(Api, Nvfp4QuestNanStatisticIsANonFiniteBlock) {
             quantize(x.view(), q.out(), o);
             const std::string what = std::string(to_string(be)) + " K " + std::to_string(K) + (sr ? " sr" : " rne") + (with_mask ? " mask" : "");
             EXPECT_EQ(q.scale(0, nb), 0x7Fu) << what;
+            EXPECT_EQ(q.scale(0, nb - 1), 0x7Eu) << what;
             for (int k = 0; k < 16; ++k) {
               EXPECT_EQ(q.code(0, 16 * nb + k), 0u) << what << " " << k;
               if (with_mask) EXPECT_EQ((q.mask.bytes[(16 * nb + k) / 8] >> (k % 8)) & 1, 0) << what << " " << k;

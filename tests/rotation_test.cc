@@ -538,6 +538,51 @@ TEST(CudaRotation, SpecialValuesAndInPlace) {
     }
 }
 
+// Signed zeros through the butterfly's shuffle stages (on the GPU each one fma(+-1, v, w): RN(w - v)
+// or RN(v + w), whose zero results must carry the subtraction's and the addition's signs): rows of +0,
+// of -0, of mixed zeros, of one repeated value (every difference an exact zero), of +-c, and of values
+// repeated at a distance of 64; QDQ's output bytes and quantize's codes and scales equal to the
+// reference's for every rotation size and both sign modes, on the CPU backend and, where usable, CUDA.
+TEST(Rotation, SignedZerosMatchTheReference) {
+  const std::int64_t R = 6, K = 512;
+  for (Backend be : {Backend::cpu, Backend::cuda}) {
+    if (!th::unusable(be).empty()) continue;
+    for (DType dt : {DType::bf16, DType::f32}) {
+      th::HostTensor x(dt, R, K);
+      for (std::int64_t k = 0; k < K; ++k) {
+        x.set(0, k, 0.0f);
+        x.set(1, k, -0.0f);
+        x.set(2, k, (k * 7) % 3 == 0 ? -0.0f : 0.0f);
+        x.set(3, k, 1.5f);
+        x.set(4, k, k % 2 ? -0.75f : 0.75f);
+        x.set(5, k, float((k % 64) / 8) * (k % 3 == 1 ? -0.5f : 0.5f));
+      }
+      for (const QuantOptions& base : {QuantOptions::mx(Format::mxfp4, ScaleRule::even), QuantOptions::nvfp4()})
+        for (Rotation rot : {Rotation::hadamard, Rotation::random_hadamard})
+          for (int rs : {16, 32, 64, 128, 256}) {
+            const QuantOptions o = rotated(base, rot, rs, 5);
+            QuantOptions ro = o;
+            ro.backend = Backend::reference;
+            const std::string what = std::string(to_string(be)) + " " + th::name_of(base) + " " + std::string(to_string(dt)) +
+                                     " rs " + std::to_string(rs) + (rot == Rotation::random_hadamard ? " random" : "");
+            th::HostTensor yr(dt, R, K);
+            qdq(x.view(), yr.view(), ro);
+            th::Scalar ws(be);
+            const QuantOptions co = th::on(be, o, ws);
+            th::Placed xd(be, x), yd(be, yr);
+            qdq(xd.view(), yd.view(), co);
+            th::expect_same_bytes(yr, yd.get(), "qdq " + what);
+            th::Quantized q(ro, R, K);
+            quantize(x.view(), q.out(), ro);
+            th::PlacedQuantized qd(be, co, R, K, false);
+            quantize(xd.view(), qd.out(), co);
+            th::expect_same_bytes(q.codes, qd.codes.get(), "codes " + what);
+            th::expect_same_bytes(q.scales, qd.scales.get(), "scales " + what);
+          }
+    }
+  }
+}
+
 // The production path (review of the first version): tensors large enough that each thread runs many
 // iterations (the cp.async ring, its prefetch and stale slots, in place across iterations; the rotated
 // amax kernel's loop), and rows whose K is not a multiple of the group size (padding chunks under a

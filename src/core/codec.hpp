@@ -417,7 +417,8 @@ MXQ_HD float pairwise_sum(const float* v, int g) {
 
 // The quest rule's argument t = sigma * 2.92247856 / 6 + 1e-8 for one block (zeros padded in),
 // sigma the population standard deviation: mean = S(x) / g, var = S((x - mean)^2) / g, all fp32,
-// each operation rounded on its own, sums in pairwise_sum's order. G: a compile-time g (0: runtime g).
+// each operation rounded on its own, sums in pairwise_sum's order. G: a compile-time g (0: the runtime g;
+// g is read only then).
 template <int G = 0>
 MXQ_HD float quest_arg(const float* x, int g = G) {
   constexpr int N = G ? G : 256;

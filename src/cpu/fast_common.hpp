@@ -498,6 +498,37 @@ __attribute__((target("avx2"))) inline void quest_args8_avx2(const Storage<DT>* 
 struct Nvfp4Chunk {
   __m256i sc, ok, codes[16];
 };
+// The element codes of nvfp4_chunk_avx2 (nvfp4_code_rne_bf(x, m): the readoff of min(|x| m, 6), the
+// sign at bit 3), block j's multiplier m8[j]. ZERO: some multiplier is infinite (S / s overflows: a
+// tensor scale near FLT_MAX), where a zero element must stay 0 (nvfp4_product: 0 * Inf would be NaN,
+// then 6); with finite multipliers the product of a zero is 0 anyway, and the test is left out.
+template <DType DT, bool ZERO>
+__attribute__((target("avx2"))) inline void nvfp4_elements_avx2(const Storage<DT>* s, const float* m8, Nvfp4Chunk& c) {
+  constexpr std::uint32_t lo = 127u << 23, kC = rne_const_bits<1>();
+  const __m256i magmask = _mm256_set1_epi32(0x7FFFFFFF), vlo = _mm256_set1_epi32(int(lo)), vkC = _mm256_set1_epi32(int(kC)),
+                vexp = _mm256_set1_epi32(0x7F800000), vsub = _mm256_set1_epi32(int(lo >> 22)), eight = _mm256_set1_epi32(8);
+  const __m256 six = _mm256_set1_ps(6.0f);
+  for (int j = 0; j < 8; ++j) {
+    const __m256 m = _mm256_set1_ps(m8[j]);
+    for (int h = 0; h < 2; ++h) {
+      __m256i xb;
+      if constexpr (DT == DType::bf16)
+        xb = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16 * j + 8 * h))), 16);
+      else
+        xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * j + 8 * h));
+      const __m256i xm = _mm256_and_si256(xb, magmask);
+      __m256 prod = _mm256_mul_ps(_mm256_castsi256_ps(xm), m);
+      if constexpr (ZERO) prod = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(xm, _mm256_setzero_si256())), prod);
+      const __m256 a = _mm256_min_ps(prod, six);
+      const __m256i be = _mm256_max_epi32(_mm256_and_si256(_mm256_castps_si256(a), vexp), vlo);
+      const __m256i cb = _mm256_add_epi32(be, vkC);
+      const __m256i t = _mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(cb)));
+      const __m256i mag = _mm256_sub_epi32(_mm256_add_epi32(t, _mm256_srli_epi32(be, 22)), _mm256_add_epi32(cb, vsub));
+      c.codes[2 * j + h] = _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi32(xb, 28), eight));
+    }
+  }
+}
+
 template <DType DT, bool QUEST = false>
 __attribute__((target("avx2"))) inline void nvfp4_chunk_avx2(const Storage<DT>* s, float S, const float* mtab, Nvfp4Chunk& c) {
   const __m256i magmask = _mm256_set1_epi32(0x7FFFFFFF);
@@ -554,31 +585,12 @@ __attribute__((target("avx2"))) inline void nvfp4_chunk_avx2(const Storage<DT>* 
   }
   alignas(32) float m8[8];
   _mm256_store_ps(m8, _mm256_i32gather_ps(mtab, c.sc, 4));
-  // element codes: nvfp4_code_rne_bf(x, m) = readoff of min(|x| m, 6), the sign at bit 3
-  constexpr std::uint32_t lo = 127u << 23, kC = rne_const_bits<1>();
-  const __m256i vlo = _mm256_set1_epi32(int(lo)), vkC = _mm256_set1_epi32(int(kC)), vexp = _mm256_set1_epi32(0x7F800000),
-                vsub = _mm256_set1_epi32(int(lo >> 22)), eight = _mm256_set1_epi32(8);
-  const __m256 six = _mm256_set1_ps(6.0f);
-  for (int j = 0; j < 8; ++j) {
-    const __m256 m = _mm256_set1_ps(m8[j]);
-    for (int h = 0; h < 2; ++h) {
-      __m256i xb;
-      if constexpr (DT == DType::bf16)
-        xb = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16 * j + 8 * h))), 16);
-      else
-        xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * j + 8 * h));
-      // nvfp4_product: a zero stays 0 (0 * Inf would be NaN, then 6)
-      const __m256i xm = _mm256_and_si256(xb, magmask);
-      const __m256 prod = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(xm, _mm256_setzero_si256())),
-                                           _mm256_mul_ps(_mm256_castsi256_ps(xm), m));
-      const __m256 a = _mm256_min_ps(prod, six);
-      const __m256i be = _mm256_max_epi32(_mm256_and_si256(_mm256_castps_si256(a), vexp), vlo);
-      const __m256i cb = _mm256_add_epi32(be, vkC);
-      const __m256i t = _mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(cb)));
-      const __m256i mag = _mm256_sub_epi32(_mm256_add_epi32(t, _mm256_srli_epi32(be, 22)), _mm256_add_epi32(cb, vsub));
-      c.codes[2 * j + h] = _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi32(xb, 28), eight));
-    }
-  }
+  // some block's multiplier infinite: zero elements need their test (nvfp4_elements_avx2)
+  const __m256 minf = _mm256_cmp_ps(_mm256_load_ps(m8), _mm256_set1_ps(INFINITY), _CMP_EQ_OQ);
+  if (_mm256_movemask_ps(minf) != 0)
+    nvfp4_elements_avx2<DT, true>(s, m8, c);
+  else
+    nvfp4_elements_avx2<DT, false>(s, m8, c);
 }
 
 // The packed FP4 bytes of one chunk's 128 codes (element 2i low nibble, 2i + 1 high), zero codes where
