@@ -434,34 +434,42 @@ __attribute__((target("avx2"))) inline void nvfp4_store16_avx2(__m256i t, __m256
 // operations in the same order (pairwise sums level by level, IEEE division and square root).
 MXQ_INLINE __attribute__((target("avx2"))) void transpose8_avx2(__m256 (&r)[8]) {
   __m256 t[8], u[8];
+#pragma GCC unroll 4
   for (int k = 0; k < 4; ++k) {
     t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
     t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
   }
+#pragma GCC unroll 2
   for (int k = 0; k < 2; ++k) {
     u[4 * k] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
     u[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
     u[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
     u[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
   }
+#pragma GCC unroll 4
   for (int k = 0; k < 4; ++k) {
     r[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20);
     r[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
   }
 }
-// b[0..G) -> their sum in core::pairwise_sum's order (b is overwritten)
-template <int G>
-MXQ_INLINE __attribute__((target("avx2"))) __m256 pairwise_avx2(__m256* b) {
-  for (int w = G; w > 1; w >>= 1)
-    for (int i = 0; i < w / 2; ++i) b[i] = _mm256_add_ps(b[2 * i], b[2 * i + 1]);
-  return b[0];
+// b[0..N) -> their sum in core::pairwise_sum's order, S(b, N) = S(b, N/2) + S(b + N/2, N/2), written as
+// a recursion with constant indices: a loop over the levels (whose inner bound depends on the outer
+// variable) kept the vectors in memory, a store and a load per addition (measured 2.5x slower).
+template <int N>
+MXQ_INLINE __attribute__((target("avx2"))) __m256 pairwise_avx2(const __m256* b) {
+  if constexpr (N == 1)
+    return b[0];
+  else
+    return _mm256_add_ps(pairwise_avx2<N / 2>(b), pairwise_avx2<N / 2>(b + N / 2));
 }
 template <DType DT, int G = 32>
 __attribute__((target("avx2"))) inline __m256 quest_args8_avx2(const Storage<DT>* s) {
   static_assert(G == 16 || G == 32);
   __m256 v[G];
+#pragma GCC unroll 4
   for (int c = 0; c < G / 8; ++c) {  // elements 8c .. 8c + 7 of the eight blocks
     __m256 r[8];
+#pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       const Storage<DT>* p = s + G * j + 8 * c;
       if constexpr (DT == DType::f32)
@@ -470,12 +478,13 @@ __attribute__((target("avx2"))) inline __m256 quest_args8_avx2(const Storage<DT>
         r[j] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
     }
     transpose8_avx2(r);
+#pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) v[8 * c + i] = r[i];
   }
-  __m256 t[G];
-  for (int i = 0; i < G; ++i) t[i] = v[i];
   const __m256 g = _mm256_set1_ps(float(G));
-  const __m256 mean = _mm256_div_ps(pairwise_avx2<G>(t), g);
+  const __m256 mean = _mm256_div_ps(pairwise_avx2<G>(v), g);
+  __m256 t[G];
+#pragma GCC unroll 32
   for (int i = 0; i < G; ++i) {
     const __m256 d = _mm256_sub_ps(v[i], mean);
     t[i] = _mm256_mul_ps(d, d);
@@ -497,8 +506,9 @@ __attribute__((target("avx2"))) inline void quest_args8_avx2(const Storage<DT>* 
 // tables); a block whose statistic is NaN is not finite either.
 struct Nvfp4Chunk {
   __m256i sc, ok, codes[16];
+  alignas(32) float m8[8];  // the blocks' multipliers
 };
-// The element codes of nvfp4_chunk_avx2 (nvfp4_code_rne_bf(x, m): the readoff of min(|x| m, 6), the
+// The element codes of nvfp4_chunk_codes_avx2 (nvfp4_code_rne_bf(x, m): the readoff of min(|x| m, 6), the
 // sign at bit 3), block j's multiplier m8[j]. ZERO: some multiplier is infinite (S / s overflows: a
 // tensor scale near FLT_MAX), where a zero element must stay 0 (nvfp4_product: 0 * Inf would be NaN,
 // then 6); with finite multipliers the product of a zero is 0 anyway, and the test is left out.
@@ -529,8 +539,11 @@ __attribute__((target("avx2"))) inline void nvfp4_elements_avx2(const Storage<DT
   }
 }
 
+// In two steps: the scale codes, ok and multipliers (nvfp4_chunk_scales_avx2), then the element codes
+// (nvfp4_chunk_codes_avx2): a caller can take the next chunk's scales, a long chain of dependent
+// operations (quest: two divisions and a square root), before this chunk's elements.
 template <DType DT, bool QUEST = false>
-__attribute__((target("avx2"))) inline void nvfp4_chunk_avx2(const Storage<DT>* s, float S, const float* mtab, Nvfp4Chunk& c) {
+__attribute__((target("avx2"))) inline void nvfp4_chunk_scales_avx2(const Storage<DT>* s, float S, const float* mtab, Nvfp4Chunk& c) {
   const __m256i magmask = _mm256_set1_epi32(0x7FFFFFFF);
   __m256i am;  // the blocks' amax bits, one lane per block
   if constexpr (DT == DType::bf16) {
@@ -583,14 +596,16 @@ __attribute__((target("avx2"))) inline void nvfp4_chunk_avx2(const Storage<DT>* 
     if constexpr (QUEST) c.ok = _mm256_and_si256(c.ok, _mm256_castps_si256(_mm256_cmp_ps(y, y, _CMP_ORD_Q)));
     c.sc = _mm256_and_si256(code, c.ok);
   }
-  alignas(32) float m8[8];
-  _mm256_store_ps(m8, _mm256_i32gather_ps(mtab, c.sc, 4));
+  _mm256_store_ps(c.m8, _mm256_i32gather_ps(mtab, c.sc, 4));
+}
+template <DType DT>
+__attribute__((target("avx2"))) inline void nvfp4_chunk_codes_avx2(const Storage<DT>* s, Nvfp4Chunk& c) {
   // some block's multiplier infinite: zero elements need their test (nvfp4_elements_avx2)
-  const __m256 minf = _mm256_cmp_ps(_mm256_load_ps(m8), _mm256_set1_ps(INFINITY), _CMP_EQ_OQ);
+  const __m256 minf = _mm256_cmp_ps(_mm256_load_ps(c.m8), _mm256_set1_ps(INFINITY), _CMP_EQ_OQ);
   if (_mm256_movemask_ps(minf) != 0)
-    nvfp4_elements_avx2<DT, true>(s, m8, c);
+    nvfp4_elements_avx2<DT, true>(s, c.m8, c);
   else
-    nvfp4_elements_avx2<DT, false>(s, m8, c);
+    nvfp4_elements_avx2<DT, false>(s, c.m8, c);
 }
 
 // The packed FP4 bytes of one chunk's 128 codes (element 2i low nibble, 2i + 1 high), zero codes where

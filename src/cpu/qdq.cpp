@@ -88,16 +88,19 @@ MXQ_INLINE void nvfp4_qdq_blocks8(const Storage<DT>* s, float S, const NvTables&
 // nvfp4_qdq_blocks8 for n consecutive chunks of eight blocks, where the CPU has AVX2: each block's
 // eight possible outputs (nvfp4_decode of magnitudes 0..7 under its scale, converted to DT) computed
 // once, then every element's picked by its code (nvfp4_store16_avx2) instead of a division per
-// element. The scale and element codes from nvfp4_chunk_avx2; the outputs of every block at once.
+// element. The scale and element codes from nvfp4_chunk_scales_avx2 / nvfp4_chunk_codes_avx2; the outputs of every block at once.
 template <DType DT, bool QUEST>
 __attribute__((target("avx2"))) void nvfp4_qdq_chunks_avx2(const Storage<DT>* s, std::int64_t n, float S, const NvTables& nv,
                                                           Storage<DT>* y) {
   // the eight E2M1 magnitudes, and the output dtype's largest finite and Inf bits (out_mag_bits saturates)
   const __m256 e2m1 = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
   const __m256 vS = _mm256_set1_ps(S);
+  Nvfp4Chunk cc[2];  // this chunk's and the next one's: the next one's scales before this one's elements
+  if (n > 0) nvfp4_chunk_scales_avx2<DT, QUEST>(s, S, nv.m, cc[0]);
   for (std::int64_t ch = 0; ch < n; ++ch, s += 128, y += 128) {
-    Nvfp4Chunk c;
-    nvfp4_chunk_avx2<DT, QUEST>(s, S, nv.m, c);
+    Nvfp4Chunk& c = cc[ch & 1];
+    if (ch + 1 < n) nvfp4_chunk_scales_avx2<DT, QUEST>(s + 128, S, nv.m, cc[(ch + 1) & 1]);
+    nvfp4_chunk_codes_avx2<DT>(s, c);
     alignas(32) float sv[8];
     alignas(32) std::uint32_t ok[8];
     _mm256_store_ps(sv, _mm256_i32gather_ps(nv.sval, c.sc, 4));

@@ -155,16 +155,19 @@ MXQ_INLINE void nvfp4_blocks8(const Storage<DT>* s, float S, const float* mtab, 
 }
 
 #if defined(MXQ_CPU_AVX2)
-// nvfp4_blocks8 for n consecutive chunks of eight blocks, where the CPU has AVX2 (nvfp4_chunk_avx2:
+// nvfp4_blocks8 for n consecutive chunks of eight blocks, where the CPU has AVX2 (Nvfp4Chunk's steps:
 // the same operations, one vector lane per block or element; QUEST: the rule quest's scales, which
 // only this path and the staged one compute). sb: the 8 n scale bytes.
 template <DType DT, bool QUEST>
 __attribute__((target("avx2"))) void nvfp4_quantize_chunks_avx2(const Storage<DT>* s, std::int64_t n, float S, const float* mtab,
                                                                std::uint8_t* d, std::uint8_t* sb) {
+  Nvfp4Chunk c[2];  // this chunk's and the next one's: the next one's scales before this one's elements
+  if (n > 0) nvfp4_chunk_scales_avx2<DT, QUEST>(s, S, mtab, c[0]);
   for (std::int64_t ch = 0; ch < n; ++ch) {
-    Nvfp4Chunk c;
-    nvfp4_chunk_avx2<DT, QUEST>(s + 128 * ch, S, mtab, c);
-    nvfp4_pack_chunk_avx2(c, d + 64 * ch, sb + 8 * ch);
+    Nvfp4Chunk& cur = c[ch & 1];
+    if (ch + 1 < n) nvfp4_chunk_scales_avx2<DT, QUEST>(s + 128 * (ch + 1), S, mtab, c[(ch + 1) & 1]);
+    nvfp4_chunk_codes_avx2<DT>(s + 128 * ch, cur);
+    nvfp4_pack_chunk_avx2(cur, d + 64 * ch, sb + 8 * ch);
   }
 }
 #endif
