@@ -199,13 +199,19 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
       const Storage<DT>* row =
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
       constexpr int cpb = f.bits == 4 ? 16 : 32;  // code bytes per block
-      for (; b + 8 <= b1 && (b + 8) * 32 <= p.K; b += 8) {
-        std::uint8_t sb8[8];
-        alignas(32) float qa[8];
+      // quest: the next eight blocks' statistics before this eight's codes (a chain of divisions and a
+      // square root that the codes would otherwise wait for)
+      alignas(32) float qa[2][8];
+      auto fits = [&](std::int64_t bb) { return bb + 8 <= b1 && (bb + 8) * 32 <= p.K; };
 #if defined(MXQ_CPU_AVX2)
-        if (quest8) quest_args8_avx2<DT>(row + b * 32, qa);
+      if (quest8 && fits(b)) quest_args8_avx2<DT>(row + b * 32, qa[0]);
 #endif
-        const bool done = quest8 ? mx_blocks8_direct<ET, DT, true>(k, row + b * 32, o.codes_row + b * cpb, sb8, qa)
+      for (int cur = 0; fits(b); b += 8, cur ^= 1) {
+        std::uint8_t sb8[8];
+#if defined(MXQ_CPU_AVX2)
+        if (quest8 && fits(b + 8)) quest_args8_avx2<DT>(row + (b + 8) * 32, qa[cur ^ 1]);
+#endif
+        const bool done = quest8 ? mx_blocks8_direct<ET, DT, true>(k, row + b * 32, o.codes_row + b * cpb, sb8, qa[cur])
                                  : mx_blocks8_direct<ET, DT>(k, row + b * 32, o.codes_row + b * cpb, sb8);
         if (!done) break;
         store_scales(p, o.scales, o.scale_stride, r, b, sb8, 8);
