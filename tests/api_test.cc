@@ -153,11 +153,11 @@ TEST(Api, Nvfp4Quest) {
 }
 
 // A finite NVFP4 block whose quest statistic is NaN (the fp32 sums overflow to both infinities) is a
-// non-finite block on both CPU backends: scale 0x7F, codes 0, mask 0, NaN on dequantize and QDQ.
-// A block whose quest sums overflow to both infinities (NaN statistic) inside a row of ordinary blocks,
-// after one whose squares overflow (a +Inf statistic: a finite block of scale 448):
-// K = 256 puts it inside a chunk of eight blocks (the CPU's AVX2 path) and K = 32 after none; with and
-// without the clip mask (which takes the staged path); every output equal to the reference's bytes.
+// non-finite block on both CPU backends: scale 0x7F, codes 0, mask 0, NaN on dequantize and QDQ. It sits
+// in a row of ordinary blocks after one whose squares overflow (a +Inf statistic: a finite block of
+// scale 448); K = 256 puts it inside a chunk of eight blocks (the CPU's AVX2 path) and K = 32 after
+// none; with and without the clip mask (which takes the staged path); every output equal to the
+// reference's bytes.
 TEST(Api, Nvfp4QuestNanStatisticIsANonFiniteBlock) {
   for (std::int64_t K : {32, 256})
     for (DType dt : {DType::f32, DType::bf16})
@@ -169,7 +169,7 @@ TEST(Api, Nvfp4QuestNanStatisticIsANonFiniteBlock) {
           for (int k = 0; k < 16; ++k) x.set(0, 16 * nb + k, k % 4 < 2 ? 3e38f : -3e38f);
           // the block before: pair sums 0, squares overflow: a +Inf statistic, a finite block (scale 448)
           for (int k = 0; k < 16; ++k) x.set(0, 16 * (nb - 1) + k, k % 2 ? -3e38f : 3e38f);
-          std::vector<std::uint8_t> ref_codes, ref_scales, ref_mask, ref_y, ref_z;
+          std::vector<std::uint8_t> ref_codes, ref_scales, ref_mask, ref_z;
           for (Backend be : {Backend::reference, Backend::cpu}) {
             QuantOptions o = QuantOptions::nvfp4();
             o.rule = ScaleRule::quest;

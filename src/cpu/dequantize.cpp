@@ -62,7 +62,8 @@ std::vector<std::uint32_t> mxfp4_decode_table() {
   std::vector<std::uint32_t> t(256 * 8);
   for (int sb = 0; sb < 256; ++sb) {
     const float scale = pow2f(sb - kE8M0Bias);
-    for (std::uint32_t mag = 0; mag < 8; ++mag) t[std::size_t(sb) * 8 + mag] = out_mag_bits<DT>(fabs_bits(decode_value<ElemType::e2m1>(mag) * scale));
+    for (std::uint32_t mag = 0; mag < 8; ++mag)
+      t[std::size_t(sb) * 8 + mag] = out_mag_bits<DT>(fabs_bits(decode_value<ElemType::e2m1>(mag) * scale));
   }
   return t;
 }

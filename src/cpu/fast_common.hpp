@@ -128,13 +128,6 @@ MXQ_INLINE void* row_ptr(const Tensor& t, std::int64_t r) {
   return static_cast<char*>(t.data) + r * t.stride() * dtype_size(t.dtype);
 }
 
-// quest_arg (codec.hpp) for a compile-time group size G (0: the runtime size g).
-template <int G>
-MXQ_INLINE float quest_arg_g(const float* x, int g) {
-  if constexpr (G != 0) return quest_arg<G>(x);
-  else return quest_arg(x, g);
-}
-
 // ---- branch-free selects -----------------------------------------------------------------------------------
 // c ? a : b on bit patterns, written with masks: GCC keeps a select of floating-point values (and
 // the float operations that feed only one side) as control flow under -ftrapping-math, which stops
@@ -429,9 +422,7 @@ __attribute__((target("avx2"))) inline void nvfp4_store16_avx2(__m256i t, __m256
   }
 }
 
-// quest_arg (core::quest_arg) of eight full blocks of G (16 or 32) elements of bf16/fp32 storage, one
-// vector lane per block: the values transposed so that vector i holds element i of every block, then the same
-// operations in the same order (pairwise sums level by level, IEEE division and square root).
+// The eight vectors' 8 x 8 transpose (element i of vector j to element j of vector i).
 MXQ_INLINE __attribute__((target("avx2"))) void transpose8_avx2(__m256 (&r)[8]) {
   __m256 t[8], u[8];
 #pragma GCC unroll 4
@@ -462,6 +453,9 @@ MXQ_INLINE __attribute__((target("avx2"))) __m256 pairwise_avx2(const __m256* b)
   else
     return _mm256_add_ps(pairwise_avx2<N / 2>(b), pairwise_avx2<N / 2>(b + N / 2));
 }
+// quest_arg (core::quest_arg) of eight full blocks of G (16 or 32) elements of bf16/fp32 storage, one
+// vector lane per block: the values transposed so that vector i holds element i of every block, then the
+// same operations in the same order (pairwise_sum's tree, IEEE division and square root).
 template <DType DT, int G = 32>
 __attribute__((target("avx2"))) inline __m256 quest_args8_avx2(const Storage<DT>* s) {
   static_assert(G == 16 || G == 32);
@@ -508,18 +502,18 @@ struct Nvfp4Chunk {
   __m256i sc, ok, codes[16];
   alignas(32) float m8[8];  // the blocks' multipliers
 };
-// The element codes of nvfp4_chunk_codes_avx2 (nvfp4_code_rne_bf(x, m): the readoff of min(|x| m, 6), the
-// sign at bit 3), block j's multiplier m8[j]. ZERO: some multiplier is infinite (S / s overflows: a
-// tensor scale near FLT_MAX), where a zero element must stay 0 (nvfp4_product: 0 * Inf would be NaN,
+// The element codes of nvfp4_chunk_codes_avx2 (nvfp4_code_rne_bf(x, m): the readoff of min(|x| m, 6),
+// the sign at bit 3), block j's multiplier c.m8[j]. ZERO: some multiplier is infinite (S / s overflows:
+// a tensor scale near FLT_MAX), where a zero element must stay 0 (nvfp4_product: 0 * Inf would be NaN,
 // then 6); with finite multipliers the product of a zero is 0 anyway, and the test is left out.
 template <DType DT, bool ZERO>
-__attribute__((target("avx2"))) inline void nvfp4_elements_avx2(const Storage<DT>* s, const float* m8, Nvfp4Chunk& c) {
+__attribute__((target("avx2"))) inline void nvfp4_elements_avx2(const Storage<DT>* s, Nvfp4Chunk& c) {
   constexpr std::uint32_t lo = 127u << 23, kC = rne_const_bits<1>();
   const __m256i magmask = _mm256_set1_epi32(0x7FFFFFFF), vlo = _mm256_set1_epi32(int(lo)), vkC = _mm256_set1_epi32(int(kC)),
                 vexp = _mm256_set1_epi32(0x7F800000), vsub = _mm256_set1_epi32(int(lo >> 22)), eight = _mm256_set1_epi32(8);
   const __m256 six = _mm256_set1_ps(6.0f);
   for (int j = 0; j < 8; ++j) {
-    const __m256 m = _mm256_set1_ps(m8[j]);
+    const __m256 m = _mm256_set1_ps(c.m8[j]);
     for (int h = 0; h < 2; ++h) {
       __m256i xb;
       if constexpr (DT == DType::bf16)
@@ -603,9 +597,24 @@ __attribute__((target("avx2"))) inline void nvfp4_chunk_codes_avx2(const Storage
   // some block's multiplier infinite: zero elements need their test (nvfp4_elements_avx2)
   const __m256 minf = _mm256_cmp_ps(_mm256_load_ps(c.m8), _mm256_set1_ps(INFINITY), _CMP_EQ_OQ);
   if (_mm256_movemask_ps(minf) != 0)
-    nvfp4_elements_avx2<DT, true>(s, c.m8, c);
+    nvfp4_elements_avx2<DT, true>(s, c);
   else
-    nvfp4_elements_avx2<DT, false>(s, c.m8, c);
+    nvfp4_elements_avx2<DT, false>(s, c);
+}
+
+// Chunk ch of n consecutive chunks from s, taken in order ch = 0, 1, ..., n - 1: its scales and element
+// codes, with the next chunk's scales computed before this one's elements, so that the scales' chain
+// of dependent operations (quest: two divisions and a square root) overlaps the elements' work.
+// c: the two chunks in flight (the caller's, kept across the calls).
+template <DType DT, bool QUEST>
+__attribute__((target("avx2"))) inline Nvfp4Chunk& nvfp4_chunk_in_order_avx2(const Storage<DT>* s, std::int64_t ch,
+                                                                              std::int64_t n, float S, const float* mtab,
+                                                                              Nvfp4Chunk (&c)[2]) {
+  if (ch == 0) nvfp4_chunk_scales_avx2<DT, QUEST>(s, S, mtab, c[0]);
+  if (ch + 1 < n) nvfp4_chunk_scales_avx2<DT, QUEST>(s + 128 * (ch + 1), S, mtab, c[(ch + 1) & 1]);
+  Nvfp4Chunk& cur = c[ch & 1];
+  nvfp4_chunk_codes_avx2<DT>(s + 128 * ch, cur);
+  return cur;
 }
 
 // The packed FP4 bytes of one chunk's 128 codes (element 2i low nibble, 2i + 1 high), zero codes where

@@ -88,19 +88,17 @@ MXQ_INLINE void nvfp4_qdq_blocks8(const Storage<DT>* s, float S, const NvTables&
 // nvfp4_qdq_blocks8 for n consecutive chunks of eight blocks, where the CPU has AVX2: each block's
 // eight possible outputs (nvfp4_decode of magnitudes 0..7 under its scale, converted to DT) computed
 // once, then every element's picked by its code (nvfp4_store16_avx2) instead of a division per
-// element. The scale and element codes from nvfp4_chunk_scales_avx2 / nvfp4_chunk_codes_avx2; the outputs of every block at once.
+// element. The scale and element codes from nvfp4_chunk_in_order_avx2; the outputs of every block at
+// once.
 template <DType DT, bool QUEST>
 __attribute__((target("avx2"))) void nvfp4_qdq_chunks_avx2(const Storage<DT>* s, std::int64_t n, float S, const NvTables& nv,
                                                           Storage<DT>* y) {
   // the eight E2M1 magnitudes, and the output dtype's largest finite and Inf bits (out_mag_bits saturates)
   const __m256 e2m1 = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
   const __m256 vS = _mm256_set1_ps(S);
-  Nvfp4Chunk cc[2];  // this chunk's and the next one's: the next one's scales before this one's elements
-  if (n > 0) nvfp4_chunk_scales_avx2<DT, QUEST>(s, S, nv.m, cc[0]);
-  for (std::int64_t ch = 0; ch < n; ++ch, s += 128, y += 128) {
-    Nvfp4Chunk& c = cc[ch & 1];
-    if (ch + 1 < n) nvfp4_chunk_scales_avx2<DT, QUEST>(s + 128, S, nv.m, cc[(ch + 1) & 1]);
-    nvfp4_chunk_codes_avx2<DT>(s, c);
+  Nvfp4Chunk cc[2];
+  for (std::int64_t ch = 0; ch < n; ++ch, y += 128) {
+    const Nvfp4Chunk& c = nvfp4_chunk_in_order_avx2<DT, QUEST>(s, ch, n, S, nv.m, cc);
     alignas(32) float sv[8];
     alignas(32) std::uint32_t ok[8];
     _mm256_store_ps(sv, _mm256_i32gather_ps(nv.sval, c.sc, 4));
@@ -193,7 +191,7 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
     if (sr) sr_words(p.opt.seed, std::uint64_t(p.opt.offset + r * p.K + k0), g, p.sr_bits, rnd);
     if (nv4) {
       // The element code (readoff / stochastic), then nvfp4_decode: (E2M1 value * s) / S, signed.
-      const std::uint32_t sc = rule == ScaleRule::quest ? nvfp4_quest_scale_code_fast(quest_arg_g<G>(xf, g))
+      const std::uint32_t sc = rule == ScaleRule::quest ? nvfp4_quest_scale_code_fast(quest_arg<G>(xf, g))
                                                         : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), p.S), 6.0f));
       if (sc == kE4M3NaN) {  // a NaN quest statistic: as a non-finite block
         for (int i = 0; i < g; ++i) out[i] = nan_bits(DT);
@@ -213,7 +211,7 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
       }
     } else {
       int e = -127;
-      if (am != 0) e = mx_scale_exp(rule, u2f(am), rule == ScaleRule::quest ? quest_arg(xf, g) : 0.0f, f);
+      if (am != 0) e = mx_scale_exp(rule, u2f(am), rule == ScaleRule::quest ? quest_arg<G>(xf, g) : 0.0f, f);
       if (rule == ScaleRule::qutlass_absmax)
         for (int i = 0; i < g; ++i) xf[i] = 3.0f * xf[i];
       const float inv = pow2f(-e), scale = pow2f(e);

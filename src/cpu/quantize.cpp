@@ -161,14 +161,9 @@ MXQ_INLINE void nvfp4_blocks8(const Storage<DT>* s, float S, const float* mtab, 
 template <DType DT, bool QUEST>
 __attribute__((target("avx2"))) void nvfp4_quantize_chunks_avx2(const Storage<DT>* s, std::int64_t n, float S, const float* mtab,
                                                                std::uint8_t* d, std::uint8_t* sb) {
-  Nvfp4Chunk c[2];  // this chunk's and the next one's: the next one's scales before this one's elements
-  if (n > 0) nvfp4_chunk_scales_avx2<DT, QUEST>(s, S, mtab, c[0]);
-  for (std::int64_t ch = 0; ch < n; ++ch) {
-    Nvfp4Chunk& cur = c[ch & 1];
-    if (ch + 1 < n) nvfp4_chunk_scales_avx2<DT, QUEST>(s + 128 * (ch + 1), S, mtab, c[(ch + 1) & 1]);
-    nvfp4_chunk_codes_avx2<DT>(s + 128 * ch, cur);
-    nvfp4_pack_chunk_avx2(cur, d + 64 * ch, sb + 8 * ch);
-  }
+  Nvfp4Chunk c[2];
+  for (std::int64_t ch = 0; ch < n; ++ch)
+    nvfp4_pack_chunk_avx2(nvfp4_chunk_in_order_avx2<DT, QUEST>(s, ch, n, S, mtab, c), d + 64 * ch, sb + 8 * ch);
 }
 #endif
 
@@ -280,7 +275,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
       if (sr) sr_words(p.opt.seed, std::uint64_t(p.opt.offset + r * p.K + k0), g, p.sr_bits, rnd);
       if (nv4) {
         // nvfp4_block_scale_code (e4m3_code_rne_sat: fastmath_test) and the table's multiplier
-        const std::uint32_t sc = rule == ScaleRule::quest ? nvfp4_quest_scale_code_fast(quest_arg_g<G>(xf, g))
+        const std::uint32_t sc = rule == ScaleRule::quest ? nvfp4_quest_scale_code_fast(quest_arg<G>(xf, g))
                                                           : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), p.S), 6.0f));
         const float m = nv->m[sc];
         sb = static_cast<std::uint8_t>(sc);
@@ -297,7 +292,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
         }
       } else {
         int e = -127;
-        if (am != 0) e = mx_scale_exp(rule, u2f(am), rule == ScaleRule::quest ? quest_arg(xf, g) : 0.0f, f);
+        if (am != 0) e = mx_scale_exp(rule, u2f(am), rule == ScaleRule::quest ? quest_arg<G>(xf, g) : 0.0f, f);
         if (rule == ScaleRule::qutlass_absmax)
           for (int i = 0; i < g; ++i) xf[i] = 3.0f * xf[i];
         sb = static_cast<std::uint8_t>(e + kE8M0Bias);
