@@ -106,6 +106,47 @@ TEST_P(DequantizeBytes, Nvfp4EveryScaleByteAndCodeMatchesReference) {
   }
 }
 
+// The one-byte MX formats, exhaustively: every scale byte (row r: byte r in every block, the NaN byte
+// 0xFF included) with every finite code, in blocks free of NaN/Inf codes (the fast CPU path decodes
+// such blocks straight from their bytes, by the exponent for the scales where every value is a normal
+// fp32: this covers both sides of that range's bounds), and a row whose blocks each hold a NaN code
+// (the scalar path), to every output dtype.
+TEST_P(DequantizeBytes, MxOneByteFormatsEveryScaleByteAndFiniteCode) {
+  const Backend b = GetParam();
+  TH_REQUIRE_BACKEND(b);
+  for (Format f : {Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxint8}) {
+    const FormatInfo fi = format_info(f);
+    // the finite codes of f, in order (FP8: magnitudes up to the largest finite one, both signs)
+    std::vector<std::uint8_t> finite;
+    for (int c = 0; c < (fi.elem_bits == 6 ? 64 : 256); ++c) {
+      const int mag = c & (fi.elem_bits == 6 ? 0x1F : 0x7F);
+      const bool special = f == Format::mxfp8_e4m3 ? mag == 0x7F : f == Format::mxfp8_e5m2 ? mag >= 0x7C : false;
+      if (!special) finite.push_back(std::uint8_t(c));
+    }
+    const std::int64_t R = 257, K = 512;  // row 256: a NaN/Inf code in every block (FP8) or as row 0
+    QuantOptions o = QuantOptions::mx(f, ScaleRule::floor);
+    th::Quantized q(o, R, K);
+    for (std::int64_t r = 0; r < R; ++r) {
+      for (std::int64_t k = 0; k < K; ++k)
+        q.codes.bytes[std::size_t(r * K + k)] = finite[std::size_t(k + 7 * r) % finite.size()];
+      for (std::int64_t c = 0; c < K / 32; ++c) q.scales.bytes[std::size_t(r * (K / 32) + c)] = std::uint8_t(r < 256 ? r : 127);
+    }
+    if (fi.elem_bits == 8 && f != Format::mxint8)
+      for (std::int64_t k = 0; k < K; k += 32) q.codes.bytes[std::size_t(256 * K + k + 5)] = 0xFF;  // NaN (E4M3) / NaN (E5M2)
+    th::Placed codes(b, q.codes), scales(b, q.scales);
+    for (DType ot : {DType::f32, DType::bf16, DType::f16}) {
+      th::HostTensor yr(ot, R, K);
+      o.backend = Backend::reference;
+      dequantize(q.in(), yr.view(), o);
+      th::Placed y(b, yr);
+      o.backend = b;
+      dequantize(QuantizedIn{codes.view(), scales.view()}, y.view(), o);
+      th::expect_same_bytes(yr, y.get(), std::string(to_string(f)) + " every scale byte and finite code to " +
+                                             std::string(to_string(ot)));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, DequantizeBytes, testing::ValuesIn(th::backends()), th::backend_name);
 
 }  // namespace

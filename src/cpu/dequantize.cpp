@@ -23,6 +23,20 @@ MXQ_INLINE bool any_special(const std::uint32_t* codes, int n) {
   }
 }
 
+// any_special over n code bytes at once: the largest magnitude against the limit (one max per byte).
+template <ElemType ET>
+MXQ_INLINE bool any_special_bytes(const std::uint8_t* c, std::int64_t n) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  if constexpr (f.bits == 4 || f.twos_complement) {
+    return false;
+  } else {
+    constexpr std::uint8_t mmask = f.bits == 8 ? 0x7F : 0xFF, limit = f.bits == 8 ? std::uint8_t(f.maxcode) : 0x3F;
+    std::uint8_t m = 0;
+    for (std::int64_t i = 0; i < n; ++i) m = std::max<std::uint8_t>(m, c[i] & mmask);
+    return m > limit;
+  }
+}
+
 // The exact fp32 value of a finite element code (decode_f32), branch-free: a normal code's bits
 // placed in an fp32 with the exponent rebiased; a subnormal's integer mantissa times its quantum;
 // INT8 its integer times 2^-6.
@@ -38,6 +52,32 @@ MXQ_INLINE float decode_value(std::uint32_t code) {
     const std::uint32_t normal = (mag << (23 - f.mbits)) + (std::uint32_t(f.emin - 1 + 127) << 23);
     const std::uint32_t sub = f2u(float(std::int32_t(mag)) * quantum);
     return u2f(bsel(mag < (1u << f.mbits), sub, normal) | (((code >> (f.bits - 1)) & 1u) << 31));
+  }
+}
+
+// Whether every finite code of ET times 2^e is exactly a normal fp32 (or zero): the largest value's
+// exponent emax + e at most 127, the smallest subnormal's emin - mbits + e at least -126 (INT8: its
+// integer times 2^(e - 6), at most 7 bits).
+template <ElemType ET>
+constexpr bool decode_exact(int e) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  if constexpr (f.twos_complement) return e - 6 >= -126 && e - 6 + 7 <= 127;
+  else return e + f.emax <= 127 && e + f.emin - f.mbits >= -126;
+}
+// decode_value(code) * 2^e as fp32 bits where decode_exact(e): a normal code's bits with the exponent
+// rebiased by e; a subnormal code's integer mantissa times 2^(emin - mbits + e); INT8 its integer times
+// 2^(e - 6).
+template <ElemType ET>
+MXQ_INLINE std::uint32_t scaled_code_bits(std::uint32_t code, int e) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  if constexpr (f.twos_complement) {
+    return f2u(float(std::int32_t(std::int8_t(std::uint8_t(code)))) * u2f(std::uint32_t(e - 6 + 127) << 23));
+  } else {
+    constexpr std::uint32_t smask = (1u << (f.bits - 1)) - 1u;
+    const std::uint32_t mag = code & smask;
+    const std::uint32_t normal = (mag << (23 - f.mbits)) + (std::uint32_t(f.emin - 1 + 127 + e) << 23);
+    const std::uint32_t sub = f2u(float(std::int32_t(mag)) * u2f(std::uint32_t(f.emin - f.mbits + e + 127) << 23));
+    return bsel(mag < (1u << f.mbits), sub, normal) | (((code >> (f.bits - 1)) & 1u) << 31);
   }
 }
 
@@ -155,6 +195,39 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
     }
   }
 #endif
+  if constexpr (f.bits != 4 && G != 0) {
+    // One code per byte (FP8, FP6, INT8), full blocks: when no code of the tile's full blocks is a
+    // NaN/Inf code (one byte-wise scan of the run instead of a reduction per block), each block
+    // decodes straight from its bytes: no staging copy, no per-block test.
+    const std::int64_t full = std::min(b1, p.K / G);
+    if (full > b && !any_special_bytes<ET>(crow + b * G, (full - b) * G)) {
+      Storage<DT>* yb = static_cast<Storage<DT>*>(yrow);
+      for (; b < full; ++b) {
+        const std::uint8_t* c = crow + b * G;
+        const std::uint8_t sb = scales[p.scale_offset(r, b, q.scales.stride())];
+        if (sb == kE8M0NaN) {
+          for (int i = 0; i < G; ++i) yb[b * G + i] = static_cast<Storage<DT>>(nan_bits(DT));
+          continue;
+        }
+        const int e = int(sb) - kE8M0Bias;
+        if (DT != DType::f16 && decode_exact<ET>(e)) {
+          // Every value x 2^e is a normal fp32 with at most 8 significant bits (or zero): its bits are
+          // the code's with the exponent rebiased by e (a subnormal code's mantissa times its quantum
+          // 2^(emin - mbits + e), a normal fp32), and bf16 takes their top half exactly.
+          for (int i = 0; i < G; ++i) {
+            const std::uint32_t bits = scaled_code_bits<ET>(c[i], e);
+            yb[b * G + i] = static_cast<Storage<DT>>(DT == DType::f32 ? bits : bits >> 16);
+          }
+          continue;
+        }
+        const float scale = pow2f(e);
+        for (int i = 0; i < G; ++i) {  // as the general path below
+          const float v = decode_value<ET>(c[i]) * scale;
+          yb[b * G + i] = static_cast<Storage<DT>>(out_mag_bits<DT>(fabs_bits(v)) | ((f2u(v) >> 31) << kSignBit));
+        }
+      }
+    }
+  }
   for (; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
     if constexpr (ET == ElemType::e2m1 && G == 16) {
