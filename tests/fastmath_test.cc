@@ -439,3 +439,38 @@ TEST(FastStochastic, ComparisonWordsMatchTheCodec) {
   }
   EXPECT_EQ(bad, 0) << bad << " of " << n;
 }
+
+#if defined(MXQ_CPU_AVX2)
+// Each SIMD form of Philox (philox8_avx2; philox8_avx512 where the CPU has AVX-512F, which sr_words
+// takes first, so the one above covers only that one here) against core::philox4x32_10 per counter:
+// random counters and keys, counters whose low word wraps inside a group of eight, and the last
+// counters below 2^64.
+TEST(FastStochastic, PhiloxFormsMatchTheCodec) {
+  std::mt19937_64 rng(35);
+  std::vector<std::uint64_t> starts = {0, (std::uint64_t(1) << 32) - 3, (std::uint64_t(7) << 32) - 8, ~std::uint64_t(0) - 15,
+                                       ~std::uint64_t(0) - 4};
+  for (int k = 0; k < 40; ++k) starts.push_back(rng());
+  using Form = int (*)(std::uint64_t, int, std::uint32_t, std::uint32_t, std::uint32_t*, std::uint32_t*, std::uint32_t*,
+                       std::uint32_t*);
+  std::vector<std::pair<const char*, Form>> forms;
+  if (mxq::cpu::cpu_has_avx2()) forms.push_back({"avx2", &mxq::cpu::philox8_avx2});
+  if (mxq::cpu::cpu_has_avx512()) forms.push_back({"avx512", &mxq::cpu::philox8_avx512});
+  if (forms.empty()) GTEST_SKIP() << "no AVX2 on this CPU (or MXQ_CPU_NO_AVX2 set)";
+  long bad = 0;
+  for (const auto& [name, form] : forms)
+    for (std::uint64_t c0 : starts) {
+      const std::uint64_t seed = rng();
+      const std::uint32_t k0 = std::uint32_t(seed), k1 = std::uint32_t(seed >> 32);
+      std::uint32_t w[4][24];
+      EXPECT_EQ(form(c0, 19, k0, k1, w[0], w[1], w[2], w[3]), 16) << name;  // whole groups of eight
+      for (int c = 0; c < 16; ++c) {
+        const std::uint64_t cc = c0 + std::uint64_t(c);
+        const mxq::core::U32x4 e = mxq::core::philox4x32_10(mxq::core::U32x4{{std::uint32_t(cc), std::uint32_t(cc >> 32), 0u, 0u}}, k0, k1);
+        for (int j = 0; j < 4; ++j)
+          if (w[j][c] != e.v[j] && bad++ < 5)
+            ADD_FAILURE() << name << " counter " << cc << " word " << j << ": got " << std::hex << w[j][c] << " want " << e.v[j];
+      }
+    }
+  EXPECT_EQ(bad, 0);
+}
+#endif
