@@ -450,8 +450,7 @@ TEST(FastStochastic, PhiloxFormsMatchTheCodec) {
   std::vector<std::uint64_t> starts = {0, (std::uint64_t(1) << 32) - 3, (std::uint64_t(7) << 32) - 8, ~std::uint64_t(0) - 15,
                                        ~std::uint64_t(0) - 4};
   for (int k = 0; k < 40; ++k) starts.push_back(rng());
-  using Form = int (*)(std::uint64_t, int, std::uint32_t, std::uint32_t, std::uint32_t*, std::uint32_t*, std::uint32_t*,
-                       std::uint32_t*);
+  using Form = int (*)(std::uint64_t, int, std::uint32_t, std::uint32_t, std::uint32_t*);
   std::vector<std::pair<const char*, Form>> forms;
   if (mxq::cpu::cpu_has_avx2()) forms.push_back({"avx2", &mxq::cpu::philox8_avx2});
   if (mxq::cpu::cpu_has_avx512()) forms.push_back({"avx512", &mxq::cpu::philox8_avx512});
@@ -461,14 +460,14 @@ TEST(FastStochastic, PhiloxFormsMatchTheCodec) {
     for (std::uint64_t c0 : starts) {
       const std::uint64_t seed = rng();
       const std::uint32_t k0 = std::uint32_t(seed), k1 = std::uint32_t(seed >> 32);
-      std::uint32_t w[4][24];
-      EXPECT_EQ(form(c0, 19, k0, k1, w[0], w[1], w[2], w[3]), 16) << name;  // whole groups of eight
+      std::uint32_t stream[4 * 24];  // counter c's words at 4 c .. 4 c + 3
+      EXPECT_EQ(form(c0, 19, k0, k1, stream), 16) << name;  // whole groups of eight
       for (int c = 0; c < 16; ++c) {
         const std::uint64_t cc = c0 + std::uint64_t(c);
         const mxq::core::U32x4 e = mxq::core::philox4x32_10(mxq::core::U32x4{{std::uint32_t(cc), std::uint32_t(cc >> 32), 0u, 0u}}, k0, k1);
         for (int j = 0; j < 4; ++j)
-          if (w[j][c] != e.v[j] && bad++ < 5)
-            ADD_FAILURE() << name << " counter " << cc << " word " << j << ": got " << std::hex << w[j][c] << " want " << e.v[j];
+          if (stream[4 * c + j] != e.v[j] && bad++ < 5)
+            ADD_FAILURE() << name << " counter " << cc << " word " << j << ": got " << std::hex << stream[4 * c + j] << " want " << e.v[j];
       }
     }
   EXPECT_EQ(bad, 0);

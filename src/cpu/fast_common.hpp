@@ -180,11 +180,11 @@ MXQ_INLINE float e2m1_value_bf(std::uint32_t mag) {
 #if defined(MXQ_CPU_AVX2)
 // Philox4x32-10 (core::philox4x32_10) of counters c0 + c, c = 0, 8, 16, ... below nc rounded down to
 // eight, key (ks0, ks1), eight counters in the lanes of AVX2 registers: each 32 x 32 -> 64-bit product
-// from two vpmuludq (even and odd lanes), its high and low halves blended back into lane order. The
-// outputs' words to w0..w3[c]; returns the number of counters done.
+// from two vpmuludq (even and odd lanes), its high and low halves blended back into lane order. Counter
+// c's four output words to stream[4 c .. 4 c + 3] (the outputs laid end to end: a 4 x 8 transpose in
+// registers, whole 32-byte stores that the readers' loads forward from); returns the counters done.
 __attribute__((target("avx2"))) inline int philox8_avx2(std::uint64_t c0, int nc, std::uint32_t ks0, std::uint32_t ks1,
-                                                        std::uint32_t* w0, std::uint32_t* w1, std::uint32_t* w2,
-                                                        std::uint32_t* w3) {
+                                                        std::uint32_t* stream) {
   const __m256i vM0 = _mm256_set1_epi64x(kPhiloxM0), vM1 = _mm256_set1_epi64x(kPhiloxM1), idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i sign = _mm256_set1_epi32(int(0x80000000u));
   auto mulhilo = [](__m256i x, __m256i m, __m256i& hi, __m256i& lo) __attribute__((target("avx2"))) {
@@ -214,10 +214,16 @@ __attribute__((target("avx2"))) inline int philox8_avx2(std::uint64_t c0, int nc
       k0 += kPhiloxW0;
       k1 += kPhiloxW1;
     }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w0 + c), x0);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w1 + c), x1);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w2 + c), x2);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w3 + c), x3);
+    // transpose: t* pair words of x0/x1 and x2/x3, u* gather counter k and k + 4 (128-bit halves)
+    const __m256i t0 = _mm256_unpacklo_epi32(x0, x1), t1 = _mm256_unpackhi_epi32(x0, x1);
+    const __m256i t2 = _mm256_unpacklo_epi32(x2, x3), t3 = _mm256_unpackhi_epi32(x2, x3);
+    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    __m256i* out = reinterpret_cast<__m256i*>(stream + 4 * c);
+    _mm256_storeu_si256(out, _mm256_permute2x128_si256(u0, u1, 0x20));      // counters 0, 1
+    _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(u2, u3, 0x20));  // 2, 3
+    _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(u0, u1, 0x31));  // 4, 5
+    _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(u2, u3, 0x31));  // 6, 7
   }
   return c;
 }
@@ -231,8 +237,7 @@ __attribute__((target("avx2"))) inline int philox8_avx2(std::uint64_t c0, int nc
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 __attribute__((target("avx512f"))) inline int philox8_avx512(std::uint64_t c0, int nc, std::uint32_t ks0, std::uint32_t ks1,
-                                                          std::uint32_t* w0, std::uint32_t* w1, std::uint32_t* w2,
-                                                          std::uint32_t* w3) {
+                                                          std::uint32_t* stream) {
   const __m512i vM0 = _mm512_set1_epi64(kPhiloxM0), vM1 = _mm512_set1_epi64(kPhiloxM1);
   const __m512i idx = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
   int c = 0;
@@ -251,10 +256,13 @@ __attribute__((target("avx512f"))) inline int philox8_avx512(std::uint64_t c0, i
       k0 += kPhiloxW0;
       k1 += kPhiloxW1;
     }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w0 + c), _mm512_cvtepi64_epi32(x0));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w1 + c), _mm512_cvtepi64_epi32(x1));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w2 + c), _mm512_cvtepi64_epi32(x2));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w3 + c), _mm512_cvtepi64_epi32(x3));
+    // counter k's words (w0, w1) and (w2, w3) as the two halves of 64-bit lanes a and b, then the
+    // lanes interleaved a0 b0 a1 b1 ...: the stream, two 64-byte stores
+    const __m512i a = _mm512_mask_blend_epi32(0xAAAA, x0, _mm512_slli_epi64(x1, 32));
+    const __m512i b = _mm512_mask_blend_epi32(0xAAAA, x2, _mm512_slli_epi64(x3, 32));
+    __m512i* out = reinterpret_cast<__m512i*>(stream + 4 * c);
+    _mm512_storeu_si512(out, _mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11), b));
+    _mm512_storeu_si512(out + 1, _mm512_permutex2var_epi64(a, _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15), b));
   }
   return c;
 }
@@ -271,12 +279,15 @@ MXQ_INLINE void sr_words_b(std::uint64_t seed, std::uint64_t j0, int n, std::uin
   constexpr int lp = B == 8 ? 4 : (B == 16 ? 3 : 2);
   const std::uint64_t c0 = j0 >> lp;
   const int nc = int(((j0 + std::uint64_t(n) - 1) >> lp) - c0) + 1;  // <= 256 / 4 + 1
-  alignas(64) std::uint32_t w0[72], w1[72], w2[72], w3[72];
+  // The calls' outputs laid end to end (word-major, least significant field first) are the fields in
+  // element order: field i of the stream is the B bits at bit offset i B, i.e. (little-endian) the
+  // i-th 8-, 16- or 32-bit unit.
+  alignas(64) std::uint32_t stream[4 * 72];
   const std::uint32_t ks0 = std::uint32_t(seed), ks1 = std::uint32_t(seed >> 32);
   int c = 0;
 #if defined(MXQ_CPU_AVX2)
-  if (cpu_has_avx512()) c = philox8_avx512(c0, nc, ks0, ks1, w0, w1, w2, w3);  // whole groups of eight counters
-  else if (cpu_has_avx2()) c = philox8_avx2(c0, nc, ks0, ks1, w0, w1, w2, w3);
+  if (cpu_has_avx512()) c = philox8_avx512(c0, nc, ks0, ks1, stream);  // whole groups of eight counters
+  else if (cpu_has_avx2()) c = philox8_avx2(c0, nc, ks0, ks1, stream);
 #endif
   for (; c < nc; ++c) {
     const std::uint64_t cc = c0 + std::uint64_t(c);
@@ -292,21 +303,12 @@ MXQ_INLINE void sr_words_b(std::uint64_t seed, std::uint64_t j0, int n, std::uin
       k0 += kPhiloxW0;
       k1 += kPhiloxW1;
     }
-    w0[c] = x0;
-    w1[c] = x1;
-    w2[c] = x2;
-    w3[c] = x3;
+    stream[4 * c] = x0;
+    stream[4 * c + 1] = x1;
+    stream[4 * c + 2] = x2;
+    stream[4 * c + 3] = x3;
   }
-  // The calls' outputs laid end to end (word-major, least significant field first) are the fields in
-  // element order: field i of the stream is the B bits at bit offset i B, i.e. (little-endian) the
-  // i-th 8-, 16- or 32-bit unit. The block's window of them as comparison words (sr_word).
-  alignas(64) std::uint32_t stream[4 * 72];
-  for (int c = 0; c < nc; ++c) {
-    stream[4 * c] = w0[c];
-    stream[4 * c + 1] = w1[c];
-    stream[4 * c + 2] = w2[c];
-    stream[4 * c + 3] = w3[c];
-  }
+  // the block's window of the stream as comparison words (sr_word)
   const std::size_t off = std::size_t(j0 - (c0 << lp));
   static_assert(std::endian::native == std::endian::little, "the field stream is read as little-endian units");
   if constexpr (B == 32) {
@@ -331,6 +333,29 @@ MXQ_INLINE void sr_words(std::uint64_t seed, std::uint64_t j0, int n, int B, std
   else if (B == 16) sr_words_b<16>(seed, j0, n, rnd);
   else sr_words_b<32>(seed, j0, n, rnd);
 }
+
+// The comparison words of one row's blocks for a tile, generated 256 elements at a time (whole groups
+// of eight Philox counters for every field width) instead of one block's at a time (a block of 32
+// elements at 8 or 16 bits is two or four counters: the scalar form). The same words as
+// sr_words(seed, offset + r K + k0, g, B) for each block.
+class SrWindow {
+ public:
+  SrWindow(const Problem& p, std::int64_t r) : seed_(p.opt.seed), base_(p.opt.offset + std::uint64_t(r * p.K)), bits_(p.sr_bits) {}
+  // The words of the row's elements k0 .. k0 + g - 1 (g <= 256).
+  const std::uint32_t* at(std::int64_t k0, int g) {
+    if (k0_ < 0 || k0 < k0_ || k0 + g > k0_ + 256) {
+      k0_ = k0;
+      sr_words(seed_, base_ + std::uint64_t(k0), 256, bits_, w_);
+    }
+    return w_ + (k0 - k0_);
+  }
+
+ private:
+  alignas(64) std::uint32_t w_[256];
+  std::uint64_t seed_, base_;
+  int bits_;
+  std::int64_t k0_ = -1;
+};
 
 // ---- per-element helpers of the fast paths ------------------------------------------------------------------
 // A magnitude code with its sign: sign-magnitude, or two's complement for INT8 (no -0), as signed_code.

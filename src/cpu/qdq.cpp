@@ -128,6 +128,7 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
                          std::int64_t b0, std::int64_t b1) {
   alignas(64) float xf[256];
   alignas(64) std::uint32_t out[256], rnd[256];
+  SrWindow srw(p, r);  // stochastic rounding's words
   constexpr FloatSpec f = Elem<ET>::spec;
   constexpr int kSignBit = DT == DType::f32 ? 31 : 15;
   void* yrow = row_ptr(y, r);
@@ -188,7 +189,7 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
       store_out<DT>(yrow, k0, n, out);
       continue;
     }
-    if (sr) sr_words(p.opt.seed, std::uint64_t(p.opt.offset + r * p.K + k0), g, p.sr_bits, rnd);
+    if (sr) std::memcpy(rnd, srw.at(k0, g), sizeof(std::uint32_t) * std::size_t(g));  // a local copy: no aliasing
     if (nv4) {
       // The element code (readoff / stochastic), then nvfp4_decode: (E2M1 value * s) / S, signed.
       const std::uint32_t sc = rule == ScaleRule::quest ? nvfp4_quest_scale_code_fast(quest_arg<G>(xf, g))

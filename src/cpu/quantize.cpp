@@ -27,8 +27,10 @@ MXQ_INLINE void store_codes(std::uint8_t* row, std::int64_t k0, std::int64_t n, 
       for (int i = 0; i < G / 2; ++i) pk[i] = static_cast<std::uint8_t>((codes[2 * i] & 0xFu) | ((codes[2 * i + 1] & 0xFu) << 4));
       std::memcpy(d, pk, G / 2);
     } else {
+      // an odd n's last high nibble is 0 (the padding element's code, written out: GCC 12 could not
+      // see that every path fills codes up to the block size)
       for (std::int64_t i = 0; i < (n + 1) / 2; ++i)
-        d[i] = static_cast<std::uint8_t>((codes[2 * i] & 0xF) | ((codes[2 * i + 1] & 0xF) << 4));
+        d[i] = static_cast<std::uint8_t>((codes[2 * i] & 0xF) | ((2 * i + 1 < n ? codes[2 * i + 1] & 0xF : 0u) << 4));
     }
   } else {
     std::uint8_t* d = row + k0;
@@ -175,6 +177,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
                               std::int64_t b0, std::int64_t b1) {
   alignas(64) float xf[256];
   alignas(64) std::uint32_t codes[256], keep[256], rnd[256];
+  SrWindow srw(p, r);  // stochastic rounding's words
   constexpr FloatSpec f = Elem<ET>::spec;
   const int g = G ? G : p.g;
   const bool nv4 = p.nvfp4(), sr = p.stochastic;
@@ -272,7 +275,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
       sb = nv4 ? kE4M3NaN : kE8M0NaN;
       for (int i = 0; i < g; ++i) codes[i] = keep[i] = 0;
     } else {
-      if (sr) sr_words(p.opt.seed, std::uint64_t(p.opt.offset + r * p.K + k0), g, p.sr_bits, rnd);
+      if (sr) std::memcpy(rnd, srw.at(k0, g), sizeof(std::uint32_t) * std::size_t(g));  // a local copy: no aliasing
       if (nv4) {
         // nvfp4_block_scale_code (e4m3_code_rne_sat: fastmath_test) and the table's multiplier
         const std::uint32_t sc = rule == ScaleRule::quest ? nvfp4_quest_scale_code_fast(quest_arg<G>(xf, g))
