@@ -52,6 +52,21 @@ INSTANTIATE_TEST_SUITE_P(Grid, Dequantize, testing::Combine(testing::ValuesIn(th
 
 class DequantizeBytes : public testing::TestWithParam<Backend> {};
 
+// Backend b's dequantize of q (R x K) to every output dtype against the reference's, bytes.
+void expect_dequantize_matches_reference(Backend b, QuantOptions o, const th::Quantized& q, std::int64_t R, std::int64_t K,
+                                         const std::string& what) {
+  th::Placed codes(b, q.codes), scales(b, q.scales);
+  for (DType ot : {DType::f32, DType::bf16, DType::f16}) {
+    th::HostTensor yr(ot, R, K);
+    o.backend = Backend::reference;
+    dequantize(q.in(), yr.view(), o);
+    th::Placed y(b, yr);
+    o.backend = b;
+    dequantize(QuantizedIn{codes.view(), scales.view()}, y.view(), o);
+    th::expect_same_bytes(yr, y.get(), what + " to " + std::string(to_string(ot)));
+  }
+}
+
 TEST_P(DequantizeBytes, ArbitraryCodeAndScaleBytesMatchReference) {
   const Backend b = GetParam();
   TH_REQUIRE_BACKEND(b);
@@ -61,16 +76,7 @@ TEST_P(DequantizeBytes, ArbitraryCodeAndScaleBytesMatchReference) {
     th::Quantized q(o, 7, 300);
     for (auto& v : q.codes.bytes) v = std::uint8_t(rng());
     for (auto& v : q.scales.bytes) v = std::uint8_t(rng());
-    th::Placed codes(b, q.codes), scales(b, q.scales);
-    for (DType ot : {DType::f32, DType::bf16, DType::f16}) {
-      th::HostTensor yr(ot, 7, 300);
-      o.backend = Backend::reference;
-      dequantize(q.in(), yr.view(), o);
-      th::Placed y(b, yr);
-      o.backend = b;
-      dequantize(QuantizedIn{codes.view(), scales.view()}, y.view(), o);
-      th::expect_same_bytes(yr, y.get(), std::string(to_string(f)) + " random bytes to " + std::string(to_string(ot)));
-    }
+    expect_dequantize_matches_reference(b, o, q, 7, 300, std::string(to_string(f)) + " random bytes");
   }
 }
 
@@ -92,17 +98,7 @@ TEST_P(DequantizeBytes, Nvfp4EveryScaleByteAndCodeMatchesReference) {
       }
       for (std::int64_t c = 0; c < K / 16; ++c) q.scales.bytes[std::size_t(r * (K / 16) + c)] = std::uint8_t(r);
     }
-    th::Placed codes(b, q.codes), scales(b, q.scales);
-    for (DType ot : {DType::f32, DType::bf16, DType::f16}) {
-      th::HostTensor yr(ot, R, K);
-      o.backend = Backend::reference;
-      dequantize(q.in(), yr.view(), o);
-      th::Placed y(b, yr);
-      o.backend = b;
-      dequantize(QuantizedIn{codes.view(), scales.view()}, y.view(), o);
-      th::expect_same_bytes(yr, y.get(), "nvfp4 every scale byte and code, S " + std::to_string(S) + " to " +
-                                             std::string(to_string(ot)));
-    }
+    expect_dequantize_matches_reference(b, o, q, R, K, "nvfp4 every scale byte and code, S " + std::to_string(S));
   }
 }
 
@@ -133,17 +129,7 @@ TEST_P(DequantizeBytes, MxOneByteFormatsEveryScaleByteAndFiniteCode) {
     }
     if (fi.elem_bits == 8 && f != Format::mxint8)
       for (std::int64_t k = 0; k < K; k += 32) q.codes.bytes[std::size_t(256 * K + k + 5)] = 0xFF;  // NaN (E4M3) / NaN (E5M2)
-    th::Placed codes(b, q.codes), scales(b, q.scales);
-    for (DType ot : {DType::f32, DType::bf16, DType::f16}) {
-      th::HostTensor yr(ot, R, K);
-      o.backend = Backend::reference;
-      dequantize(q.in(), yr.view(), o);
-      th::Placed y(b, yr);
-      o.backend = b;
-      dequantize(QuantizedIn{codes.view(), scales.view()}, y.view(), o);
-      th::expect_same_bytes(yr, y.get(), std::string(to_string(f)) + " every scale byte and finite code to " +
-                                             std::string(to_string(ot)));
-    }
+    expect_dequantize_matches_reference(b, o, q, R, K, std::string(to_string(f)) + " every scale byte and finite code");
   }
 }
 
