@@ -382,7 +382,7 @@ void check_quest_statistics() {
     for (int i = 0; i < 8 * G; ++i) vb[i] = mxq::bf16_to_f32(b16[i]);
     for (int dt = 0; dt < 2; ++dt) {
       const float* src = dt ? v : vb;
-      float want[8], fixed[8], direct[8], lanes[8] = {};
+      float want[8], fixed[8], direct[8], lanes[8] = {}, lanes2[8] = {}, lanes512[8] = {};
       for (int j = 0; j < 8; ++j) {
         want[j] = mxq::core::quest_arg(src + G * j, G);
         fixed[j] = mxq::core::quest_arg<G>(src + G * j);
@@ -390,20 +390,31 @@ void check_quest_statistics() {
                        : mxq::cpu::quest_arg_direct<DType::bf16, G>(b16 + G * j);
       }
 #if defined(MXQ_CPU_AVX2)
-      const bool avx2 = mxq::cpu::cpu_has_avx2();
+      // the dispatching form, and each SIMD form directly (AVX2's, and AVX-512's where the CPU has it)
+      const bool avx2 = mxq::cpu::cpu_has_avx2(), avx512 = mxq::cpu::cpu_has_avx512();
+      const std::uint32_t* v32 = reinterpret_cast<const std::uint32_t*>(v);
       if (avx2) {
-        if (dt) mxq::cpu::quest_args8_avx2<DType::f32, G>(reinterpret_cast<const std::uint32_t*>(v), lanes);
+        if (dt) mxq::cpu::quest_args8_avx2<DType::f32, G>(v32, lanes);
         else mxq::cpu::quest_args8_avx2<DType::bf16, G>(b16, lanes);
+        if (dt) mxq::cpu::quest_args8_avx2_form<DType::f32, G>(v32, lanes2);
+        else mxq::cpu::quest_args8_avx2_form<DType::bf16, G>(b16, lanes2);
+      }
+      if (avx512) {
+        if (dt) mxq::cpu::quest_args8_avx512<DType::f32, G>(v32, lanes512);
+        else mxq::cpu::quest_args8_avx512<DType::bf16, G>(b16, lanes512);
       }
 #else
-      const bool avx2 = false;
+      const bool avx2 = false, avx512 = false;
+      float lanes2[8] = {}, lanes512[8] = {};
 #endif
       for (int j = 0; j < 8; ++j) {
         ++n;
-        const bool ok = same(fixed[j], want[j]) && same(direct[j], want[j]) && (!avx2 || same(lanes[j], want[j]));
+        const bool ok = same(fixed[j], want[j]) && same(direct[j], want[j]) &&
+                        (!avx2 || (same(lanes[j], want[j]) && same(lanes2[j], want[j]))) && (!avx512 || same(lanes512[j], want[j]));
         if (!ok && bad++ < 5)
           ADD_FAILURE() << "G " << G << (dt ? " f32" : " bf16") << " block " << j << ": want " << want[j] << " fixed "
-                        << fixed[j] << " direct " << direct[j] << " avx2 " << lanes[j];
+                        << fixed[j] << " direct " << direct[j] << " dispatched " << lanes[j] << " avx2 " << lanes2[j]
+                        << " avx512 " << lanes512[j];
       }
     }
   }

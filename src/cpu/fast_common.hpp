@@ -531,7 +531,7 @@ MXQ_INLINE __attribute__((target("avx2"))) __m256 pairwise_avx2(const __m256* b)
 // vector lane per block: the values transposed so that vector i holds element i of every block, then the
 // same operations in the same order (pairwise_sum's tree, IEEE division and square root).
 template <DType DT, int G = 32>
-__attribute__((target("avx2"))) inline __m256 quest_args8_avx2(const Storage<DT>* s) {
+__attribute__((target("avx2"))) inline __m256 quest_args8_avx2_form(const Storage<DT>* s) {
   static_assert(G == 16 || G == 32);
   __m256 v[G];
 #pragma GCC unroll 4
@@ -559,6 +559,106 @@ __attribute__((target("avx2"))) inline __m256 quest_args8_avx2(const Storage<DT>
   }
   const __m256 sigma = _mm256_sqrt_ps(_mm256_div_ps(pairwise_avx2<G>(t), g));
   return _mm256_add_ps(_mm256_div_ps(_mm256_mul_ps(sigma, _mm256_set1_ps(2.92247856f)), _mm256_set1_ps(6.0f)), _mm256_set1_ps(1e-8f));
+}
+
+// NOTE: GCC 12's avx512fintrin.h warns (maybe-)uninitialized inside some intrinsics: silenced here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+// The same eight statistics with AVX-512F: each register holds two elements of every block, element i
+// in its low half and element i + 8 (G = 16: of the block; G = 32: of each 16-element half) in its high
+// half, so that the first level of pairwise_sum's tree below the top is the halves' addition and every
+// level under it runs on sixteen lanes at once; the transposes are 8 x 8 in both halves at once. The same
+// IEEE operations on the same operands in the same tree, so the same bits (fastmath_test FastQuest).
+template <int N>
+MXQ_INLINE __attribute__((target("avx512f"))) __m512 pairwise_avx512(const __m512* b) {
+  if constexpr (N == 1)
+    return b[0];
+  else
+    return _mm512_add_ps(pairwise_avx512<N / 2>(b), pairwise_avx512<N / 2>(b + N / 2));
+}
+// transpose8_avx2 in each 256-bit half of eight registers at once.
+MXQ_INLINE __attribute__((target("avx512f"))) void transpose8x2_avx512(__m512 (&r)[8]) {
+  __m512 t[8], u[8];
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+#pragma GCC unroll 2
+  for (int k = 0; k < 2; ++k) {
+    u[4 * k] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+    u[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+    u[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+    u[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+  }
+  // permute2f128's 0x20 and 0x31 per half: 128-bit lanes (x0, y0 | x2, y2) and (x1, y1 | x3, y3)
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+  const __m512i hi = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm512_permutex2var_ps(u[k], lo, u[k + 4]);
+    r[k + 4] = _mm512_permutex2var_ps(u[k], hi, u[k + 4]);
+  }
+}
+// The sum of H parts' values in pairwise_sum's order: each part's halves' sums, then the parts in order.
+MXQ_INLINE __attribute__((target("avx512f"))) __m256 halves_sum_avx512(__m512 x) {
+  return _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+}
+template <int H>
+MXQ_INLINE __attribute__((target("avx512f"))) __m256 quest_sum_avx512(const __m512 (&w)[H][8]) {
+  const __m256 a = halves_sum_avx512(pairwise_avx512<8>(w[0]));
+  if constexpr (H == 1)
+    return a;
+  else
+    return _mm256_add_ps(a, halves_sum_avx512(pairwise_avx512<8>(w[1])));
+}
+template <DType DT, int G = 32>
+__attribute__((target("avx512f"))) inline __m256 quest_args8_avx512(const Storage<DT>* s) {
+  static_assert(G == 16 || G == 32);
+  constexpr int H = G / 16;  // 16-element parts per block
+  __m512 v[H][8];             // part h: register i holds elements 16 h + i (low) and 16 h + 8 + i (high)
+#pragma GCC unroll 2
+  for (int h = 0; h < H; ++h) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const Storage<DT>* p = s + G * j + 16 * h;
+      if constexpr (DT == DType::f32)
+        v[h][j] = _mm512_loadu_ps(reinterpret_cast<const float*>(p));
+      else
+        v[h][j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+    }
+    transpose8x2_avx512(v[h]);
+  }
+  const __m256 g = _mm256_set1_ps(float(G));
+  const __m256 mean = _mm256_div_ps(quest_sum_avx512<H>(v), g);
+  const __m512 mz = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(mean)), _mm256_castps_pd(mean), 1));
+  __m512 t[H][8];
+#pragma GCC unroll 2
+  for (int h = 0; h < H; ++h)
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      const __m512 d = _mm512_sub_ps(v[h][i], mz);
+      t[h][i] = _mm512_mul_ps(d, d);
+    }
+  const __m256 sigma = _mm256_sqrt_ps(_mm256_div_ps(quest_sum_avx512<H>(t), g));
+  return _mm256_add_ps(_mm256_div_ps(_mm256_mul_ps(sigma, _mm256_set1_ps(2.92247856f)), _mm256_set1_ps(6.0f)), _mm256_set1_ps(1e-8f));
+}
+template <DType DT, int G = 32>
+__attribute__((target("avx512f"))) inline void quest_args8_avx512(const Storage<DT>* s, float* qa) {
+  _mm256_storeu_ps(qa, quest_args8_avx512<DT, G>(s));
+}
+#pragma GCC diagnostic pop
+template <DType DT, int G = 32>
+__attribute__((target("avx2"))) inline void quest_args8_avx2_form(const Storage<DT>* s, float* qa) {
+  _mm256_storeu_ps(qa, quest_args8_avx2_form<DT, G>(s));
+}
+
+// quest_args8 in the widest form the CPU has (AVX-512F, else AVX2; the same bits).
+template <DType DT, int G = 32>
+__attribute__((target("avx2"))) inline __m256 quest_args8_avx2(const Storage<DT>* s) {
+  if (cpu_has_avx512()) return quest_args8_avx512<DT, G>(s);
+  return quest_args8_avx2_form<DT, G>(s);
 }
 template <DType DT, int G = 32>
 __attribute__((target("avx2"))) inline void quest_args8_avx2(const Storage<DT>* s, float* qa) {
@@ -651,7 +751,7 @@ __attribute__((target("avx2"))) inline void nvfp4_chunk_scales_avx2(const Storag
   {
     __m256 y;
     if constexpr (QUEST)
-      y = quest_args8_avx2<DT, 16>(s);
+      y = quest_args8_avx2_form<DT, 16>(s);  // inlined: the AVX-512 form, a call from here, measured slower
     else
       y = _mm256_div_ps(_mm256_mul_ps(_mm256_castsi256_ps(am), _mm256_set1_ps(S)), _mm256_set1_ps(6.0f));
     const __m256 a = _mm256_min_ps(y, _mm256_set1_ps(448.0f));  // NaN y (a block not finite): 448
