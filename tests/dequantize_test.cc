@@ -130,6 +130,18 @@ TEST_P(DequantizeBytes, MxOneByteFormatsEveryScaleByteAndFiniteCode) {
     if (fi.elem_bits == 8 && f != Format::mxint8)
       for (std::int64_t k = 0; k < K; k += 32) q.codes.bytes[std::size_t(256 * K + k + 5)] = 0xFF;  // NaN (E4M3) / NaN (E5M2)
     expect_dequantize_matches_reference(b, o, q, R, K, std::string(to_string(f)) + " every scale byte and finite code");
+    // Mixed tiles: a scale byte per block (in and out of the exact range and the NaN byte side by side),
+    // a partial last block (K = 525), and in odd rows one NaN/Inf code in a single block (FP8: the
+    // whole tile then takes the per-block path, with its other blocks finite).
+    const std::int64_t R2 = 64, K2 = 525, nb = (K2 + 31) / 32;
+    th::Quantized q2(o, R2, K2);
+    for (std::int64_t r = 0; r < R2; ++r) {
+      for (std::int64_t k = 0; k < K2; ++k)
+        q2.codes.bytes[std::size_t(r * K2 + k)] = finite[std::size_t(3 * k + 11 * r) % finite.size()];
+      for (std::int64_t c = 0; c < nb; ++c) q2.scales.bytes[std::size_t(r * nb + c)] = std::uint8_t((r * 5 + 37 * c) & 0xFF);
+      if (r % 2 && fi.elem_bits == 8 && f != Format::mxint8) q2.codes.bytes[std::size_t(r * K2 + 32 * (r % nb) + 3)] = 0x7F;
+    }
+    expect_dequantize_matches_reference(b, o, q2, R2, K2, std::string(to_string(f)) + " mixed scales, partial block");
   }
 }
 

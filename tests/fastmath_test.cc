@@ -434,8 +434,10 @@ TEST(FastStochastic, ComparisonWordsMatchTheCodec) {
   long bad = 0, n = 0;
   for (int B : {32, 16, 8}) {
     const int lp = B == 8 ? 4 : (B == 16 ? 3 : 2);
+    // the last three windows cross 2^64 (the element index wraps: its words restart at counter 0)
     std::vector<std::uint64_t> starts = {0, 12345, (std::uint64_t(1) << (32 + lp)) - 37,
-                                         (std::uint64_t(0xFFFFFFFF) << (32 + lp)) - 5, ~std::uint64_t(0) - 300};
+                                         (std::uint64_t(0xFFFFFFFF) << (32 + lp)) - 5, ~std::uint64_t(0) - 300,
+                                         ~std::uint64_t(0) - 100, ~std::uint64_t(0) - 4, ~std::uint64_t(0)};
     for (int k = 0; k < 40; ++k) starts.push_back(rng());
     for (std::uint64_t j0 : starts)
       for (int len : {1, 7, 32, 100, 256}) {

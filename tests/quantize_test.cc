@@ -155,4 +155,35 @@ TEST_P(EdgeBlocks, QuantizeDequantizeQdqMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, EdgeBlocks, testing::ValuesIn(th::backends()), th::backend_name);
 
+// Stochastic rounding whose element index (offset + row K + column, mod 2^64) wraps past 2^64 inside a
+// tensor: the words after the wrap restart at counter 0, on the CPU backend as in the reference, for
+// offsets that put the wrap at a block boundary, inside a block, and inside a Philox call, every field
+// width, MX and NVFP4; quantize's codes and scales and qdq's bytes. (The CPU backend's words come 256
+// elements at a time per tile: a window crossing 2^64 once gave the blocks after the wrap wrong words.)
+TEST(StochasticOffsets, IndicesWrapPast2To64AsTheReference) {
+  const std::int64_t R = 3, K = 576;
+  const th::HostTensor x = th::llm_like(DType::bf16, R, K, 31);
+  for (std::uint64_t back : {std::uint64_t(32), std::uint64_t(5), std::uint64_t(700), std::uint64_t(1)})
+    for (int bits : {32, 16, 8})
+      for (QuantOptions o : {QuantOptions::mx(Format::mxfp4, ScaleRule::even), QuantOptions::nvfp4(2.0f)}) {
+        o.rounding = Rounding::stochastic;
+        o.seed = 99;
+        o.offset = std::uint64_t(0) - back;  // the wrap falls `back` elements into the tensor
+        o.random_bits = bits;
+        SCOPED_TRACE(th::name_of(o) + " offset 2^64 - " + std::to_string(back));
+        QuantOptions oref = o, ocpu = o;
+        oref.backend = Backend::reference;
+        ocpu.backend = Backend::cpu;
+        th::Quantized qr(oref, R, K), qc(ocpu, R, K);
+        quantize(x.view(), qr.out(), oref);
+        quantize(x.view(), qc.out(), ocpu);
+        th::expect_same_bytes(qr.codes, qc.codes, "codes");
+        th::expect_same_bytes(qr.scales, qc.scales, "scales");
+        th::HostTensor yr(DType::bf16, R, K), yc(DType::bf16, R, K);
+        qdq(x.view(), yr.view(), oref);
+        qdq(x.view(), yc.view(), ocpu);
+        th::expect_same_bytes(yr, yc, "qdq");
+      }
+}
+
 }  // namespace

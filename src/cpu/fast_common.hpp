@@ -274,8 +274,9 @@ __attribute__((target("avx512f"))) inline int philox8_avx512(std::uint64_t c0, i
 // written out over an array of counters (philox4x32_10's rounds) so that the compiler can vectorise it;
 // element j's field is bits [(j % (128 / B)) B, + B) of its counter's 128 bits, i.e. bit offset
 // (j - first counter's first element) B of the calls' outputs laid end to end.
+// (sr_words_span: indices j0 .. j0 + n - 1 that do not wrap past 2^64; sr_words_b splits those that do.)
 template <int B>
-MXQ_INLINE void sr_words_b(std::uint64_t seed, std::uint64_t j0, int n, std::uint32_t* rnd) {
+MXQ_INLINE void sr_words_span(std::uint64_t seed, std::uint64_t j0, int n, std::uint32_t* rnd) {
   constexpr int lp = B == 8 ? 4 : (B == 16 ? 3 : 2);
   const std::uint64_t c0 = j0 >> lp;
   const int nc = int(((j0 + std::uint64_t(n) - 1) >> lp) - c0) + 1;  // <= 256 / 4 + 1
@@ -328,6 +329,14 @@ MXQ_INLINE void sr_words_b(std::uint64_t seed, std::uint64_t j0, int n, std::uin
     }
   }
 }
+template <int B>
+MXQ_INLINE void sr_words_b(std::uint64_t seed, std::uint64_t j0, int n, std::uint32_t* rnd) {
+  if (j0 + std::uint64_t(n) - 1 >= j0) return sr_words_span<B>(seed, j0, n, rnd);
+  // the element index (taken mod 2^64) wraps inside the window: the words after it restart at counter 0
+  const int n1 = int(std::uint64_t(0) - j0);
+  sr_words_span<B>(seed, j0, n1, rnd);
+  sr_words_span<B>(seed, 0, n - n1, rnd + n1);
+}
 MXQ_INLINE void sr_words(std::uint64_t seed, std::uint64_t j0, int n, int B, std::uint32_t* rnd) {
   if (B == 8) sr_words_b<8>(seed, j0, n, rnd);
   else if (B == 16) sr_words_b<16>(seed, j0, n, rnd);
@@ -340,12 +349,15 @@ MXQ_INLINE void sr_words(std::uint64_t seed, std::uint64_t j0, int n, int B, std
 // sr_words(seed, offset + r K + k0, g, B) for each block.
 class SrWindow {
  public:
-  SrWindow(const Problem& p, std::int64_t r) : seed_(p.opt.seed), base_(p.opt.offset + std::uint64_t(r * p.K)), bits_(p.sr_bits) {}
-  // The words of the row's elements k0 .. k0 + g - 1 (g <= 256).
+  SrWindow(const Problem& p, std::int64_t r)
+      : seed_(p.opt.seed), base_(p.opt.offset + std::uint64_t(r * p.K)), K_(p.K), bits_(p.sr_bits) {}
+  // The words of the row's elements k0 .. k0 + g - 1 (g <= 256; a last partial block's words past K
+  // included, as sr_words gives them). A window ends at the row's end where the blocks allow.
   const std::uint32_t* at(std::int64_t k0, int g) {
-    if (k0_ < 0 || k0 < k0_ || k0 + g > k0_ + 256) {
+    if (k0_ < 0 || k0 < k0_ || k0 + g > k0_ + len_) {
       k0_ = k0;
-      sr_words(seed_, base_ + std::uint64_t(k0), 256, bits_, w_);
+      len_ = int(std::max<std::int64_t>(g, std::min<std::int64_t>(256, K_ - k0)));
+      sr_words(seed_, base_ + std::uint64_t(k0), len_, bits_, w_);
     }
     return w_ + (k0 - k0_);
   }
@@ -353,7 +365,8 @@ class SrWindow {
  private:
   alignas(64) std::uint32_t w_[256];
   std::uint64_t seed_, base_;
-  int bits_;
+  std::int64_t K_;
+  int bits_, len_ = 0;
   std::int64_t k0_ = -1;
 };
 
