@@ -55,6 +55,15 @@ MXQ_INLINE float decode_value(std::uint32_t code) {
   }
 }
 
+// The output bits (DT's, hi16 form) of a finite MX code under scale 2^e: the element value x 2^e, exact
+// (the values have at most 8 significant bits and stay above 2^-149) or +Inf past FLT_MAX, which
+// out_mag_bits saturates.
+template <ElemType ET, DType DT>
+MXQ_INLINE std::uint32_t finite_code_bits(std::uint32_t code, float scale) {
+  const float v = decode_value<ET>(code) * scale;
+  return out_mag_bits<DT>(fabs_bits(v)) | ((f2u(v) >> 31) << (DT == DType::f32 ? 31 : 15));
+}
+
 // Whether every finite code of ET times 2^e is exactly a normal fp32 (or zero): the largest value's
 // exponent emax + e at most 127, the smallest subnormal's emin - mbits + e at least -126 (INT8: its
 // integer times 2^(e - 6), at most 7 bits).
@@ -221,10 +230,7 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
           continue;
         }
         const float scale = pow2f(e);
-        for (int i = 0; i < G; ++i) {  // as the general path below
-          const float v = decode_value<ET>(c[i]) * scale;
-          yb[b * G + i] = static_cast<Storage<DT>>(out_mag_bits<DT>(fabs_bits(v)) | ((f2u(v) >> 31) << kSignBit));
-        }
+        for (int i = 0; i < G; ++i) yb[b * G + i] = static_cast<Storage<DT>>(finite_code_bits<ET, DT>(c[i], scale));
       }
     }
   }
@@ -272,13 +278,8 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
     } else if (any_special<ET>(codes, g)) {
       for (std::int64_t i = 0; i < n; ++i) out[i] = mx_dequant_bits(codes[i], sb, f, DT);
     } else {
-      // element value x 2^e: exact (the values have at most 8 significant bits and stay above
-      // 2^-149), or +Inf past FLT_MAX, which out_mag_bits saturates
       const float scale = pow2f(int(sb) - kE8M0Bias);
-      for (int i = 0; i < g; ++i) {
-        const float v = decode_value<ET>(codes[i]) * scale;
-        out[i] = out_mag_bits<DT>(fabs_bits(v)) | ((f2u(v) >> 31) << kSignBit);
-      }
+      for (int i = 0; i < g; ++i) out[i] = finite_code_bits<ET, DT>(codes[i], scale);
     }
     store_out<DT>(yrow, k0, n, out);
   }

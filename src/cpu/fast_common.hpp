@@ -540,6 +540,12 @@ MXQ_INLINE __attribute__((target("avx2"))) __m256 pairwise_avx2(const __m256* b)
   else
     return _mm256_add_ps(pairwise_avx2<N / 2>(b), pairwise_avx2<N / 2>(b + N / 2));
 }
+// The quest statistic from the sum of squared deviations ss, per lane: sigma = sqrt(ss / g), then
+// sigma * 2.92247856 / 6 + 1e-8, each operation rounded on its own (core::quest_arg); both SIMD forms'.
+MXQ_INLINE __attribute__((target("avx2"))) __m256 quest_of_squares_avx2(__m256 ss, __m256 g) {
+  const __m256 sigma = _mm256_sqrt_ps(_mm256_div_ps(ss, g));
+  return _mm256_add_ps(_mm256_div_ps(_mm256_mul_ps(sigma, _mm256_set1_ps(2.92247856f)), _mm256_set1_ps(6.0f)), _mm256_set1_ps(1e-8f));
+}
 // quest_arg (core::quest_arg) of eight full blocks of G (16 or 32) elements of bf16/fp32 storage, one
 // vector lane per block: the values transposed so that vector i holds element i of every block, then the
 // same operations in the same order (pairwise_sum's tree, IEEE division and square root).
@@ -570,8 +576,7 @@ __attribute__((target("avx2"))) inline __m256 quest_args8_avx2_form(const Storag
     const __m256 d = _mm256_sub_ps(v[i], mean);
     t[i] = _mm256_mul_ps(d, d);
   }
-  const __m256 sigma = _mm256_sqrt_ps(_mm256_div_ps(pairwise_avx2<G>(t), g));
-  return _mm256_add_ps(_mm256_div_ps(_mm256_mul_ps(sigma, _mm256_set1_ps(2.92247856f)), _mm256_set1_ps(6.0f)), _mm256_set1_ps(1e-8f));
+  return quest_of_squares_avx2(pairwise_avx2<G>(t), g);
 }
 
 // NOTE: GCC 12's avx512fintrin.h warns (maybe-)uninitialized inside some intrinsics: silenced here.
@@ -654,8 +659,7 @@ __attribute__((target("avx512f"))) inline __m256 quest_args8_avx512(const Storag
       const __m512 d = _mm512_sub_ps(v[h][i], mz);
       t[h][i] = _mm512_mul_ps(d, d);
     }
-  const __m256 sigma = _mm256_sqrt_ps(_mm256_div_ps(quest_sum_avx512<H>(t), g));
-  return _mm256_add_ps(_mm256_div_ps(_mm256_mul_ps(sigma, _mm256_set1_ps(2.92247856f)), _mm256_set1_ps(6.0f)), _mm256_set1_ps(1e-8f));
+  return quest_of_squares_avx2(quest_sum_avx512<H>(t), g);
 }
 template <DType DT, int G = 32>
 __attribute__((target("avx512f"))) inline void quest_args8_avx512(const Storage<DT>* s, float* qa) {
