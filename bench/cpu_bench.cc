@@ -112,6 +112,11 @@ int main(int argc, char** argv) {
     sr.random_bits = bits;
     cases.push_back({"qdq-sr", sr, bits == 8 ? "r8" : ""});
   }
+  {
+    mxq::QuantOptions sr = mxq::QuantOptions::nvfp4(1.0f);
+    sr.rounding = mxq::Rounding::stochastic;
+    cases.push_back({"qdq-sr", sr, "S"});
+  }
   for (auto f : {mxq::Format::mxfp4, mxq::Format::mxfp8_e4m3}) {
     mxq::QuantOptions q = mxq::QuantOptions::mx(f, mxq::ScaleRule::rceil);
     q.scale_layout = mxq::ScaleLayout::swizzled;
@@ -140,6 +145,11 @@ int main(int argc, char** argv) {
     mxq::QuantOptions sr = mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::even);
     sr.rounding = mxq::Rounding::stochastic;
     cases.push_back({"quantize-sr", sr});
+    sr.random_bits = 8;
+    cases.push_back({"quantize-sr", sr, "r8"});
+    sr = mxq::QuantOptions::nvfp4(1.0f);
+    sr.rounding = mxq::Rounding::stochastic;
+    cases.push_back({"quantize-sr", sr, "S"});
   }
   cases.push_back({"dequantize", mxq::QuantOptions::mx(mxq::Format::mxint8, mxq::ScaleRule::floor)});
 

@@ -229,40 +229,66 @@ __attribute__((target("avx2"))) inline int philox8_avx2(std::uint64_t c0, int nc
 }
 
 // philox8_avx2's counters and outputs with AVX-512F, eight counters per register in 64-bit lanes: one
-// vpmuludq gives a whole 32 x 32 -> 64-bit product (no even/odd split, no blends), its high half a
-// shift; the low halves carry garbage above bit 31 from the XORs, which vpmuludq never reads and the
-// stores drop. About a third of the AVX2 form's instructions per round.
+// vpmuludq gives a whole 32 x 32 -> 64-bit product (no even/odd split, no blends), its high half
+// moved down by a dword shuffle (vpshufd on the shuffle port, where a shift would share the
+// multiplier's); the other halves carry garbage (the low product, XORs), which vpmuludq never reads
+// and the stores drop. NG groups of eight counters go through the rounds side by side: a round is a
+// chain of a multiply, a shuffle and an XOR, and one group alone leaves the ports idle while it waits
+// (measured on a Xeon, 1M counters: 2.4 ns per counter with one group, 1.5 with two).
 // NOTE: GCC 12's avx512fintrin.h seeds some intrinsics with an "undefined" register and -Wall then
-// warns maybe-uninitialized inside the header: silenced for this function only.
+// warns maybe-uninitialized inside the header: silenced for these functions only.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+template <int NG>
+__attribute__((target("avx512f"))) MXQ_INLINE void philox_groups_avx512(std::uint64_t c0, std::uint32_t ks0, std::uint32_t ks1,
+                                                                        std::uint32_t* stream) {
+  const __m512i vM0 = _mm512_set1_epi64(kPhiloxM0), vM1 = _mm512_set1_epi64(kPhiloxM1);
+  __m512i x0[NG], x1[NG], x2[NG], x3[NG];
+#pragma GCC unroll 2
+  for (int g = 0; g < NG; ++g) {
+    const __m512i ctr =
+        _mm512_add_epi64(_mm512_set1_epi64(std::int64_t(c0 + std::uint64_t(8 * g))), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+    x0[g] = ctr;
+    x1[g] = _mm512_srli_epi64(ctr, 32);
+    x2[g] = x3[g] = _mm512_setzero_si512();
+  }
+  std::uint32_t k0 = ks0, k1 = ks1;
+#pragma GCC unroll 10
+  for (int r = 0; r < 10; ++r) {
+    const __m512i K0 = _mm512_set1_epi64(k0), K1 = _mm512_set1_epi64(k1);
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; ++g) {
+      const __m512i p0 = _mm512_mul_epu32(x0[g], vM0), p1 = _mm512_mul_epu32(x2[g], vM1);
+      const __m512i y0 = _mm512_ternarylogic_epi64(_mm512_shuffle_epi32(p1, _MM_PERM_CDAB), x1[g], K0, 0x96);
+      const __m512i y2 = _mm512_ternarylogic_epi64(_mm512_shuffle_epi32(p0, _MM_PERM_CDAB), x3[g], K1, 0x96);
+      x1[g] = p1;
+      x3[g] = p0;
+      x0[g] = y0;
+      x2[g] = y2;
+    }
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+  // counter k's words (w0, w1) and (w2, w3) as the two halves of 64-bit lanes a and b, then the lanes
+  // interleaved a0 b0 a1 b1 ...: the stream, two 64-byte stores per group
+  __m512i* out = reinterpret_cast<__m512i*>(stream);
+#pragma GCC unroll 2
+  for (int g = 0; g < NG; ++g) {
+    const __m512i a = _mm512_mask_blend_epi32(0xAAAA, x0[g], _mm512_slli_epi64(x1[g], 32));
+    const __m512i b = _mm512_mask_blend_epi32(0xAAAA, x2[g], _mm512_slli_epi64(x3[g], 32));
+    _mm512_storeu_si512(out + 2 * g, _mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11), b));
+    _mm512_storeu_si512(out + 2 * g + 1, _mm512_permutex2var_epi64(a, _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15), b));
+  }
+}
+// Counters c0 + c for c below nc rounded down to eight: sixteen at a time, then eight; returns the
+// counters done.
 __attribute__((target("avx512f"))) inline int philox8_avx512(std::uint64_t c0, int nc, std::uint32_t ks0, std::uint32_t ks1,
                                                           std::uint32_t* stream) {
-  const __m512i vM0 = _mm512_set1_epi64(kPhiloxM0), vM1 = _mm512_set1_epi64(kPhiloxM1);
-  const __m512i idx = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
   int c = 0;
-  for (; c + 8 <= nc; c += 8) {
-    const __m512i ctr = _mm512_add_epi64(_mm512_set1_epi64(std::int64_t(c0 + std::uint64_t(c))), idx);
-    __m512i x0 = ctr, x1 = _mm512_srli_epi64(ctr, 32), x2 = _mm512_setzero_si512(), x3 = _mm512_setzero_si512();
-    std::uint32_t k0 = ks0, k1 = ks1;
-    for (int r = 0; r < 10; ++r) {
-      const __m512i p0 = _mm512_mul_epu32(x0, vM0), p1 = _mm512_mul_epu32(x2, vM1);
-      const __m512i y0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), x1, _mm512_set1_epi64(k0), 0x96);
-      const __m512i y2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0, 32), x3, _mm512_set1_epi64(k1), 0x96);
-      x1 = p1;
-      x3 = p0;
-      x0 = y0;
-      x2 = y2;
-      k0 += kPhiloxW0;
-      k1 += kPhiloxW1;
-    }
-    // counter k's words (w0, w1) and (w2, w3) as the two halves of 64-bit lanes a and b, then the
-    // lanes interleaved a0 b0 a1 b1 ...: the stream, two 64-byte stores
-    const __m512i a = _mm512_mask_blend_epi32(0xAAAA, x0, _mm512_slli_epi64(x1, 32));
-    const __m512i b = _mm512_mask_blend_epi32(0xAAAA, x2, _mm512_slli_epi64(x3, 32));
-    __m512i* out = reinterpret_cast<__m512i*>(stream + 4 * c);
-    _mm512_storeu_si512(out, _mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11), b));
-    _mm512_storeu_si512(out + 1, _mm512_permutex2var_epi64(a, _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15), b));
+  for (; c + 16 <= nc; c += 16) philox_groups_avx512<2>(c0 + std::uint64_t(c), ks0, ks1, stream + 4 * c);
+  if (c + 8 <= nc) {
+    philox_groups_avx512<1>(c0 + std::uint64_t(c), ks0, ks1, stream + 4 * c);
+    c += 8;
   }
   return c;
 }

@@ -63,9 +63,11 @@ MXQ_INLINE void qdq_block_direct(const Problem& p, const void* src, void* dst, c
 
 // QDQ of eight full NVFP4 blocks (128 elements, bf16/fp32, straight from x to y), RNE: the staged
 // path's arithmetic below (amax, scale code, the element code, nvfp4_decode) a step at a time across
-// the eight blocks, so that each step vectorises.
-template <DType DT>
-MXQ_INLINE void nvfp4_qdq_blocks8(const Storage<DT>* s, float S, const NvTables& nv, Storage<DT>* y) {
+// the eight blocks, so that each step vectorises. SR: stochastic rounding with the 128 comparison
+// words rnd (the staged path's integer form of nvfp4_encode_sr).
+template <DType DT, bool SR = false>
+MXQ_INLINE void nvfp4_qdq_blocks8(const Storage<DT>* s, float S, const NvTables& nv, Storage<DT>* y,
+                                  const std::uint32_t* rnd = nullptr) {
   alignas(64) std::uint32_t sc[8], ok[8];
   alignas(64) float m[8], sv[8];
   nvfp4_scale_codes8<DT>(s, S, sc, ok);  // a block not finite: NaN everywhere
@@ -76,8 +78,10 @@ MXQ_INLINE void nvfp4_qdq_blocks8(const Storage<DT>* s, float S, const NvTables&
   constexpr std::uint32_t kNaN = nan_bits(DT);
   for (int j = 0; j < 8; ++j)
     for (int i = 0; i < 16; ++i) {
-      const std::uint32_t raw = std::uint32_t(s[16 * j + i]);
-      const std::uint32_t code = nvfp4_code_rne_bf(DT == DType::f32 ? raw : raw << 16, m[j]);
+      const std::uint32_t raw = std::uint32_t(s[16 * j + i]), xb = DT == DType::f32 ? raw : raw << 16;
+      const std::uint32_t code =
+          SR ? sr_code_unscaled<ElemType::e2m1>(nvfp4_product_bits_bf(xb, m[j]), 0, rnd[16 * j + i]) | ((xb >> 31) << 3)
+             : nvfp4_code_rne_bf(xb, m[j]);
       const float v = div_rn(mul_rn(e2m1_value_bf(code & 7u), sv[j]), S);
       const std::uint32_t o = to_dtype_bits_nonnan_bf<DT>(u2f(f2u(v) | ((code >> 3) << 31)));
       y[16 * j + i] = static_cast<Storage<DT>>(bsel(ok[j] != 0, o, kNaN));
@@ -157,6 +161,12 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
 #endif
       for (; !quest && b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8)
         nvfp4_qdq_blocks8<DT>(xrow + b * 16, p.S, *nv, static_cast<Storage<DT>*>(yrow) + b * 16);
+    }
+    if (nv4 && sr && rule != ScaleRule::quest) {  // stochastic rounding: eight at a time too
+      const Storage<DT>* xrow =
+          reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
+      for (; b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8)
+        nvfp4_qdq_blocks8<DT, true>(xrow + b * 16, p.S, *nv, static_cast<Storage<DT>*>(yrow) + b * 16, srw.at(b * 16, 128));
     }
   }
 #if defined(MXQ_CPU_AVX2)

@@ -88,13 +88,15 @@ MXQ_INLINE bool quantize_block_direct(ScaleRule rule, const Storage<DT>* s, std:
   return true;
 }
 
-// Eight full MX blocks of 32 (an amax rule, RNE, no clip mask) straight from bf16/fp32 storage: the
+// Eight full MX blocks of 32 (an amax rule, no clip mask) straight from bf16/fp32 storage: the
 // arithmetic of quantize_block_direct a step at a time across the eight blocks (the rule's exponent
 // by amax_rule_exp, which fastmath_test holds equal to mx_scale_exp). Returns false, writing nothing,
 // when a block is zero, not finite or scaled outside MxFastRange (the caller takes them one by one).
-template <ElemType ET, DType DT, bool QUEST = false>
+// SR: stochastic rounding with the 256 comparison words rnd (mx_block_codes' integer form,
+// sr_code_unscaled; not INT8, whose two's-complement codes take the staged path).
+template <ElemType ET, DType DT, bool QUEST = false, bool SR = false>
 MXQ_INLINE bool mx_blocks8_direct(const core::AmaxRule& k, const Storage<DT>* s, std::uint8_t* d, std::uint8_t* sb,
-                                  const float* quest = nullptr) {
+                                  const float* quest = nullptr, const std::uint32_t* rnd = nullptr) {
   constexpr FloatSpec f = Elem<ET>::spec;
   constexpr int kSignShift = DT == DType::f32 ? 31 : 15;
   alignas(64) std::uint32_t xb[256], codes[256], am[8];
@@ -116,9 +118,16 @@ MXQ_INLINE bool mx_blocks8_direct(const core::AmaxRule& k, const Storage<DT>* s,
   }
   if (!ok) return false;
   for (int j = 0; j < 8; ++j) {
-    const MxBinades bn = mx_binades<ET>(e[j]);
-    for (int i = 0; i < 32; ++i)
-      codes[32 * j + i] = mx_code_rne_fast<ET>(xb[32 * j + i], std::uint32_t(s[32 * j + i]) >> kSignShift, bn);
+    if constexpr (SR) {
+      static_assert(!f.twos_complement, "INT8's stochastic rounding takes the staged path");
+      for (int i = 0; i < 32; ++i)
+        codes[32 * j + i] =
+            sign_code<ET>(sr_code_unscaled<ET>(xb[32 * j + i], e[j], rnd[32 * j + i]), std::uint32_t(s[32 * j + i]) >> kSignShift);
+    } else {
+      const MxBinades bn = mx_binades<ET>(e[j]);
+      for (int i = 0; i < 32; ++i)
+        codes[32 * j + i] = mx_code_rne_fast<ET>(xb[32 * j + i], std::uint32_t(s[32 * j + i]) >> kSignShift, bn);
+    }
     sb[j] = static_cast<std::uint8_t>(e[j] + kE8M0Bias);
   }
   if constexpr (f.bits == 4) {
@@ -133,12 +142,27 @@ MXQ_INLINE bool mx_blocks8_direct(const core::AmaxRule& k, const Storage<DT>* s,
   return true;
 }
 
+// mx_blocks8_direct's instance for quest's statistics (quest non-null) and stochastic rounding's words
+// (rnd non-null; never for INT8).
+template <ElemType ET, DType DT>
+MXQ_INLINE bool mx_blocks8_any(const core::AmaxRule& k, const Storage<DT>* s, std::uint8_t* d, std::uint8_t* sb,
+                               const float* quest, const std::uint32_t* rnd) {
+  if constexpr (!Elem<ET>::spec.twos_complement) {
+    if (rnd)
+      return quest ? mx_blocks8_direct<ET, DT, true, true>(k, s, d, sb, quest, rnd)
+                   : mx_blocks8_direct<ET, DT, false, true>(k, s, d, sb, nullptr, rnd);
+  }
+  return quest ? mx_blocks8_direct<ET, DT, true>(k, s, d, sb, quest) : mx_blocks8_direct<ET, DT>(k, s, d, sb);
+}
+
 // Eight full NVFP4 blocks (128 elements from bf16/fp32 storage, no staging), RNE: the arithmetic of
 // the staged path below (amax, nvfp4_block_scale_code, the table's multiplier, nvfp4_code_rne_bf) a
 // step at a time across the eight blocks, so that each step vectorises (the scale's division among
-// them). d: the 64 packed code bytes; sb: the eight scale bytes.
-template <DType DT>
-MXQ_INLINE void nvfp4_blocks8(const Storage<DT>* s, float S, const float* mtab, std::uint8_t* d, std::uint8_t* sb) {
+// them). d: the 64 packed code bytes; sb: the eight scale bytes. SR: stochastic rounding with the 128
+// comparison words rnd (the staged path's nvfp4_encode_sr in the integer form).
+template <DType DT, bool SR = false>
+MXQ_INLINE void nvfp4_blocks8(const Storage<DT>* s, float S, const float* mtab, std::uint8_t* d, std::uint8_t* sb,
+                              const std::uint32_t* rnd = nullptr) {
   alignas(64) std::uint32_t codes[128], sc[8], ok[8];
   alignas(64) float m[8];
   nvfp4_scale_codes8<DT>(s, S, sc, ok);
@@ -148,8 +172,12 @@ MXQ_INLINE void nvfp4_blocks8(const Storage<DT>* s, float S, const float* mtab, 
   }
   for (int j = 0; j < 8; ++j)
     for (int i = 0; i < 16; ++i) {
-      const std::uint32_t raw = std::uint32_t(s[16 * j + i]);
-      codes[16 * j + i] = nvfp4_code_rne_bf(DT == DType::f32 ? raw : raw << 16, m[j]) & ok[j];
+      const std::uint32_t raw = std::uint32_t(s[16 * j + i]), xb = DT == DType::f32 ? raw : raw << 16;
+      if constexpr (SR)
+        codes[16 * j + i] =
+            (sr_code_unscaled<ElemType::e2m1>(nvfp4_product_bits_bf(xb, m[j]), 0, rnd[16 * j + i]) | ((xb >> 31) << 3)) & ok[j];
+      else
+        codes[16 * j + i] = nvfp4_code_rne_bf(xb, m[j]) & ok[j];
     }
   alignas(16) std::uint8_t pk[64];
   for (int i = 0; i < 64; ++i) pk[i] = static_cast<std::uint8_t>((codes[2 * i] & 0xFu) | ((codes[2 * i + 1] & 0xFu) << 4));
@@ -182,8 +210,10 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
   const int g = G ? G : p.g;
   const bool nv4 = p.nvfp4(), sr = p.stochastic;
   const ScaleRule rule = p.opt.rule;
-  // full blocks of the amax rules: straight from the source (bf16/fp32)
+  // full blocks of the amax rules: straight from the source (bf16/fp32); eight at a time with
+  // stochastic rounding too (not INT8)
   const bool direct = !nv4 && !sr && G != 0 && DT != DType::f16 && rule != ScaleRule::qutlass_absmax;
+  const bool direct8 = !nv4 && (!sr || !f.twos_complement) && G != 0 && DT != DType::f16 && rule != ScaleRule::qutlass_absmax;
   std::int64_t b = b0;
   if constexpr (G == 32 && DT != DType::f16) {
     // MX full blocks, eight at a time where all eight are plain (quest: where its statistics are
@@ -192,7 +222,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
 #if defined(MXQ_CPU_AVX2)
     quest8 = rule == ScaleRule::quest && cpu_has_avx2();
 #endif
-    if (direct && !o.mask_row && (rule != ScaleRule::quest || quest8)) {
+    if (direct8 && !o.mask_row && (rule != ScaleRule::quest || quest8)) {
       const core::AmaxRule k = core::amax_rule(rule, f);
       const Storage<DT>* row =
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
@@ -209,8 +239,8 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
 #if defined(MXQ_CPU_AVX2)
         if (quest8 && fits(b + 8)) quest_args8_avx2<DT>(row + (b + 8) * 32, qa[cur ^ 1]);
 #endif
-        const bool done = quest8 ? mx_blocks8_direct<ET, DT, true>(k, row + b * 32, o.codes_row + b * cpb, sb8, qa[cur])
-                                 : mx_blocks8_direct<ET, DT>(k, row + b * 32, o.codes_row + b * cpb, sb8);
+        const std::uint32_t* w = sr ? srw.at(b * 32, 256) : nullptr;
+        const bool done = mx_blocks8_any<ET, DT>(k, row + b * 32, o.codes_row + b * cpb, sb8, quest8 ? qa[cur] : nullptr, w);
         if (!done) break;
         store_scales(p, o.scales, o.scale_stride, r, b, sb8, 8);
       }
@@ -236,6 +266,15 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
       for (; !quest && b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8) {
         std::uint8_t sb8[8];
         nvfp4_blocks8<DT>(row + b * 16, p.S, nv->m, o.codes_row + b * 8, sb8);
+        store_scales(p, o.scales, o.scale_stride, r, b, sb8, 8);
+      }
+    }
+    if (nv4 && sr && !o.mask_row && rule != ScaleRule::quest) {  // stochastic rounding: eight at a time too
+      const Storage<DT>* row =
+          reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
+      for (; b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8) {
+        std::uint8_t sb8[8];
+        nvfp4_blocks8<DT, true>(row + b * 16, p.S, nv->m, o.codes_row + b * 8, sb8, srw.at(b * 16, 128));
         store_scales(p, o.scales, o.scale_stride, r, b, sb8, 8);
       }
     }
