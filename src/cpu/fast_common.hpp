@@ -91,6 +91,18 @@ void parallel_tiles(std::int64_t rows, std::int64_t nblocks, F&& f) {
 }
 
 // ---- loads and stores ----------------------------------------------------------------------------------
+// Software prefetch of the source kPrefetchAhead elements past p, one request per 64-byte line of the n
+// elements there (the fast paths call it once per step of n elements, so the requests run a fixed
+// distance ahead of the loads, into the next tile at a tile's end; past the tensor's end a prefetch
+// is a no-op, it never faults). Measured on this project's 2-core Xeon VM, cold 4096 x 4096 bf16 inputs,
+// one thread: NVFP4 quantize 9.7 -> 7.1 ms, MXFP4 7.2 -> 6.8 ms; the hardware prefetchers alone leave
+// the loads waiting on memory.
+constexpr int kPrefetchAhead = 512;
+template <class T>
+MXQ_INLINE void prefetch_ahead(const T* p, int n) {
+  const char* a = reinterpret_cast<const char*>(p + kPrefetchAhead);
+  for (int l = 0; l < n * int(sizeof(T)); l += 64) __builtin_prefetch(a + l, 0, 3);
+}
 // G is the group size when known at compile time (0: use g). DT is the input dtype.
 template <DType DT, int G>
 MXQ_INLINE void load_block(const Tensor& x, std::int64_t r, std::int64_t k0, std::int64_t K, int g_rt, float* xf) {
@@ -750,11 +762,33 @@ __attribute__((target("avx2"))) inline void nvfp4_elements_avx2(const Storage<DT
   }
 }
 
+// quest's statistics (G = 16) of n chunks of eight blocks with AVX-512F, chunk ch's to qa[8 ch ..
+// 8 ch + 7]: one call for a tile's chunks, whose AVX2 code then reads them (the AVX-512 form called once
+// per chunk from inside that code measured slower than the inlined AVX2 form; the same bits either way).
+template <DType DT>
+__attribute__((target("avx512f"))) inline void nvfp4_quest_stats_avx512(const Storage<DT>* s, std::int64_t n, float* qa) {
+  for (std::int64_t ch = 0; ch < n; ++ch) _mm256_storeu_ps(qa + 8 * ch, quest_args8_avx512<DT, 16>(s + 128 * ch));
+}
+// For the chunk loops: QUEST's statistics of a tile's n <= kTileBlocks / 8 chunks into buf where the CPU
+// has AVX-512F (buf returned), else nullptr (the chunk code computes them with AVX2).
+template <DType DT, bool QUEST>
+inline const float* nvfp4_quest_stats(const Storage<DT>* s, std::int64_t n, float (&buf)[kTileBlocks]) {
+  if constexpr (QUEST) {
+    if (cpu_has_avx512() && n <= kTileBlocks / 8) {
+      nvfp4_quest_stats_avx512<DT>(s, n, buf);
+      return buf;
+    }
+  }
+  return nullptr;
+}
+
 // In two steps: the scale codes, ok and multipliers (nvfp4_chunk_scales_avx2), then the element codes
 // (nvfp4_chunk_codes_avx2): a caller can take the next chunk's scales, a long chain of dependent
 // operations (quest: two divisions and a square root), before this chunk's elements.
+// QUEST: the eight statistics from qa where given (nvfp4_quest_stats_avx512), else computed here.
 template <DType DT, bool QUEST = false>
-__attribute__((target("avx2"))) inline void nvfp4_chunk_scales_avx2(const Storage<DT>* s, float S, const float* mtab, Nvfp4Chunk& c) {
+__attribute__((target("avx2"))) inline void nvfp4_chunk_scales_avx2(const Storage<DT>* s, float S, const float* mtab, Nvfp4Chunk& c,
+                                                                    const float* qa = nullptr) {
   const __m256i magmask = _mm256_set1_epi32(0x7FFFFFFF);
   __m256i am;  // the blocks' amax bits, one lane per block
   if constexpr (DT == DType::bf16) {
@@ -794,7 +828,7 @@ __attribute__((target("avx2"))) inline void nvfp4_chunk_scales_avx2(const Storag
   {
     __m256 y;
     if constexpr (QUEST)
-      y = quest_args8_avx2_form<DT, 16>(s);  // inlined: the AVX-512 form, a call from here, measured slower
+      y = qa ? _mm256_loadu_ps(qa) : quest_args8_avx2_form<DT, 16>(s);
     else
       y = _mm256_div_ps(_mm256_mul_ps(_mm256_castsi256_ps(am), _mm256_set1_ps(S)), _mm256_set1_ps(6.0f));
     const __m256 a = _mm256_min_ps(y, _mm256_set1_ps(448.0f));  // NaN y (a block not finite): 448
@@ -826,9 +860,10 @@ __attribute__((target("avx2"))) inline void nvfp4_chunk_codes_avx2(const Storage
 template <DType DT, bool QUEST>
 __attribute__((target("avx2"))) inline Nvfp4Chunk& nvfp4_chunk_in_order_avx2(const Storage<DT>* s, std::int64_t ch,
                                                                               std::int64_t n, float S, const float* mtab,
-                                                                              Nvfp4Chunk (&c)[2]) {
-  if (ch == 0) nvfp4_chunk_scales_avx2<DT, QUEST>(s, S, mtab, c[0]);
-  if (ch + 1 < n) nvfp4_chunk_scales_avx2<DT, QUEST>(s + 128 * (ch + 1), S, mtab, c[(ch + 1) & 1]);
+                                                                              Nvfp4Chunk (&c)[2], const float* qa = nullptr) {
+  if (ch == 0) nvfp4_chunk_scales_avx2<DT, QUEST>(s, S, mtab, c[0], qa);
+  prefetch_ahead(s + 128 * ch, 128);
+  if (ch + 1 < n) nvfp4_chunk_scales_avx2<DT, QUEST>(s + 128 * (ch + 1), S, mtab, c[(ch + 1) & 1], qa ? qa + 8 * (ch + 1) : nullptr);
   Nvfp4Chunk& cur = c[ch & 1];
   nvfp4_chunk_codes_avx2<DT>(s + 128 * ch, cur);
   return cur;

@@ -38,13 +38,22 @@ namespace {
 // magnitude bits themselves (for bf16 the high half of fp32's, an order-preserving shift).
 template <DType DT>
 MXQ_CLONES std::uint32_t row_amax_bits(const Storage<DT>* s, std::int64_t K) {
+  // 256 elements at a time, with the source prefetched ahead (prefetch_ahead)
   if constexpr (DT == DType::bf16) {
     std::uint16_t m = 0;
-    for (std::int64_t k = 0; k < K; ++k) m = std::max<std::uint16_t>(m, s[k] & 0x7FFFu);
+    for (std::int64_t k0 = 0; k0 < K; k0 += 256) {
+      const std::int64_t k1 = std::min<std::int64_t>(K, k0 + 256);
+      prefetch_ahead(s + k0, int(k1 - k0));
+      for (std::int64_t k = k0; k < k1; ++k) m = std::max<std::uint16_t>(m, s[k] & 0x7FFFu);
+    }
     return std::uint32_t(m) << 16;
   } else {
     std::uint32_t m = 0;
-    for (std::int64_t k = 0; k < K; ++k) m = std::max<std::uint32_t>(m, s[k] & 0x7FFFFFFFu);
+    for (std::int64_t k0 = 0; k0 < K; k0 += 256) {
+      const std::int64_t k1 = std::min<std::int64_t>(K, k0 + 256);
+      prefetch_ahead(s + k0, int(k1 - k0));
+      for (std::int64_t k = k0; k < k1; ++k) m = std::max<std::uint32_t>(m, s[k] & 0x7FFFFFFFu);
+    }
     return m;
   }
 }

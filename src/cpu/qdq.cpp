@@ -101,8 +101,10 @@ __attribute__((target("avx2"))) void nvfp4_qdq_chunks_avx2(const Storage<DT>* s,
   const __m256 e2m1 = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
   const __m256 vS = _mm256_set1_ps(S);
   Nvfp4Chunk cc[2];
+  alignas(32) float buf[kTileBlocks];
+  const float* qa = nvfp4_quest_stats<DT, QUEST>(s, n, buf);
   for (std::int64_t ch = 0; ch < n; ++ch, y += 128) {
-    const Nvfp4Chunk& c = nvfp4_chunk_in_order_avx2<DT, QUEST>(s, ch, n, S, nv.m, cc);
+    const Nvfp4Chunk& c = nvfp4_chunk_in_order_avx2<DT, QUEST>(s, ch, n, S, nv.m, cc, qa);
     alignas(32) float sv[8];
     alignas(32) std::uint32_t ok[8];
     _mm256_store_ps(sv, _mm256_i32gather_ps(nv.sval, c.sc, 4));
@@ -159,14 +161,18 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
         b += 8 * n;
       }
 #endif
-      for (; !quest && b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8)
+      for (; !quest && b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8) {
+        prefetch_ahead(xrow + b * 16, 128);
         nvfp4_qdq_blocks8<DT>(xrow + b * 16, p.S, *nv, static_cast<Storage<DT>*>(yrow) + b * 16);
+      }
     }
     if (nv4 && sr && rule != ScaleRule::quest) {  // stochastic rounding: eight at a time too
       const Storage<DT>* xrow =
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
-      for (; b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8)
+      for (; b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8) {
+        prefetch_ahead(xrow + b * 16, 128);
         nvfp4_qdq_blocks8<DT, true>(xrow + b * 16, p.S, *nv, static_cast<Storage<DT>*>(yrow) + b * 16, srw.at(b * 16, 128));
+      }
     }
   }
 #if defined(MXQ_CPU_AVX2)
@@ -175,6 +181,7 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
       const Storage<DT>* xrow =
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
       for (; b + 8 <= b1 && (b + 8) * 32 <= p.K; b += 8) {
+        prefetch_ahead(xrow + b * 32, 256);
         alignas(32) float qa[8];
         quest_args8_avx2<DT>(xrow + b * 32, qa);
         for (int j = 0; j < 8; ++j)
@@ -187,6 +194,7 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
     if constexpr (G != 0 && DT != DType::f16) {
       if (direct && n == G) {
+        prefetch_ahead(static_cast<const Storage<DT>*>(x.data) + r * x.stride() + k0, G);
         qdq_block_direct<ET, DT, G>(p, static_cast<const char*>(x.data) + (r * x.stride() + k0) * dtype_size(DT),
                                     static_cast<char*>(yrow) + k0 * dtype_size(DT));
         continue;

@@ -192,8 +192,10 @@ template <DType DT, bool QUEST>
 __attribute__((target("avx2"))) void nvfp4_quantize_chunks_avx2(const Storage<DT>* s, std::int64_t n, float S, const float* mtab,
                                                                std::uint8_t* d, std::uint8_t* sb) {
   Nvfp4Chunk c[2];
+  alignas(32) float buf[kTileBlocks];
+  const float* qa = nvfp4_quest_stats<DT, QUEST>(s, n, buf);
   for (std::int64_t ch = 0; ch < n; ++ch)
-    nvfp4_pack_chunk_avx2(nvfp4_chunk_in_order_avx2<DT, QUEST>(s, ch, n, S, mtab, c), d + 64 * ch, sb + 8 * ch);
+    nvfp4_pack_chunk_avx2(nvfp4_chunk_in_order_avx2<DT, QUEST>(s, ch, n, S, mtab, c, qa), d + 64 * ch, sb + 8 * ch);
 }
 #endif
 
@@ -239,6 +241,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
 #if defined(MXQ_CPU_AVX2)
         if (quest8 && fits(b + 8)) quest_args8_avx2<DT>(row + (b + 8) * 32, qa[cur ^ 1]);
 #endif
+        prefetch_ahead(row + b * 32, 256);
         const std::uint32_t* w = sr ? srw.at(b * 32, 256) : nullptr;
         const bool done = mx_blocks8_any<ET, DT>(k, row + b * 32, o.codes_row + b * cpb, sb8, quest8 ? qa[cur] : nullptr, w);
         if (!done) break;
@@ -265,6 +268,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
 #endif
       for (; !quest && b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8) {
         std::uint8_t sb8[8];
+        prefetch_ahead(row + b * 16, 128);
         nvfp4_blocks8<DT>(row + b * 16, p.S, nv->m, o.codes_row + b * 8, sb8);
         store_scales(p, o.scales, o.scale_stride, r, b, sb8, 8);
       }
@@ -274,6 +278,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
       for (; b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8) {
         std::uint8_t sb8[8];
+        prefetch_ahead(row + b * 16, 128);
         nvfp4_blocks8<DT, true>(row + b * 16, p.S, nv->m, o.codes_row + b * 8, sb8, srw.at(b * 16, 128));
         store_scales(p, o.scales, o.scale_stride, r, b, sb8, 8);
       }
