@@ -89,43 +89,56 @@ MXQ_INLINE void nvfp4_qdq_blocks8(const Storage<DT>* s, float S, const NvTables&
 }
 
 #if defined(MXQ_CPU_AVX2)
-// nvfp4_qdq_blocks8 for n consecutive chunks of eight blocks, where the CPU has AVX2: each block's
-// eight possible outputs (nvfp4_decode of magnitudes 0..7 under its scale, converted to DT) computed
-// once, then every element's picked by its code (nvfp4_store16_avx2) instead of a division per
-// element. The scale and element codes from nvfp4_chunk_in_order_avx2; the outputs of every block at
-// once.
-template <DType DT, bool QUEST>
-__attribute__((target("avx2"))) void nvfp4_qdq_chunks_avx2(const Storage<DT>* s, std::int64_t n, float S, const NvTables& nv,
-                                                          Storage<DT>* y) {
+// The outputs of one chunk (its scale and element codes in c) to y: each block's eight possible
+// outputs (nvfp4_decode of magnitudes 0..7 under its scale, converted to DT) computed once, then every
+// element's picked by its code (nvfp4_store16_avx2) instead of a division per element.
+template <DType DT>
+__attribute__((target("avx2"))) inline void nvfp4_qdq_store_chunk_avx2(const Nvfp4Chunk& c, float S, const NvTables& nv, Storage<DT>* y) {
   // the eight E2M1 magnitudes, and the output dtype's largest finite and Inf bits (out_mag_bits saturates)
   const __m256 e2m1 = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
   const __m256 vS = _mm256_set1_ps(S);
+  alignas(32) float sv[8];
+  alignas(32) std::uint32_t ok[8];
+  _mm256_store_ps(sv, _mm256_i32gather_ps(nv.sval, c.sc, 4));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(ok), c.ok);
+  for (int j = 0; j < 8; ++j) {
+    // the block's eight outputs: to_dtype_bits_nonnan_bf(div_rn(mul_rn(e2m1 value, s), S)), all >= 0
+    const __m256i v = _mm256_castps_si256(_mm256_div_ps(_mm256_mul_ps(e2m1, _mm256_set1_ps(sv[j])), vS));
+    __m256i t;
+    if constexpr (DT == DType::f32) {
+      t = v;
+    } else {
+      const __m256i inf = _mm256_set1_epi32(0x7F800000);
+      const __m256i r = _mm256_min_epi32(  // bf16: RNE, saturated at the largest finite (out_mag_bits)
+          _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(v, _mm256_set1_epi32(0x7FFF)),
+                                             _mm256_and_si256(_mm256_srli_epi32(v, 16), _mm256_set1_epi32(1))), 16),
+          _mm256_set1_epi32(0x7F7F));
+      t = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7F80), _mm256_cmpeq_epi32(v, inf));
+    }
+    nvfp4_store16_avx2<DT>(t, c.codes[2 * j], c.codes[2 * j + 1], ok[j] != 0, y + 16 * j);
+  }
+}
+
+// nvfp4_qdq_blocks8 for n consecutive chunks of eight blocks, where the CPU has AVX2: the scale and
+// element codes from nvfp4_chunk_in_order_avx2, the outputs by nvfp4_qdq_store_chunk_avx2.
+template <DType DT, bool QUEST>
+__attribute__((target("avx2"))) void nvfp4_qdq_chunks_avx2(const Storage<DT>* s, std::int64_t n, float S, const NvTables& nv,
+                                                          Storage<DT>* y) {
   Nvfp4Chunk cc[2];
   alignas(32) float buf[kTileBlocks];
   const float* qa = nvfp4_quest_stats<DT, QUEST>(s, n, buf);
-  for (std::int64_t ch = 0; ch < n; ++ch, y += 128) {
-    const Nvfp4Chunk& c = nvfp4_chunk_in_order_avx2<DT, QUEST>(s, ch, n, S, nv.m, cc, qa);
-    alignas(32) float sv[8];
-    alignas(32) std::uint32_t ok[8];
-    _mm256_store_ps(sv, _mm256_i32gather_ps(nv.sval, c.sc, 4));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(ok), c.ok);
-    for (int j = 0; j < 8; ++j) {
-      // the block's eight outputs: to_dtype_bits_nonnan_bf(div_rn(mul_rn(e2m1 value, s), S)), all >= 0
-      const __m256i v = _mm256_castps_si256(_mm256_div_ps(_mm256_mul_ps(e2m1, _mm256_set1_ps(sv[j])), vS));
-      __m256i t;
-      if constexpr (DT == DType::f32) {
-        t = v;
-      } else {
-        const __m256i inf = _mm256_set1_epi32(0x7F800000);
-        const __m256i r = _mm256_min_epi32(  // bf16: RNE, saturated at the largest finite (out_mag_bits)
-            _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(v, _mm256_set1_epi32(0x7FFF)),
-                                               _mm256_and_si256(_mm256_srli_epi32(v, 16), _mm256_set1_epi32(1))), 16),
-            _mm256_set1_epi32(0x7F7F));
-        t = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7F80), _mm256_cmpeq_epi32(v, inf));
-      }
-      nvfp4_store16_avx2<DT>(t, c.codes[2 * j], c.codes[2 * j + 1], ok[j] != 0, y + 16 * j);
-    }
-  }
+  for (std::int64_t ch = 0; ch < n; ++ch, y += 128)
+    nvfp4_qdq_store_chunk_avx2<DT>(nvfp4_chunk_in_order_avx2<DT, QUEST>(s, ch, n, S, nv.m, cc, qa), S, nv, y);
+}
+
+// One chunk rounded stochastically with its 128 comparison words rnd (nvfp4_qdq_blocks8<DT, true>).
+template <DType DT>
+__attribute__((target("avx2"))) void nvfp4_qdq_chunk_sr_avx2(const Storage<DT>* s, float S, const NvTables& nv, const std::uint32_t* rnd,
+                                                            Storage<DT>* y) {
+  Nvfp4Chunk c;
+  nvfp4_chunk_scales_avx2<DT, false>(s, S, nv.m, c);
+  nvfp4_chunk_codes_sr_avx2<DT>(s, c, rnd);
+  nvfp4_qdq_store_chunk_avx2<DT>(c, S, nv, y);
 }
 #endif
 
@@ -171,7 +184,14 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
       for (; b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8) {
         prefetch_ahead(xrow + b * 16, 128);
-        nvfp4_qdq_blocks8<DT, true>(xrow + b * 16, p.S, *nv, static_cast<Storage<DT>*>(yrow) + b * 16, srw.at(b * 16, 128));
+        Storage<DT>* yb = static_cast<Storage<DT>*>(yrow) + b * 16;
+#if defined(MXQ_CPU_AVX2)
+        if (cpu_has_avx2()) {
+          nvfp4_qdq_chunk_sr_avx2<DT>(xrow + b * 16, p.S, *nv, srw.at(b * 16, 128), yb);
+          continue;
+        }
+#endif
+        nvfp4_qdq_blocks8<DT, true>(xrow + b * 16, p.S, *nv, yb, srw.at(b * 16, 128));
       }
     }
   }

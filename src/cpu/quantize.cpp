@@ -197,6 +197,15 @@ __attribute__((target("avx2"))) void nvfp4_quantize_chunks_avx2(const Storage<DT
   for (std::int64_t ch = 0; ch < n; ++ch)
     nvfp4_pack_chunk_avx2(nvfp4_chunk_in_order_avx2<DT, QUEST>(s, ch, n, S, mtab, c, qa), d + 64 * ch, sb + 8 * ch);
 }
+// One chunk rounded stochastically with its 128 comparison words rnd (nvfp4_blocks8<DT, true>).
+template <DType DT>
+__attribute__((target("avx2"))) void nvfp4_quantize_chunk_sr_avx2(const Storage<DT>* s, float S, const float* mtab,
+                                                                 const std::uint32_t* rnd, std::uint8_t* d, std::uint8_t* sb) {
+  Nvfp4Chunk c;
+  nvfp4_chunk_scales_avx2<DT, false>(s, S, mtab, c);
+  nvfp4_chunk_codes_sr_avx2<DT>(s, c, rnd);
+  nvfp4_pack_chunk_avx2(c, d, sb);
+}
 #endif
 
 // One tile: every block staged to fp32 (load_block), its scale from the amax, its codes by the
@@ -279,7 +288,12 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
       for (; b + 8 <= b1 && (b + 8) * 16 <= p.K; b += 8) {
         std::uint8_t sb8[8];
         prefetch_ahead(row + b * 16, 128);
-        nvfp4_blocks8<DT, true>(row + b * 16, p.S, nv->m, o.codes_row + b * 8, sb8, srw.at(b * 16, 128));
+#if defined(MXQ_CPU_AVX2)
+        if (cpu_has_avx2())
+          nvfp4_quantize_chunk_sr_avx2<DT>(row + b * 16, p.S, nv->m, srw.at(b * 16, 128), o.codes_row + b * 8, sb8);
+        else
+#endif
+          nvfp4_blocks8<DT, true>(row + b * 16, p.S, nv->m, o.codes_row + b * 8, sb8, srw.at(b * 16, 128));
         store_scales(p, o.scales, o.scale_stride, r, b, sb8, 8);
       }
     }
