@@ -853,6 +853,28 @@ __attribute__((target("avx2"))) inline void nvfp4_chunk_codes_avx2(const Storage
     nvfp4_elements_avx2<DT, false>(s, c);
 }
 
+// sr_code_unscaled<ET> of eight magnitudes' fp32 bits a (sign bit clear) in the binades of vlo = f.emin
+// + e + 127 (one value per lane: e may differ by lane) with the comparison words w, every shift count
+// as there (variable shifts of 32 or more give 0, which its clamps stand for; every intermediate stays
+// below 2^31).
+template <ElemType ET>
+__attribute__((target("avx2"))) inline __m256i sr_mags8_avx2(__m256i a, __m256i vlo, __m256i w) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  const __m256i one = _mm256_set1_epi32(1), zero = _mm256_setzero_si256(), v32 = _mm256_set1_epi32(32);
+  const __m256i fld = _mm256_srli_epi32(a, 23);
+  const __m256i E = _mm256_max_epi32(fld, one);
+  const __m256i sig =
+      _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0x7FFFFF)), _mm256_andnot_si256(_mm256_cmpeq_epi32(fld, zero), _mm256_set1_epi32(0x800000)));
+  const __m256i up = _mm256_max_epi32(_mm256_sub_epi32(E, vlo), zero);
+  const __m256i sh = _mm256_add_epi32(_mm256_set1_epi32(23 - f.mbits), _mm256_max_epi32(_mm256_sub_epi32(vlo, E), zero));
+  const __m256i t = _mm256_add_epi32(_mm256_slli_epi32(up, f.mbits), _mm256_srlv_epi32(sig, sh));
+  const __m256i rem = _mm256_and_si256(sig, _mm256_sub_epi32(_mm256_sllv_epi32(one, sh), one));
+  const __m256i thr = _mm256_or_si256(_mm256_sllv_epi32(rem, _mm256_sub_epi32(v32, sh)), _mm256_srlv_epi32(rem, _mm256_sub_epi32(sh, v32)));
+  const __m256i flip = _mm256_set1_epi32(int(0x80000000u));
+  const __m256i below = _mm256_cmpgt_epi32(_mm256_xor_si256(thr, flip), _mm256_xor_si256(w, flip));  // w < thr, unsigned
+  return _mm256_min_epu32(_mm256_sub_epi32(t, below), _mm256_set1_epi32(int(f.maxcode)));
+}
+
 // The element codes of a chunk rounded stochastically (the staged path's integer form of
 // nvfp4_encode_sr: sr_code_unscaled<e2m1>(|x| m, 0, rnd) with the sign at bit 3; |x| = 0 stays 0 where
 // m is infinite, as nvfp4_product), block j's multiplier c.m8[j], the chunk's 128 comparison words
@@ -862,10 +884,8 @@ template <DType DT>
 __attribute__((target("avx2"))) inline void nvfp4_chunk_codes_sr_avx2(const Storage<DT>* s, Nvfp4Chunk& c, const std::uint32_t* rnd) {
   constexpr FloatSpec f = Elem<ElemType::e2m1>::spec;
   constexpr int lo = f.emin + 127;  // e = 0
-  const __m256i magmask = _mm256_set1_epi32(0x7FFFFFFF), mant = _mm256_set1_epi32(0x7FFFFF), hidden = _mm256_set1_epi32(0x800000),
-                one = _mm256_set1_epi32(1), vlo = _mm256_set1_epi32(lo), zero = _mm256_setzero_si256(),
-                sh0 = _mm256_set1_epi32(23 - f.mbits), v32 = _mm256_set1_epi32(32), flip = _mm256_set1_epi32(int(0x80000000u)),
-                maxc = _mm256_set1_epi32(int(f.maxcode)), eight = _mm256_set1_epi32(8);
+  const __m256i magmask = _mm256_set1_epi32(0x7FFFFFFF), vlo = _mm256_set1_epi32(lo), zero = _mm256_setzero_si256(),
+                eight = _mm256_set1_epi32(8);
   for (int j = 0; j < 8; ++j) {
     const __m256 m = _mm256_set1_ps(c.m8[j]);
     for (int h = 0; h < 2; ++h) {
@@ -877,18 +897,8 @@ __attribute__((target("avx2"))) inline void nvfp4_chunk_codes_sr_avx2(const Stor
       const __m256i xm = _mm256_and_si256(xb, magmask);
       const __m256i xz = _mm256_cmpeq_epi32(xm, zero);
       const __m256i p = _mm256_andnot_si256(xz, _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(xm), m)));  // |x| m, 0 stays 0
-      const __m256i fld = _mm256_srli_epi32(p, 23);  // p >= 0
-      const __m256i E = _mm256_max_epi32(fld, one);
-      const __m256i sig = _mm256_or_si256(_mm256_and_si256(p, mant), _mm256_andnot_si256(_mm256_cmpeq_epi32(fld, zero), hidden));
-      const __m256i up = _mm256_max_epi32(_mm256_sub_epi32(E, vlo), zero);
-      const __m256i sh = _mm256_add_epi32(sh0, _mm256_max_epi32(_mm256_sub_epi32(vlo, E), zero));
-      const __m256i t = _mm256_add_epi32(_mm256_slli_epi32(up, f.mbits), _mm256_srlv_epi32(sig, sh));
-      const __m256i rem = _mm256_and_si256(sig, _mm256_sub_epi32(_mm256_sllv_epi32(one, sh), one));
-      const __m256i thr = _mm256_or_si256(_mm256_sllv_epi32(rem, _mm256_sub_epi32(v32, sh)), _mm256_srlv_epi32(rem, _mm256_sub_epi32(sh, v32)));
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rnd + 16 * j + 8 * h));
-      const __m256i below = _mm256_cmpgt_epi32(_mm256_xor_si256(thr, flip), _mm256_xor_si256(w, flip));  // rnd < thr, unsigned
-      const __m256i mag = _mm256_min_epu32(_mm256_sub_epi32(t, below), maxc);
-      c.codes[2 * j + h] = _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi32(xb, 28), eight));
+      c.codes[2 * j + h] = _mm256_or_si256(sr_mags8_avx2<ElemType::e2m1>(p, vlo, w), _mm256_and_si256(_mm256_srli_epi32(xb, 28), eight));
     }
   }
 }
