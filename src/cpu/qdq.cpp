@@ -140,6 +140,14 @@ __attribute__((target("avx2"))) void nvfp4_qdq_chunk_sr_avx2(const Storage<DT>* 
   nvfp4_chunk_codes_sr_avx2<DT>(s, c, rnd);
   nvfp4_qdq_store_chunk_avx2<DT>(c, S, nv, y);
 }
+template <DType DT>
+__attribute__((target("avx512f"))) void nvfp4_qdq_chunk_sr_avx512(const Storage<DT>* s, float S, const NvTables& nv,
+                                                                 const std::uint32_t* rnd, Storage<DT>* y) {
+  Nvfp4Chunk c;
+  nvfp4_chunk_scales_avx2<DT, false>(s, S, nv.m, c);
+  nvfp4_chunk_codes_sr_avx512<DT>(s, c, rnd);
+  nvfp4_qdq_store_chunk_avx2<DT>(c, S, nv, y);
+}
 #endif
 
 template <ElemType ET, DType DT, int G>
@@ -186,6 +194,10 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
         prefetch_ahead(xrow + b * 16, 128);
         Storage<DT>* yb = static_cast<Storage<DT>*>(yrow) + b * 16;
 #if defined(MXQ_CPU_AVX2)
+        if (cpu_has_avx512()) {
+          nvfp4_qdq_chunk_sr_avx512<DT>(xrow + b * 16, p.S, *nv, srw.at(b * 16, 128), yb);
+          continue;
+        }
         if (cpu_has_avx2()) {
           nvfp4_qdq_chunk_sr_avx2<DT>(xrow + b * 16, p.S, *nv, srw.at(b * 16, 128), yb);
           continue;

@@ -206,6 +206,14 @@ __attribute__((target("avx2"))) void nvfp4_quantize_chunk_sr_avx2(const Storage<
   nvfp4_chunk_codes_sr_avx2<DT>(s, c, rnd);
   nvfp4_pack_chunk_avx2(c, d, sb);
 }
+template <DType DT>
+__attribute__((target("avx512f"))) void nvfp4_quantize_chunk_sr_avx512(const Storage<DT>* s, float S, const float* mtab,
+                                                                      const std::uint32_t* rnd, std::uint8_t* d, std::uint8_t* sb) {
+  Nvfp4Chunk c;
+  nvfp4_chunk_scales_avx2<DT, false>(s, S, mtab, c);
+  nvfp4_chunk_codes_sr_avx512<DT>(s, c, rnd);
+  nvfp4_pack_chunk_avx2(c, d, sb);
+}
 #endif
 
 // One tile: every block staged to fp32 (load_block), its scale from the amax, its codes by the
@@ -289,7 +297,9 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
         std::uint8_t sb8[8];
         prefetch_ahead(row + b * 16, 128);
 #if defined(MXQ_CPU_AVX2)
-        if (cpu_has_avx2())
+        if (cpu_has_avx512())
+          nvfp4_quantize_chunk_sr_avx512<DT>(row + b * 16, p.S, nv->m, srw.at(b * 16, 128), o.codes_row + b * 8, sb8);
+        else if (cpu_has_avx2())
           nvfp4_quantize_chunk_sr_avx2<DT>(row + b * 16, p.S, nv->m, srw.at(b * 16, 128), o.codes_row + b * 8, sb8);
         else
 #endif
