@@ -903,15 +903,32 @@ __attribute__((target("avx2"))) inline void nvfp4_chunk_codes_sr_avx2(const Stor
   }
 }
 
-// nvfp4_chunk_codes_sr_avx2 with AVX-512F, one block (sixteen lanes) per step: the same operations.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+// sr_mags8_avx2 with AVX-512F: sixteen lanes, the same operations.
+template <ElemType ET>
+MXQ_INLINE __attribute__((target("avx512f"))) __m512i sr_mags16_avx512(__m512i a, __m512i vlo, __m512i w) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  const __m512i one = _mm512_set1_epi32(1), zero = _mm512_setzero_si512(), v32 = _mm512_set1_epi32(32);
+  const __m512i fld = _mm512_srli_epi32(a, 23);
+  const __m512i E = _mm512_max_epi32(fld, one);
+  const __m512i mant = _mm512_and_si512(a, _mm512_set1_epi32(0x7FFFFF));
+  const __m512i sig = _mm512_mask_or_epi32(mant, _mm512_test_epi32_mask(fld, fld), mant, _mm512_set1_epi32(0x800000));
+  const __m512i up = _mm512_max_epi32(_mm512_sub_epi32(E, vlo), zero);
+  const __m512i sh = _mm512_add_epi32(_mm512_set1_epi32(23 - f.mbits), _mm512_max_epi32(_mm512_sub_epi32(vlo, E), zero));
+  const __m512i t = _mm512_add_epi32(_mm512_slli_epi32(up, f.mbits), _mm512_srlv_epi32(sig, sh));
+  const __m512i rem = _mm512_and_si512(sig, _mm512_sub_epi32(_mm512_sllv_epi32(one, sh), one));
+  const __m512i thr = _mm512_or_si512(_mm512_sllv_epi32(rem, _mm512_sub_epi32(v32, sh)), _mm512_srlv_epi32(rem, _mm512_sub_epi32(sh, v32)));
+  const __mmask16 below = _mm512_cmplt_epu32_mask(w, thr);
+  return _mm512_min_epu32(_mm512_mask_add_epi32(t, below, t, one), _mm512_set1_epi32(int(f.maxcode)));
+}
+
+// nvfp4_chunk_codes_sr_avx2 with AVX-512F, one block (sixteen lanes) per step: the same operations.
 template <DType DT>
 __attribute__((target("avx512f"))) inline void nvfp4_chunk_codes_sr_avx512(const Storage<DT>* s, Nvfp4Chunk& c, const std::uint32_t* rnd) {
   constexpr FloatSpec f = Elem<ElemType::e2m1>::spec;
-  const __m512i vlo = _mm512_set1_epi32(f.emin + 127), one = _mm512_set1_epi32(1), zero = _mm512_setzero_si512(),
-                v32 = _mm512_set1_epi32(32), sh0 = _mm512_set1_epi32(23 - f.mbits), maxc = _mm512_set1_epi32(int(f.maxcode));
+  const __m512i vlo = _mm512_set1_epi32(f.emin + 127);
   for (int j = 0; j < 8; ++j) {
     __m512i xb;
     if constexpr (DT == DType::bf16)
@@ -921,17 +938,7 @@ __attribute__((target("avx512f"))) inline void nvfp4_chunk_codes_sr_avx512(const
     const __m512i xm = _mm512_and_si512(xb, _mm512_set1_epi32(0x7FFFFFFF));
     const __mmask16 nz = _mm512_test_epi32_mask(xm, xm);  // |x| m, 0 stays 0 (m may be infinite)
     const __m512i a = _mm512_maskz_mov_epi32(nz, _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(xm), _mm512_set1_ps(c.m8[j]))));
-    const __m512i fld = _mm512_srli_epi32(a, 23);
-    const __m512i E = _mm512_max_epi32(fld, one);
-    const __m512i sig = _mm512_mask_or_epi32(_mm512_and_si512(a, _mm512_set1_epi32(0x7FFFFF)), _mm512_test_epi32_mask(fld, fld),
-                                             _mm512_and_si512(a, _mm512_set1_epi32(0x7FFFFF)), _mm512_set1_epi32(0x800000));
-    const __m512i up = _mm512_max_epi32(_mm512_sub_epi32(E, vlo), zero);
-    const __m512i sh = _mm512_add_epi32(sh0, _mm512_max_epi32(_mm512_sub_epi32(vlo, E), zero));
-    const __m512i t = _mm512_add_epi32(_mm512_slli_epi32(up, f.mbits), _mm512_srlv_epi32(sig, sh));
-    const __m512i rem = _mm512_and_si512(sig, _mm512_sub_epi32(_mm512_sllv_epi32(one, sh), one));
-    const __m512i thr = _mm512_or_si512(_mm512_sllv_epi32(rem, _mm512_sub_epi32(v32, sh)), _mm512_srlv_epi32(rem, _mm512_sub_epi32(sh, v32)));
-    const __mmask16 below = _mm512_cmplt_epu32_mask(_mm512_loadu_si512(rnd + 16 * j), thr);
-    const __m512i mag = _mm512_min_epu32(_mm512_mask_add_epi32(t, below, t, one), maxc);
+    const __m512i mag = sr_mags16_avx512<ElemType::e2m1>(a, vlo, _mm512_loadu_si512(rnd + 16 * j));
     const __m512i code = _mm512_or_si512(mag, _mm512_and_si512(_mm512_srli_epi32(xb, 28), _mm512_set1_epi32(8)));
     c.codes[2 * j] = _mm512_castsi512_si256(code);
     c.codes[2 * j + 1] = _mm512_extracti64x4_epi64(code, 1);

@@ -150,6 +150,59 @@ __attribute__((target("avx512f"))) void nvfp4_qdq_chunk_sr_avx512(const Storage<
 }
 #endif
 
+#if defined(MXQ_CPU_AVX2)
+// Stochastic QDQ of up to nb consecutive full MX blocks of 32 (an amax rule, not INT8, bf16/fp32) with
+// AVX-512F, straight from x to y: the staged path's arithmetic (the rule's exponent from the block
+// amax, sr_code_unscaled, sr_code_value_bits, the sign) sixteen lanes at a time, the words of the
+// row's elements k0 + 32 j from srw. Returns the blocks done: it stops, writing nothing of it, at a
+// block that is zero, not finite or scaled outside MxFastRange (the caller stages that one).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+template <ElemType ET, DType DT>
+__attribute__((target("avx512f"))) std::int64_t mx_sr_qdq_blocks_avx512(ScaleRule rule, const Storage<DT>* s, std::int64_t nb,
+                                                                      SrWindow& srw, std::int64_t k0, Storage<DT>* y) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  static_assert(!f.twos_complement);
+  const __m512i magmask = _mm512_set1_epi32(0x7FFFFFFF);
+  for (std::int64_t j = 0; j < nb; ++j, s += 32, y += 32) {
+    prefetch_ahead(s, 32);
+    __m512i xb[2], a[2];
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (DT == DType::bf16)
+        xb[h] = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * h))), 16);
+      else
+        xb[h] = _mm512_loadu_si512(s + 16 * h);
+      a[h] = _mm512_and_si512(xb[h], magmask);
+    }
+    const std::uint32_t am = _mm512_reduce_max_epu32(_mm512_max_epu32(a[0], a[1]));
+    if (am == 0 || am >= 0x7F800000u) return j;
+    const int e = mx_scale_exp(rule, u2f(am), 0.0f, f);
+    if (!MxFastRange<ET>::contains(e)) return j;
+    const std::uint32_t* w = srw.at(k0 + 32 * j, 32);
+    const __m512i vlo = _mm512_set1_epi32(f.emin + e + 127);
+    // sr_code_value_bits: a normal code's fields placed in binade lo - 1 + (code >> mbits); a subnormal
+    // code c as (2^(lo-1) (1 + c 2^-mbits) - 2^(lo-1)) 2
+    const std::uint32_t lo1 = std::uint32_t(f.emin + e + 126) << 23;
+    const __m512i vlo1 = _mm512_set1_epi32(int(lo1));
+    for (int h = 0; h < 2; ++h) {
+      const __m512i mag = sr_mags16_avx512<ET>(a[h], vlo, _mm512_loadu_si512(w + 16 * h));
+      const __m512i v = _mm512_add_epi32(vlo1, _mm512_slli_epi32(mag, 23 - f.mbits));
+      const __m512 sub = _mm512_mul_ps(_mm512_sub_ps(_mm512_castsi512_ps(v), _mm512_castsi512_ps(vlo1)), _mm512_set1_ps(2.0f));
+      const __m512i val = _mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(1 << f.mbits)), v, _mm512_castps_si512(sub));
+      if constexpr (DT == DType::f32) {
+        _mm512_storeu_si512(y + 16 * h, _mm512_or_si512(val, _mm512_and_si512(xb[h], _mm512_set1_epi32(int(0x80000000u)))));
+      } else {  // the value has at most 4 significant bits: bf16 is its high half
+        const __m512i o = _mm512_or_si512(_mm512_srli_epi32(val, 16), _mm512_and_si512(_mm512_srli_epi32(xb[h], 16), _mm512_set1_epi32(0x8000)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 16 * h), _mm512_cvtepi32_epi16(o));
+      }
+    }
+  }
+  return nb;
+}
+#pragma GCC diagnostic pop
+#endif
+
 template <ElemType ET, DType DT, int G>
 MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, const NvTables* nv, std::int64_t r,
                          std::int64_t b0, std::int64_t b1) {
@@ -222,8 +275,28 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
     }
   }
 #endif
+#if defined(MXQ_CPU_AVX2)
+  // stochastic rounding of the MX amax rules' full blocks with AVX-512F (not INT8), the rest staged
+  bool sr512 = false;
+  if constexpr (G == 32 && DT != DType::f16 && !f.twos_complement)
+    sr512 = sr && !nv4 && rule != ScaleRule::quest && rule != ScaleRule::qutlass_absmax && cpu_has_avx512();
+  const std::int64_t bfull = std::min<std::int64_t>(b1, p.K / 32);  // (sr512: G = 32)
+#endif
   for (; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
+#if defined(MXQ_CPU_AVX2)
+    if constexpr (G == 32 && DT != DType::f16 && !f.twos_complement) {
+      if (sr512 && b < bfull) {
+        const std::int64_t done =
+            mx_sr_qdq_blocks_avx512<ET, DT>(rule, static_cast<const Storage<DT>*>(x.data) + r * x.stride() + k0, bfull - b, srw, k0,
+                                            static_cast<Storage<DT>*>(yrow) + k0);
+        if (done > 0) {
+          b += done - 1;
+          continue;
+        }
+      }
+    }
+#endif
     if constexpr (G != 0 && DT != DType::f16) {
       if (direct && n == G) {
         prefetch_ahead(static_cast<const Storage<DT>*>(x.data) + r * x.stride() + k0, G);
