@@ -142,6 +142,55 @@ MXQ_INLINE bool mx_blocks8_direct(const core::AmaxRule& k, const Storage<DT>* s,
   return true;
 }
 
+#if defined(MXQ_CPU_AVX2)
+// Stochastic quantize of up to nb consecutive full MX blocks of 32 (an amax rule, not INT8, bf16/fp32)
+// with AVX-512F, straight from the source: the staged path's arithmetic (the rule's exponent from the
+// block amax, sign_code of sr_code_unscaled via sr_mags16_avx512) sixteen lanes at a time, the words
+// of the row's elements k0 + 32 j from srw; codes to d (packed as store_codes), scale bytes to sb.
+// Returns the blocks done: it stops, writing nothing of it, at a block that is zero, not finite or
+// scaled outside MxFastRange (the caller takes that one and the rest by the other paths).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+template <ElemType ET, DType DT>
+__attribute__((target("avx512f"))) std::int64_t mx_sr_quantize_blocks_avx512(ScaleRule rule, const Storage<DT>* s, std::int64_t nb,
+                                                                           SrWindow& srw, std::int64_t k0, std::uint8_t* d,
+                                                                           std::uint8_t* sb) {
+  constexpr FloatSpec f = Elem<ET>::spec;
+  static_assert(!f.twos_complement);
+  constexpr int cpb = f.bits == 4 ? 16 : 32;  // code bytes per block
+  const __m512i magmask = _mm512_set1_epi32(0x7FFFFFFF);
+  for (std::int64_t j = 0; j < nb; ++j, s += 32, d += cpb) {
+    prefetch_ahead(s, 32);
+    __m512i xb[2], a[2];
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (DT == DType::bf16)
+        xb[h] = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * h))), 16);
+      else
+        xb[h] = _mm512_loadu_si512(s + 16 * h);
+      a[h] = _mm512_and_si512(xb[h], magmask);
+    }
+    const std::uint32_t am = _mm512_reduce_max_epu32(_mm512_max_epu32(a[0], a[1]));
+    if (am == 0 || am >= 0x7F800000u) return j;
+    const int e = mx_scale_exp(rule, u2f(am), 0.0f, f);
+    if (!MxFastRange<ET>::contains(e)) return j;
+    const std::uint32_t* w = srw.at(k0 + 32 * j, 32);
+    const __m512i vlo = _mm512_set1_epi32(f.emin + e + 127);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i mag = sr_mags16_avx512<ET>(a[h], vlo, _mm512_loadu_si512(w + 16 * h));
+      const __m512i code = _mm512_or_si512(mag, _mm512_slli_epi32(_mm512_srli_epi32(xb[h], 31), f.bits - 1));
+      if constexpr (f.bits == 4)  // element 2i in the low nibble: each 64-bit lane's two codes to one byte
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(d + 8 * h), _mm512_cvtepi64_epi8(_mm512_or_si512(code, _mm512_srli_epi64(code, 28))));
+      else
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16 * h), _mm512_cvtepi32_epi8(code));
+    }
+    sb[j] = static_cast<std::uint8_t>(e + kE8M0Bias);
+  }
+  return nb;
+}
+#pragma GCC diagnostic pop
+#endif
+
 // mx_blocks8_direct's instance for quest's statistics (quest non-null) and stochastic rounding's words
 // (rnd non-null; never for INT8).
 template <ElemType ET, DType DT>
@@ -240,6 +289,23 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
     bool quest8 = false;
 #if defined(MXQ_CPU_AVX2)
     quest8 = rule == ScaleRule::quest && cpu_has_avx2();
+#endif
+#if defined(MXQ_CPU_AVX2)
+    if constexpr (!f.twos_complement) {  // stochastic rounding of the amax rules with AVX-512F
+      if (sr && direct8 && !o.mask_row && rule != ScaleRule::quest && cpu_has_avx512()) {
+        const Storage<DT>* row =
+            reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
+        constexpr int cpb = f.bits == 4 ? 16 : 32;
+        const std::int64_t bfull = std::min<std::int64_t>(b1, p.K / 32);
+        if (b < bfull) {
+          std::uint8_t sbuf[kTileBlocks];
+          const std::int64_t done =
+              mx_sr_quantize_blocks_avx512<ET, DT>(rule, row + b * 32, bfull - b, srw, b * 32, o.codes_row + b * cpb, sbuf);
+          store_scales(p, o.scales, o.scale_stride, r, b, sbuf, done);
+          b += done;
+        }
+      }
+    }
 #endif
     if (direct8 && !o.mask_row && (rule != ScaleRule::quest || quest8)) {
       const core::AmaxRule k = core::amax_rule(rule, f);
