@@ -488,4 +488,76 @@ TEST(FastStochastic, PhiloxFormsMatchTheCodec) {
     }
   EXPECT_EQ(bad, 0);
 }
+
+// The SIMD forms of sr_code_unscaled (sr_mags8_avx2; sr_mags16_avx512 where the CPU has AVX-512F),
+// which the NVFP4 and MX stochastic-rounding paths use, against core::sr_code_unscaled lane by lane:
+// every element format but INT8, scale exponents across MxFastRange (the ends included), every
+// exponent field 0..255 (255 read as +Inf: an NVFP4 product can overflow), mantissas 0, 1, the
+// largest and random ones, and comparison words at the threshold, just below it, 0, ~0 and random.
+template <ElemType ET>
+__attribute__((target("avx2"))) void sr_mags_avx2_lanes(const std::uint32_t* a, int lo, const std::uint32_t* w, std::uint32_t* out) {
+  const __m256i r = mxq::cpu::sr_mags8_avx2<ET>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)), _mm256_set1_epi32(lo),
+                                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), r);
+}
+template <ElemType ET>
+__attribute__((target("avx512f"))) void sr_mags_avx512_lanes(const std::uint32_t* a, int lo, const std::uint32_t* w, std::uint32_t* out) {
+  _mm512_storeu_si512(out, mxq::cpu::sr_mags16_avx512<ET>(_mm512_loadu_si512(a), _mm512_set1_epi32(lo), _mm512_loadu_si512(w)));
+}
+template <ElemType ET>
+long sr_mags_mismatches(std::mt19937& rng) {
+  constexpr core::FloatSpec f = core::Elem<ET>::spec;
+  const bool avx512 = mxq::cpu::cpu_has_avx512();
+  long bad = 0;
+  std::vector<int> es = {core::MxFastRange<ET>::lo, core::MxFastRange<ET>::hi, 0};
+  for (int k = 0; k < 6; ++k) es.push_back(core::MxFastRange<ET>::lo + int(rng() % std::uint32_t(core::MxFastRange<ET>::hi - core::MxFastRange<ET>::lo + 1)));
+  for (int e : es) {
+    const int lo = f.emin + e + 127;
+    for (std::uint32_t fld = 0; fld < 256; ++fld) {
+      alignas(64) std::uint32_t a[16], w[16], o8[16], o16[16];
+      for (int rep = 0; rep < 2; ++rep) {
+        for (int i = 0; i < 16; ++i) {
+          const std::uint32_t m = fld == 255 ? 0u : (i == 0 ? 0u : (i == 1 ? 1u : (i == 2 ? 0x7FFFFFu : std::uint32_t(rng()) & 0x7FFFFFu)));
+          a[i] = (fld << 23) | m;
+          // the word: at the threshold, just below, 0, ~0 or random (the threshold from the codec:
+          // the smallest word that does not round up, found from the codec's result at word 0 and ~0)
+          const std::uint32_t up0 = core::sr_code_unscaled<ET>(a[i], e, 0u), upmax = core::sr_code_unscaled<ET>(a[i], e, ~0u);
+          std::uint32_t word = std::uint32_t(rng());
+          if (up0 != upmax) {  // a threshold exists: binary search it
+            std::uint32_t lo_w = 0, hi_w = ~0u;
+            while (hi_w - lo_w > 1) {
+              const std::uint32_t mid = lo_w + (hi_w - lo_w) / 2;
+              (core::sr_code_unscaled<ET>(a[i], e, mid) == up0 ? lo_w : hi_w) = mid;
+            }
+            const int pick = (i + rep) % 4;
+            word = pick == 0 ? hi_w : (pick == 1 ? lo_w : (pick == 2 ? 0u : ~0u));
+          }
+          w[i] = word;
+        }
+        sr_mags_avx2_lanes<ET>(a, lo, w, o8);
+        sr_mags_avx2_lanes<ET>(a + 8, lo, w + 8, o8 + 8);
+        if (avx512) sr_mags_avx512_lanes<ET>(a, lo, w, o16);
+        for (int i = 0; i < 16; ++i) {
+          const std::uint32_t want = core::sr_code_unscaled<ET>(a[i], e, w[i]);
+          for (int form = 0; form < (avx512 ? 2 : 1); ++form) {
+            const std::uint32_t got = form ? o16[i] : o8[i];
+            if (got != want && bad++ < 5)
+              ADD_FAILURE() << (form ? "avx512" : "avx2") << " " << to_string(ET) << " e " << e << " x bits " << std::hex << a[i]
+                            << " word " << w[i] << ": got " << got << " want " << want;
+          }
+        }
+      }
+    }
+  }
+  return bad;
+}
+TEST(FastStochastic, SimdCodeFormsMatchTheCodec) {
+  if (!mxq::cpu::cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU (or MXQ_CPU_NO_AVX2 set)";
+  std::mt19937 rng(41);
+  EXPECT_EQ(sr_mags_mismatches<ElemType::e2m1>(rng), 0);
+  EXPECT_EQ(sr_mags_mismatches<ElemType::e2m3>(rng), 0);
+  EXPECT_EQ(sr_mags_mismatches<ElemType::e3m2>(rng), 0);
+  EXPECT_EQ(sr_mags_mismatches<ElemType::e4m3>(rng), 0);
+  EXPECT_EQ(sr_mags_mismatches<ElemType::e5m2>(rng), 0);
+}
 #endif

@@ -100,8 +100,9 @@ void parallel_tiles(std::int64_t rows, std::int64_t nblocks, F&& f) {
 constexpr int kPrefetchAhead = 512;
 template <class T>
 MXQ_INLINE void prefetch_ahead(const T* p, int n) {
-  const char* a = reinterpret_cast<const char*>(p + kPrefetchAhead);
-  for (int l = 0; l < n * int(sizeof(T)); l += 64) __builtin_prefetch(a + l, 0, 3);
+  // the address as an integer: past the array's end a pointer could not be formed
+  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p) + kPrefetchAhead * sizeof(T);
+  for (int l = 0; l < n * int(sizeof(T)); l += 64) __builtin_prefetch(reinterpret_cast<const void*>(a + std::uintptr_t(l)), 0, 3);
 }
 // G is the group size when known at compile time (0: use g). DT is the input dtype.
 template <DType DT, int G>

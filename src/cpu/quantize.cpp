@@ -283,6 +283,13 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
   const bool direct = !nv4 && !sr && G != 0 && DT != DType::f16 && rule != ScaleRule::qutlass_absmax;
   const bool direct8 = !nv4 && (!sr || !f.twos_complement) && G != 0 && DT != DType::f16 && rule != ScaleRule::qutlass_absmax;
   std::int64_t b = b0;
+  // stochastic rounding of the MX amax rules' full blocks with AVX-512F (not INT8), block runs taken in
+  // the loop below, the rest staged
+  bool sr512 = false;
+#if defined(MXQ_CPU_AVX2)
+  if constexpr (G == 32 && DT != DType::f16 && !f.twos_complement)
+    sr512 = sr && direct8 && !o.mask_row && rule != ScaleRule::quest && cpu_has_avx512();
+#endif
   if constexpr (G == 32 && DT != DType::f16) {
     // MX full blocks, eight at a time where all eight are plain (quest: where its statistics are
     // computed eight blocks at a time)
@@ -290,24 +297,7 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
 #if defined(MXQ_CPU_AVX2)
     quest8 = rule == ScaleRule::quest && cpu_has_avx2();
 #endif
-#if defined(MXQ_CPU_AVX2)
-    if constexpr (!f.twos_complement) {  // stochastic rounding of the amax rules with AVX-512F
-      if (sr && direct8 && !o.mask_row && rule != ScaleRule::quest && cpu_has_avx512()) {
-        const Storage<DT>* row =
-            reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
-        constexpr int cpb = f.bits == 4 ? 16 : 32;
-        const std::int64_t bfull = std::min<std::int64_t>(b1, p.K / 32);
-        if (b < bfull) {
-          std::uint8_t sbuf[kTileBlocks];
-          const std::int64_t done =
-              mx_sr_quantize_blocks_avx512<ET, DT>(rule, row + b * 32, bfull - b, srw, b * 32, o.codes_row + b * cpb, sbuf);
-          store_scales(p, o.scales, o.scale_stride, r, b, sbuf, done);
-          b += done;
-        }
-      }
-    }
-#endif
-    if (direct8 && !o.mask_row && (rule != ScaleRule::quest || quest8)) {
+    if (direct8 && !o.mask_row && (rule != ScaleRule::quest || quest8) && !sr512) {
       const core::AmaxRule k = core::amax_rule(rule, f);
       const Storage<DT>* row =
           reinterpret_cast<const Storage<DT>*>(static_cast<const char*>(x.data) + r * x.stride() * dtype_size(DT));
@@ -378,6 +368,23 @@ MXQ_CLONES void quantize_tile(const Problem& p, const Tensor& x, const Outs& o, 
   std::int64_t qa_b = -8;
   for (; b < b1; ++b) {
     const std::int64_t k0 = b * p.g, n = std::min<std::int64_t>(p.g, p.K - k0);
+#if defined(MXQ_CPU_AVX2)
+    if constexpr (G == 32 && DT != DType::f16 && !f.twos_complement) {
+      const std::int64_t bfull = std::min<std::int64_t>(b1, p.K / 32);
+      if (sr512 && b < bfull) {
+        constexpr int cpb = f.bits == 4 ? 16 : 32;
+        std::uint8_t sbuf[kTileBlocks];
+        const std::int64_t done =
+            mx_sr_quantize_blocks_avx512<ET, DT>(rule, static_cast<const Storage<DT>*>(x.data) + r * x.stride() + k0, bfull - b, srw, k0,
+                                                 o.codes_row + b * cpb, sbuf);
+        if (done > 0) {
+          store_scales(p, o.scales, o.scale_stride, r, b, sbuf, done);
+          b += done - 1;
+          continue;
+        }
+      }
+    }
+#endif
     std::uint8_t sb;
     if constexpr (G != 0 && DT != DType::f16) {
       if (direct && n == G) {
