@@ -548,6 +548,23 @@ __attribute__((target("avx2"))) inline void nvfp4_store16_avx2(__m256i t, __m256
   }
 }
 
+// Eight (AVX2) or sixteen (AVX-512F) elements of bf16/fp32 storage from p as their fp32 bits (bf16:
+// the high half, an exact widening).
+template <DType DT>
+MXQ_INLINE __attribute__((target("avx2"))) __m256i load8_bits_avx2(const Storage<DT>* p) {
+  if constexpr (DT == DType::f32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  else return _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+}
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+template <DType DT>
+MXQ_INLINE __attribute__((target("avx512f"))) __m512i load16_bits_avx512(const Storage<DT>* p) {
+  if constexpr (DT == DType::f32) return _mm512_loadu_si512(p);
+  else return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+}
+#pragma GCC diagnostic pop
+
 // The eight vectors' 8 x 8 transpose (element i of vector j to element j of vector i).
 MXQ_INLINE __attribute__((target("avx2"))) void transpose8_avx2(__m256 (&r)[8]) {
   __m256 t[8], u[8];
@@ -598,10 +615,7 @@ __attribute__((target("avx2"))) inline __m256 quest_args8_avx2_form(const Storag
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       const Storage<DT>* p = s + G * j + 8 * c;
-      if constexpr (DT == DType::f32)
-        r[j] = _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-      else
-        r[j] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+      r[j] = _mm256_castsi256_ps(load8_bits_avx2<DT>(p));
     }
     transpose8_avx2(r);
 #pragma GCC unroll 8
@@ -680,10 +694,7 @@ __attribute__((target("avx512f"))) inline __m256 quest_args8_avx512(const Storag
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       const Storage<DT>* p = s + G * j + 16 * h;
-      if constexpr (DT == DType::f32)
-        v[h][j] = _mm512_loadu_ps(reinterpret_cast<const float*>(p));
-      else
-        v[h][j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+      v[h][j] = _mm512_castsi512_ps(load16_bits_avx512<DT>(p));
     }
     transpose8x2_avx512(v[h]);
   }
@@ -745,11 +756,7 @@ __attribute__((target("avx2"))) inline void nvfp4_elements_avx2(const Storage<DT
   for (int j = 0; j < 8; ++j) {
     const __m256 m = _mm256_set1_ps(c.m8[j]);
     for (int h = 0; h < 2; ++h) {
-      __m256i xb;
-      if constexpr (DT == DType::bf16)
-        xb = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16 * j + 8 * h))), 16);
-      else
-        xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * j + 8 * h));
+      const __m256i xb = load8_bits_avx2<DT>(s + 16 * j + 8 * h);
       const __m256i xm = _mm256_and_si256(xb, magmask);
       __m256 prod = _mm256_mul_ps(_mm256_castsi256_ps(xm), m);
       if constexpr (ZERO) prod = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(xm, _mm256_setzero_si256())), prod);
@@ -890,11 +897,7 @@ __attribute__((target("avx2"))) inline void nvfp4_chunk_codes_sr_avx2(const Stor
   for (int j = 0; j < 8; ++j) {
     const __m256 m = _mm256_set1_ps(c.m8[j]);
     for (int h = 0; h < 2; ++h) {
-      __m256i xb;
-      if constexpr (DT == DType::bf16)
-        xb = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16 * j + 8 * h))), 16);
-      else
-        xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * j + 8 * h));
+      const __m256i xb = load8_bits_avx2<DT>(s + 16 * j + 8 * h);
       const __m256i xm = _mm256_and_si256(xb, magmask);
       const __m256i xz = _mm256_cmpeq_epi32(xm, zero);
       const __m256i p = _mm256_andnot_si256(xz, _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(xm), m)));  // |x| m, 0 stays 0
@@ -925,17 +928,30 @@ MXQ_INLINE __attribute__((target("avx512f"))) __m512i sr_mags16_avx512(__m512i a
   return _mm512_min_epu32(_mm512_mask_add_epi32(t, below, t, one), _mm512_set1_epi32(int(f.maxcode)));
 }
 
+// One full MX block of 32 (bf16/fp32) for the AVX-512F stochastic-rounding runs (quantize and QDQ):
+// its elements' fp32 bits xb and magnitudes a, and its scale exponent e, the rule's of the block amax
+// (the staged path's mx_scale_exp). False where the block is zero, not finite or scaled outside
+// MxFastRange, which those runs leave to the staged path.
+template <ElemType ET, DType DT>
+MXQ_INLINE __attribute__((target("avx512f"))) bool mx_sr_block_avx512(ScaleRule rule, const Storage<DT>* s, __m512i (&xb)[2],
+                                                                      __m512i (&a)[2], int& e) {
+  for (int h = 0; h < 2; ++h) {
+    xb[h] = load16_bits_avx512<DT>(s + 16 * h);
+    a[h] = _mm512_and_si512(xb[h], _mm512_set1_epi32(0x7FFFFFFF));
+  }
+  const std::uint32_t am = _mm512_reduce_max_epu32(_mm512_max_epu32(a[0], a[1]));
+  if (am == 0 || am >= 0x7F800000u) return false;
+  e = mx_scale_exp(rule, u2f(am), 0.0f, Elem<ET>::spec);
+  return MxFastRange<ET>::contains(e);
+}
+
 // nvfp4_chunk_codes_sr_avx2 with AVX-512F, one block (sixteen lanes) per step: the same operations.
 template <DType DT>
 __attribute__((target("avx512f"))) inline void nvfp4_chunk_codes_sr_avx512(const Storage<DT>* s, Nvfp4Chunk& c, const std::uint32_t* rnd) {
   constexpr FloatSpec f = Elem<ElemType::e2m1>::spec;
   const __m512i vlo = _mm512_set1_epi32(f.emin + 127);
   for (int j = 0; j < 8; ++j) {
-    __m512i xb;
-    if constexpr (DT == DType::bf16)
-      xb = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * j))), 16);
-    else
-      xb = _mm512_loadu_si512(s + 16 * j);
+    const __m512i xb = load16_bits_avx512<DT>(s + 16 * j);
     const __m512i xm = _mm512_and_si512(xb, _mm512_set1_epi32(0x7FFFFFFF));
     const __mmask16 nz = _mm512_test_epi32_mask(xm, xm);  // |x| m, 0 stays 0 (m may be infinite)
     const __m512i a = _mm512_maskz_mov_epi32(nz, _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(xm), _mm512_set1_ps(c.m8[j]))));

@@ -164,21 +164,11 @@ __attribute__((target("avx512f"))) std::int64_t mx_sr_qdq_blocks_avx512(ScaleRul
                                                                       SrWindow& srw, std::int64_t k0, Storage<DT>* y) {
   constexpr FloatSpec f = Elem<ET>::spec;
   static_assert(!f.twos_complement);
-  const __m512i magmask = _mm512_set1_epi32(0x7FFFFFFF);
   for (std::int64_t j = 0; j < nb; ++j, s += 32, y += 32) {
     prefetch_ahead(s, 32);
     __m512i xb[2], a[2];
-    for (int h = 0; h < 2; ++h) {
-      if constexpr (DT == DType::bf16)
-        xb[h] = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * h))), 16);
-      else
-        xb[h] = _mm512_loadu_si512(s + 16 * h);
-      a[h] = _mm512_and_si512(xb[h], magmask);
-    }
-    const std::uint32_t am = _mm512_reduce_max_epu32(_mm512_max_epu32(a[0], a[1]));
-    if (am == 0 || am >= 0x7F800000u) return j;
-    const int e = mx_scale_exp(rule, u2f(am), 0.0f, f);
-    if (!MxFastRange<ET>::contains(e)) return j;
+    int e;
+    if (!mx_sr_block_avx512<ET, DT>(rule, s, xb, a, e)) return j;
     const std::uint32_t* w = srw.at(k0 + 32 * j, 32);
     const __m512i vlo = _mm512_set1_epi32(f.emin + e + 127);
     // sr_code_value_bits: a normal code's fields placed in binade lo - 1 + (code >> mbits); a subnormal
