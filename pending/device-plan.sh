@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device plan of pending/README.md: run through the device tool (timeout_s 480) on a branch with
-# pending/gpu-matrix-python.patch and pending/multi-gpu-engine.patch applied; logs under $OUT.
+# pending/gpu-matrix-rotation.patch and pending/multi-gpu-engine.patch applied; logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 L=$OUT/log.txt; : > $L; mkdir -p $OUT/logs
