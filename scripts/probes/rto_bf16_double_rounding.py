@@ -3,7 +3,7 @@
 The rotated CUDA kernels quantize fp32 values (the butterfly's output) through the fp32 chunk code;
 the plain kernels' bf16 pair code is shorter. Round-to-odd to bf16 (truncate, then set the last bit
 when anything was dropped) keeps 8 significant bits, at least two more than any MX element format
-below bf16 (E2M1 1, E2M3 3, E4M3 3, E5M2 2 mantissa bits), so a round to nearest even after it gives
+below bf16 (E2M1 2, E5M2 3, E2M3 and E4M3 4 significant bits), so a round to nearest even after it gives
 the direct rounding's result (double rounding through round-to-odd is exact), and it keeps every
 comparison with a value of at most 7 significant bits (the amax rules' thresholds, the clip limit).
 This checks it through the library: quantize(x) == quantize(rto_bf16(x)), codes and scale bytes, for
