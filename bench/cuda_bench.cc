@@ -229,6 +229,30 @@ int run(int argc, char** argv) {
     quant_row("mxfp4", rot(mxfp4, had, 256), "even, swizzled, had256");
     quant_row("nvfp4", rot(nv_given, had, 32), "given S, swizzled, had32");
     quant_row("nvfp4", rot(nv_given, had, 128), "given S, swizzled, had128");
+
+    // A runtime matrix (Rotation::matrix; bf16 R in device memory, its own inverse here: the normalised
+    // Hadamard matrix rounded to bf16): the same byte model, plus 2 RS FP64 flops per element on the
+    // FP64 tensor cores (at RS = 128 about 1 ms of the H200's 67 TFLOP/s for 32768 x 8192).
+    std::vector<DeviceBuffer> mats;
+    auto mat = [&](mxq::QuantOptions o, int rs) {
+      std::vector<std::uint16_t> h(std::size_t(rs) * rs);
+      for (int i = 0; i < rs; ++i)
+        for (int j = 0; j < rs; ++j)
+          h[std::size_t(i) * rs + j] = mxq::f32_to_bf16(float(((__builtin_popcount(unsigned(i & j)) & 1) ? -1.0 : 1.0) / std::sqrt(double(rs))));
+      mats.emplace_back(h.size() * 2);
+      mats.back().upload(h.data(), h.size() * 2);
+      o.rotation = mxq::Rotation::matrix;
+      o.rotation_size = rs;
+      o.rotation_matrix = o.rotation_inverse = mxq::Tensor::of(mats.back().get(), mxq::DType::bf16, rs, rs, 0, mxq::Device::cuda);
+      return o;
+    };
+    mats.reserve(8);
+    qdq_row("mxfp4", mat(mxfp4, 32), "even, matrix32");
+    qdq_row("mxfp4", mat(mxfp4, 128), "even, matrix128");
+    qdq_row("mxfp4", mat(mxfp4, 256), "even, matrix256");
+    qdq_row("nvfp4", mat(nv_given, 128), "given S, matrix128");
+    quant_row("mxfp4", mat(mxfp4, 128), "even, swizzled, matrix128");
+    quant_row("nvfp4", mat(nv_given, 128), "given S, swizzled, matrix128");
   }
 
   // The vllm-qdq-plugin's benchmark shape (its CuTe kernel: 88 us for MXFP4 QDQ of [1024, 4096] bf16

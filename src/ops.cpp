@@ -163,10 +163,25 @@ void plan_tensor_scale(const Checker& c, Problem& p, const Tensor& x, Backend b,
 
 // The CUDA backend rotates in its kernels, a rotation group over at most 32 lanes of 8 or 16 elements:
 // groups of 2 and 4 elements (chunks of 2) are refused there.
-void check_rotation_on_cuda(const Checker& c, const Problem& p, Backend b) {
-  if (b == Backend::cuda && p.opt.rotation == Rotation::matrix)
-    c.unsupported("option 'rotation' = matrix on the CUDA backend: the matrix rotation runs on the CPU backends in this "
-                  "version (the Hadamard rotations run on the GPU)");
+// The matrix of Rotation::matrix that the op reads (R for quantize, qdq and tensor_amax; R^-1 for
+// dequantize: `inverse`) is read where the backend runs: host memory for the CPU backends, device memory
+// of the current device for the CUDA backend. The other one is not read and not checked.
+void check_rotation_on_cuda(const Checker& c, const Problem& p, Backend b, bool inverse) {
+  const Tensor& m = inverse ? p.opt.rotation_inverse : p.opt.rotation_matrix;
+  const char* arg = inverse ? "rotation_inverse" : "rotation_matrix";
+  if (p.opt.rotation == Rotation::matrix && m.data) {
+    if (b != Backend::cuda && m.device != Device::cpu)
+      c.fail(std::string("option '") + arg + "': in GPU memory, but the " + std::string(to_string(b)) +
+             " backend reads it from host memory (the data is on the host)");
+#if defined(MXQ_HAVE_CUDA)
+    if (b == Backend::cuda) {
+      if (m.device != Device::cuda)
+        c.fail(std::string("option '") + arg + "': in host memory, but the CUDA backend reads it from device memory " +
+               "(copy the matrix to the data's GPU)");
+      cuda::check_device_pointer(c.fn(), arg, m.data);
+    }
+#endif
+  }
   if (b == Backend::cuda && p.opt.rotation != Rotation::none && p.g < 8)
     c.unsupported("option 'rotation' with group_size = " + std::to_string(p.g) +
                   " on the CUDA backend: rotations there need groups of 8 or more elements (the CPU backends take any)");
@@ -185,6 +200,13 @@ void check_rotation_inverse(const Checker& c, const QuantOptions& opt) {
            "orthogonal R)");
 }
 
+// Rotation::matrix: the matrix the op reads is one of its inputs for the overlap check (a matrix sharing
+// memory with an output would be read while the GPU writes it).
+void record_matrix(Checker& c, const QuantOptions& opt, bool inverse) {
+  const Tensor& m = inverse ? opt.rotation_inverse : opt.rotation_matrix;
+  if (opt.rotation == Rotation::matrix && m.data) c.record(inverse ? "rotation_inverse" : "rotation_matrix", m, false);
+}
+
 // The input the backend quantizes: x itself, or (a rotation on a CPU backend) x rotated into buf
 // (fp32). The CUDA backend rotates in its kernels.
 // An fp32 scratch buffer for the CPU rotation paths, not zero-filled (every element is written before
@@ -194,7 +216,7 @@ using Scratch = std::unique_ptr<float[]>;
 Tensor rotated_input(const Checker& c, const Problem& p, const Tensor& x, Backend b, Scratch& buf) {
   if (p.opt.rotation == Rotation::none) return x;
   check_rotation_matrix(c, p.opt);
-  check_rotation_on_cuda(c, p, b);
+  check_rotation_on_cuda(c, p, b, false);
   if (p.empty || b == Backend::cuda) return x;
   buf.reset(new float[std::size_t(p.rows * p.K)]);
   cpu::rotate_rows(x, buf.get(), p.opt, false);
@@ -227,6 +249,7 @@ void quantize(const Tensor& x, const QuantizedOut& out, const QuantOptions& opt)
   c.record("codes", out.codes, true);
   c.record("scales", out.scales, true);
   if (out.clip_mask.data) c.record("clip_mask", out.clip_mask, true);
+  record_matrix(c, opt, false);
   c.no_overlap();
   const Backend b = choose("quantize", &opt, x,
                            {{"x", x.data}, {"codes", out.codes.data}, {"scales", out.scales.data},
@@ -263,10 +286,11 @@ void dequantize(const QuantizedIn& q, const Tensor& y, const QuantOptions& opt) 
   c.record("codes", q.codes, false);
   c.record("scales", q.scales, false);
   c.record("y", y, true);
+  record_matrix(c, opt, true);
   c.no_overlap();
   const Backend b = choose("dequantize", &opt, y, {{"codes", q.codes.data}, {"scales", q.scales.data}, {"y", y.data}}, opt.backend);
   if (opt.rotation != Rotation::none) {  // dequantize into fp32, un-rotate, round to y's dtype
-    check_rotation_on_cuda(c, p, b);
+    check_rotation_on_cuda(c, p, b, true);
     check_rotation_inverse(c, opt);
     if (p.empty) return;
 #if defined(MXQ_HAVE_CUDA)
@@ -297,11 +321,11 @@ void qdq(const Tensor& x, const Tensor& y, const QuantOptions& opt) {
   c.view("y", y, x.dtype, x.rows, x.cols);
   c.same_device("y", y, x.device);
   const bool in_place = y.data == x.data && y.stride() == x.stride();
-  if (!in_place) {
-    c.record("x", x, false);
-    c.record("y", y, true);
-    c.no_overlap();
-  }
+  // the matrix is an input like x: it must not overlap y, in place or not
+  if (!in_place) c.record("x", x, false);
+  c.record("y", y, true);
+  record_matrix(c, opt, false);
+  c.no_overlap();
   const Backend b = choose("qdq", &opt, x, {{"x", x.data}, {"y", y.data}, {"workspace", opt.workspace}}, opt.backend);
   if (opt.rotation != Rotation::none) {  // QDQ of the rotated fp32 tensor (exact in fp32), rounded to y's dtype
     Scratch rot;
@@ -395,6 +419,7 @@ float tensor_amax(const Tensor& x, const QuantOptions& opt) {
   const Problem p = core::make_problem(c, opt, x.rows, x.cols);
   check_rotation_matrix(c, opt);
   const Backend b = choose("tensor_amax", &opt, x, {{"x", x.data}}, opt.backend);
+  check_rotation_on_cuda(c, p, b, false);
   if (b == Backend::cuda)
     c.unsupported("tensor_amax with option 'rotation' on the CUDA backend: the CPU backends only in this version");
   if (p.empty) return 0.0f;

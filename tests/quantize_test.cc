@@ -163,7 +163,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, EdgeBlocks, testing::ValuesIn(th::backends())
 TEST(StochasticOffsets, IndicesWrapPast2To64AsTheReference) {
   const std::int64_t R = 3, K = 576;
   const th::HostTensor x = th::llm_like(DType::bf16, R, K, 31);
-  for (std::uint64_t back : {std::uint64_t(32), std::uint64_t(5), std::uint64_t(700), std::uint64_t(1)})
+  // (4: a CUDA chunk of 16 aligned to a Philox call of 4 words straddles the wrap)
+  for (std::uint64_t back : {std::uint64_t(32), std::uint64_t(5), std::uint64_t(700), std::uint64_t(1), std::uint64_t(4)})
     for (int bits : {32, 16, 8})
       for (QuantOptions o : {QuantOptions::mx(Format::mxfp4, ScaleRule::even), QuantOptions::nvfp4(2.0f)}) {
         o.rounding = Rounding::stochastic;
@@ -183,6 +184,16 @@ TEST(StochasticOffsets, IndicesWrapPast2To64AsTheReference) {
         qdq(x.view(), yr.view(), oref);
         qdq(x.view(), yc.view(), ocpu);
         th::expect_same_bytes(yr, yc, "qdq");
+        if (!th::unusable(Backend::cuda).empty()) continue;
+        th::Scalar ws(Backend::cuda);
+        const QuantOptions og = th::on(Backend::cuda, o, ws);
+        th::Placed xd(Backend::cuda, x), yd(Backend::cuda, yc);
+        th::PlacedQuantized qd(Backend::cuda, og, R, K);
+        quantize(xd.view(), qd.out(), og);
+        th::expect_same_bytes(qr.codes, qd.codes.get(), "cuda codes");
+        th::expect_same_bytes(qr.scales, qd.scales.get(), "cuda scales");
+        qdq(xd.view(), yd.view(), og);
+        th::expect_same_bytes(yr, yd.get(), "cuda qdq");
       }
 }
 

@@ -3,6 +3,7 @@
 // bytes, the fast CPU path against the reference, the inverse, the SQNR it buys on outlier data, and
 // the refusals; the CUDA backend's bytes against the reference.
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -418,6 +419,18 @@ TEST(RotationMatrix, RefusalsNameTheOption) {
   EXPECT_NE(error_of([&] { quantize(x.view(), q.out(), inv_only); }).find("option 'rotation_matrix': missing"), std::string::npos);
   EXPECT_NE(error_of([&] { tensor_amax(x.view(), inv_only); }).find("option 'rotation_matrix': missing"), std::string::npos);
   EXPECT_EQ(to_string(Rotation::matrix), "matrix");
+  // the matrix is an input: sharing memory with the output is refused, in place too
+  th::HostTensor yf(DType::f32, 64, 128);
+  QuantOptions alias = with_matrix(mx, 32, m, nullptr);
+  alias.rotation_matrix = Tensor::of(yf.view().data, DType::f32, 32, 32);
+  const th::HostTensor xf = th::llm_like(DType::f32, 64, 128, 2);
+  EXPECT_NE(error_of([&] { qdq(xf.view(), yf.view(), alias); }).find("rotation_matrix"), std::string::npos);
+  EXPECT_NE(error_of([&] { qdq(yf.view(), yf.view(), alias); }).find("rotation_matrix"), std::string::npos);
+  // a device matrix on a CPU backend: refused naming it (CudaRotationMatrixOptions: with a GPU)
+  QuantOptions dev = with_matrix(mx, 32, m, nullptr);
+  dev.rotation_matrix.device = Device::cuda;
+  const std::string on_dev = qdq_error(dev);
+  EXPECT_NE(on_dev.find("option 'rotation_matrix': in GPU memory"), std::string::npos) << on_dev;
 }
 
 // The CUDA backend against the reference, bytes: quantize (codes, scales, clip mask, S), qdq and
@@ -644,6 +657,259 @@ TEST(CudaRotation, RefusesGroupsBelowEight) {
     EXPECT_EQ(e.code(), Error::Code::unsupported);
     EXPECT_NE(std::string(e.what()).find("group_size = 4"), std::string::npos) << e.what();
   }
+}
+
+// A matrix whose double sums depend on their order on rows of one repeated value (constant_rows):
+// column j holds +2^30 in row j and -2^30 in row (j + RS/2) mod RS, which cancel exactly there, and
+// small entries +-m 2^e elsewhere (m of 8 bits, e in [-30, -20]): in increasing i the small products
+// added between the two large ones fall below the last bit of the running sum, in another order
+// others do, so the fp32 result depends on the order. Not a rotation; the library applies what it is
+// given.
+std::vector<float> wide_matrix(int rs, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> e(-30, -20), m(128, 255), s(0, 1);
+  std::vector<float> w(std::size_t(rs) * rs);
+  for (float& v : w) v = std::ldexp(float(m(rng)) / 128.0f, e(rng)) * (s(rng) ? -1.0f : 1.0f);
+  for (int j = 0; j < rs; ++j) {
+    w[std::size_t(j) * rs + j] = 0x1p30f;
+    w[std::size_t((j + rs / 2) % rs) * rs + j] = -0x1p30f;
+  }
+  return w;
+}
+// Rows 0 and 1 of x set to one repeated value each (1 and -2.5), where wide_matrix's sums cancel, and
+// (with more than 3 rows) rows 2 and 3 to +0 and -0: every sum of signed zero products, which starts
+// from +0 on the CPU (+0 + -0 = +0), must give +0 on the GPU too.
+void constant_rows(th::HostTensor& x) {
+  for (std::int64_t k = 0; k < x.cols; ++k) {
+    x.set(0, k, 1.0f), x.set(1, k, -2.5f);
+    if (x.rows > 3) x.set(2, k, 0.0f), x.set(3, k, -0.0f);
+  }
+}
+
+// The matrices of the CUDA cases: random orthogonal in f32 and in bf16, and the wide matrix (f32).
+struct MatrixCase {
+  std::vector<float> m, inv;
+  DType dt;
+  const char* name;
+};
+std::vector<MatrixCase> matrix_cases(int rs) {
+  std::vector<MatrixCase> v;
+  for (bool bf16 : {false, true}) {
+    auto [m, inv] = random_rotation(rs, 60 + rs, bf16);
+    v.push_back({m, inv, bf16 ? DType::bf16 : DType::f32, bf16 ? "orthogonal bf16" : "orthogonal f32"});
+  }
+  v.push_back({wide_matrix(rs, 90 + rs), wide_matrix(rs, 190 + rs), DType::f32, "wide f32"});
+  return v;
+}
+
+// The wide matrix makes the CUDA cases below sensitive to the order of the double sums: on their
+// constant rows, summing in decreasing i instead of increasing i, or in a wider accumulator (long
+// double: within about 2^-33 of the exact sum here, far below double's errors of 2^-22), changes the
+// fp32 result of most elements (so a kernel that summed in another order, or wider, could not pass
+// them).
+TEST(RotationMatrix, WideMatrixSumsDependOnTheirOrder) {
+  for (int rs : kSizes) {
+    const std::vector<float> w = wide_matrix(rs, 90 + rs);
+    th::HostTensor x = th::llm_like(DType::f32, 2, 512, 5);
+    constant_rows(x);
+    std::int64_t differ = 0, inexact = 0, n = 0;
+    for (std::int64_t row = 0; row < x.rows; ++row)
+      for (std::int64_t k0 = 0; k0 < x.cols; k0 += rs)
+        for (int j = 0; j < rs; ++j) {
+          double up = 0, down = 0;
+          long double exact = 0;
+          for (int i = 0; i < rs; ++i) up += double(x.get(row, k0 + i)) * double(w[std::size_t(i) * rs + j]);
+          for (int i = rs - 1; i >= 0; --i) down += double(x.get(row, k0 + i)) * double(w[std::size_t(i) * rs + j]);
+          for (int i = 0; i < rs; ++i) exact += (long double)x.get(row, k0 + i) * (long double)w[std::size_t(i) * rs + j];
+          differ += float(up) != float(down);
+          inexact += float(up) != float(exact);
+          ++n;
+        }
+    EXPECT_GT(double(differ) / double(n), 0.5) << "RS " << rs << ": " << differ << " of " << n;
+    EXPECT_GT(double(inexact) / double(n), 0.5) << "RS " << rs << ": " << inexact << " of " << n;
+  }
+}
+
+// The CUDA backend's matrix rotation against the reference, bytes (quantize: codes, scales, clip mask,
+// S; qdq; dequantize with the inverse): every case of cuda_rotation_cases (formats, rules, roundings,
+// NVFP4 given and computed S) x bf16/fp16/fp32 x every RS x the three matrices x dense rows and strided
+// rows with groups of 8.
+// Both forms of the sums: the f64 mma, and (MXQ_CUDA_MATRIX_CUDA_CORES=1) fused multiply-adds on the
+// CUDA cores.
+class CudaRotationMatrix : public testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (GetParam()) setenv("MXQ_CUDA_MATRIX_CUDA_CORES", "1", 1);
+    else unsetenv("MXQ_CUDA_MATRIX_CUDA_CORES");
+  }
+  void TearDown() override { unsetenv("MXQ_CUDA_MATRIX_CUDA_CORES"); }
+};
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaRotationMatrix, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& i) { return i.param ? std::string("CudaCores") : std::string("TensorCores"); });
+
+TEST_P(CudaRotationMatrix, BytesEqualTheReference) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  int n = 0;
+  for (int rs : kSizes)
+    for (const MatrixCase& mc : matrix_cases(rs)) {
+      const th::HostTensor m = matrix_tensor(mc.m, rs, mc.dt), inv = matrix_tensor(mc.inv, rs, mc.dt);
+      th::Placed md(Backend::cuda, m), invd(Backend::cuda, inv);
+      for (const RotCase& rc : cuda_rotation_cases())
+        for (DType dt : {DType::bf16, DType::f16, DType::f32})
+          for (bool strided : {false, true}) {
+            const std::int64_t R = strided ? 5 : 9, K = 512;
+            QuantOptions o = rc.o;
+            if (strided && o.format != Format::nvfp4) o.group_size = 8;
+            const std::string what = std::string(rc.name) + " " + std::string(to_string(dt)) + " RS " + std::to_string(rs) +
+                                     " " + mc.name + (strided ? " strided g8" : " dense");
+            SCOPED_TRACE(what);
+            th::HostTensor dense = th::llm_like(dt, R, K, 300 + n++);
+            constant_rows(dense);
+            th::HostTensor x(dt, R, K, strided ? K + 40 : 0);
+            for (std::int64_t row = 0; row < R; ++row)
+              for (std::int64_t k = 0; k < K; ++k) x.set(row, k, dense.get(row, k));
+            QuantOptions ro = with_matrix(o, rs, m, &inv);
+            ro.backend = Backend::reference;
+            th::Scalar ws(Backend::cuda);
+            QuantOptions co = th::on(Backend::cuda, with_matrix(o, rs, m, &inv), ws);
+            co.rotation_matrix = md.view();
+            co.rotation_inverse = invd.view();
+            // quantize
+            th::Quantized qr(ro, R, K, true);
+            quantize(x.view(), qr.out(), ro);
+            th::Placed xd(Backend::cuda, x);
+            th::PlacedQuantized qd(Backend::cuda, co, R, K);
+            quantize(xd.view(), qd.out(), co);
+            th::expect_same_bytes(qr.codes, qd.codes.get(), "codes");
+            th::expect_same_bytes(qr.scales, qd.scales.get(), "scales");
+            th::expect_same_bytes(qr.mask, qd.mask.get(), "clip mask");
+            if (o.format == Format::nvfp4) EXPECT_EQ(qr.S, qd.S.value());
+            // qdq (out of place)
+            th::HostTensor yr(dt, R, K, strided ? K + 8 : 0);
+            qdq(x.view(), yr.view(), ro);
+            th::Placed yd(Backend::cuda, yr);
+            qdq(xd.view(), yd.view(), co);
+            th::expect_same_bytes(yr, yd.get(), "qdq");
+            // dequantize + un-rotate of the reference's codes
+            QuantOptions dro = ro, dco = co;
+            if (o.format == Format::nvfp4) dro.tensor_scale = dco.tensor_scale = qr.S;
+            th::HostTensor zr(dt, R, K, strided ? K + 8 : 0);
+            dequantize(qr.in(), zr.view(), dro);
+            th::Placed cd(Backend::cuda, qr.codes), sd(Backend::cuda, qr.scales), zd(Backend::cuda, zr);
+            dequantize(QuantizedIn{cd.view(), sd.view()}, zd.view(), dco);
+            th::expect_same_bytes(zr, zd.get(), "dequantize");
+            if (testing::Test::HasFailure()) return;  // the first failing case is enough to read
+          }
+    }
+}
+
+// Many tiles per warp (the grid strides), in place, partial quantization blocks (K = 48 with blocks of
+// 32, K = 96 with blocks of 64, K = 48 with one block of 256 over a whole warp: a row's padding forms
+// whole rotation groups), a NaN and an infinity in the input and
+// a NaN scale byte on dequantize: the CUDA bytes equal the CPU backend's (itself equal to the
+// reference's: BytesEqualTheTranscribedArithmetic).
+TEST_P(CudaRotationMatrix, LargeTensorsSpecialValuesAndInPlace) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  struct Case {
+    QuantOptions o;
+    std::int64_t R, K;
+    int rs;
+  };
+  auto grouped = [](QuantOptions o, int g) {
+    o.group_size = g;
+    return o;
+  };
+  const Case cases[] = {{QuantOptions::nvfp4(), 2048, 4096, 128},
+                        {QuantOptions::mx(Format::mxfp4, ScaleRule::even), 4096, 2048, 16},
+                        {QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::floor), 512, 2048, 256},
+                        {QuantOptions::mx(Format::mxfp4, ScaleRule::even), 33, 48, 16},       // a padding group per row
+                        {QuantOptions::mx(Format::mxfp4, ScaleRule::quest), 17, 96, 32},      // no padding
+                        {grouped(QuantOptions::mx(Format::mxfp4, ScaleRule::even), 64), 19, 96, 32},   // g > RS: a padding group
+                        {grouped(QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::rceil), 256), 9, 48, 16}};  // a block over a warp
+  for (const Case& cs : cases)
+    for (DType dt : {DType::bf16, DType::f32}) {
+      const std::string what = th::name_of(cs.o) + " " + std::to_string(cs.R) + "x" + std::to_string(cs.K) + " RS " +
+                               std::to_string(cs.rs) + " " + std::string(to_string(dt));
+      SCOPED_TRACE(what);
+      th::HostTensor x = th::llm_like(dt, cs.R, cs.K, 78);
+      x.set(1, 3, std::nanf(""));
+      x.set(cs.R - 1, cs.K - 1, INFINITY);
+      const auto [mv, iv] = random_rotation(cs.rs, 7, false);
+      const th::HostTensor m = matrix_tensor(mv, cs.rs, DType::f32), inv = matrix_tensor(iv, cs.rs, DType::f32);
+      th::Placed md(Backend::cuda, m), invd(Backend::cuda, inv);
+      QuantOptions ro = with_matrix(cs.o, cs.rs, m, &inv);
+      ro.backend = Backend::cpu;
+      th::Scalar ws(Backend::cuda);
+      QuantOptions co = th::on(Backend::cuda, ro, ws);
+      co.rotation_matrix = md.view();
+      co.rotation_inverse = invd.view();
+      th::HostTensor yr = x;
+      qdq(yr.view(), yr.view(), ro);
+      th::Placed yd(Backend::cuda, x);
+      qdq(yd.view(), yd.view(), co);  // in place
+      th::expect_same_bytes(yr, yd.get(), "qdq in place");
+      th::Quantized qr(ro, cs.R, cs.K, true);
+      quantize(x.view(), qr.out(), ro);
+      th::Placed xd(Backend::cuda, x);
+      th::PlacedQuantized qd(Backend::cuda, co, cs.R, cs.K);
+      quantize(xd.view(), qd.out(), co);
+      th::expect_same_bytes(qr.codes, qd.codes.get(), "codes");
+      th::expect_same_bytes(qr.scales, qd.scales.get(), "scales");
+      th::expect_same_bytes(qr.mask, qd.mask.get(), "clip mask");
+      if (cs.o.format == Format::nvfp4) EXPECT_EQ(qr.S, qd.S.value());
+      qr.scales.bytes[5] = cs.o.format == Format::nvfp4 ? 0x7F : 0xFF;  // a NaN scale
+      QuantOptions dro = ro, dco = co;
+      if (cs.o.format == Format::nvfp4) dro.tensor_scale = dco.tensor_scale = qr.S;
+      th::HostTensor zr(dt, cs.R, cs.K);
+      dequantize(qr.in(), zr.view(), dro);
+      th::Placed cd(Backend::cuda, qr.codes), sd(Backend::cuda, qr.scales), zd(Backend::cuda, zr);
+      dequantize(QuantizedIn{cd.view(), sd.view()}, zd.view(), dco);
+      th::expect_same_bytes(zr, zd.get(), "dequantize with a NaN scale");
+      if (testing::Test::HasFailure()) return;
+    }
+}
+
+// The matrix is read where the backend runs: a host matrix on the CUDA backend, a device matrix on
+// the CPU backend, each refused naming the option.
+TEST(CudaRotationMatrixOptions, RefusesAMatrixInTheOtherMemory) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  const th::HostTensor x = th::llm_like(DType::bf16, 2, 128, 1);
+  const auto [mv, iv] = random_rotation(32, 3, false);
+  const th::HostTensor m = matrix_tensor(mv, 32, DType::f32);
+  th::Placed md(Backend::cuda, m), xd(Backend::cuda, x), yd(Backend::cuda, x);
+  th::HostTensor y(DType::bf16, 2, 128);
+  auto error_of = [&](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  QuantOptions on_gpu = with_matrix(QuantOptions::mx(Format::mxfp4, ScaleRule::even), 32, m, nullptr);
+  on_gpu.backend = Backend::cuda;
+  const std::string host_r = error_of([&] { qdq(xd.view(), yd.view(), on_gpu); });
+  EXPECT_NE(host_r.find("option 'rotation_matrix': in host memory, but the CUDA backend reads it from device memory"),
+            std::string::npos) << host_r;
+  QuantOptions on_cpu = with_matrix(QuantOptions::mx(Format::mxfp4, ScaleRule::even), 32, m, nullptr);
+  on_cpu.rotation_matrix = md.view();
+  const std::string dev_r = error_of([&] { qdq(x.view(), y.view(), on_cpu); });
+  EXPECT_NE(dev_r.find("option 'rotation_matrix': in GPU memory"), std::string::npos) << dev_r;
+  on_gpu.rotation_matrix = md.view();
+  EXPECT_EQ(error_of([&] { qdq(xd.view(), yd.view(), on_gpu); }), "no error");
+  // only the matrix the op reads is checked: quantize reads R, not a host R^-1 beside it
+  on_gpu.rotation_inverse = m.view();
+  th::PlacedQuantized qd(Backend::cuda, on_gpu, 2, 128);
+  EXPECT_EQ(error_of([&] { quantize(xd.view(), qd.out(), on_gpu); }), "no error");
+  // the matrix is an input: sharing memory with an output is refused
+  QuantOptions alias = on_gpu;
+  alias.rotation_inverse = Tensor{};
+  const th::HostTensor big = th::llm_like(DType::f32, 64, 128, 2);
+  th::Placed bd(Backend::cuda, big);
+  alias.rotation_matrix = Tensor::of(bd.view().data, DType::f32, 32, 32, 0, Device::cuda);
+  th::Placed xf(Backend::cuda, big);
+  const std::string overlap = error_of([&] { qdq(xf.view(), bd.view(), alias); });
+  EXPECT_NE(overlap.find("rotation_matrix"), std::string::npos) << overlap;
 }
 
 }  // namespace

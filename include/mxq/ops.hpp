@@ -102,7 +102,8 @@ float tensor_amax(const Tensor& x, Backend backend = Backend::automatic, void* s
 // max |x| as quantize sees x under `opt`: after its rotation (opt.rotation; none: the plain amax), on
 // opt.backend with opt.stream; NVFP4's computed tensor scale of a rotated quantize is
 // nvfp4_tensor_scale_from_amax of this. With a rotation, the CPU backends only in this version
-// (the CUDA backend raises Error(unsupported); quantize and qdq themselves rotate on the GPU).
+// (the CUDA backend raises Error(unsupported): a host value would synchronise; quantize and qdq
+// themselves rotate on the GPU, every mode).
 float tensor_amax(const Tensor& x, const QuantOptions& opt);
 
 // ---- backend selection --------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ enum class Rounding : std::uint8_t { nearest_even, stochastic };
 
 // A rotation applied to each group of rotation_size elements before quantization (docs/numerics.md,
 // "Rotation"): the normalised Hadamard transform, the randomised one (random signs from a seed), or
-// a matrix given at run time (QuantOptions::rotation_matrix; the CPU backends in this version).
+// a matrix given at run time (QuantOptions::rotation_matrix; every backend, the same bytes).
 enum class Rotation : std::uint8_t { none, hadamard, random_hadamard, matrix };
 
 // Scale tensor layout: linear [rows, ceil(K/g)] row-major, or the 128x4 swizzled layout of
@@ -109,13 +109,14 @@ struct QuantOptions {
   int random_bits = 32;
   ScaleLayout scale_layout = ScaleLayout::linear;
   // Rotation before quantize and qdq, and its inverse after dequantize (the Hadamard modes: every
-  // backend, the same bytes; the CUDA backend needs groups of 8 or more elements; Rotation::matrix:
-  // the CPU backends): rotation_size 16, 32, 64, 128 or 256, dividing K; rotation_seed draws the
-  // signs of random_hadamard.
+  // backend, the same bytes; the CUDA backend needs groups of 8 or more elements, Rotation::matrix
+  // too): rotation_size 16, 32, 64, 128 or 256, dividing K; rotation_seed draws the signs of
+  // random_hadamard.
   Rotation rotation = Rotation::none;
   int rotation_size = 0;
   std::uint64_t rotation_seed = 0;
-  // Rotation::matrix: R, rotation_size x rotation_size, f32 or bf16, dense, host memory; each group
+  // Rotation::matrix: R, rotation_size x rotation_size, f32 or bf16, dense, in the memory the backend
+  // reads (host memory for the CPU backends, device memory of the current device for CUDA); each group
   // g becomes g @ R, each element computed in double (products exact, added in index order) and
   // rounded once to fp32 (docs/numerics.md). rotation_inverse: R^-1 (R^T for an orthogonal R), the
   // same layout, needed by dequantize (which rotates back; R itself is needed by quantize, qdq and

@@ -93,9 +93,9 @@ std::string shape_str(const at::Tensor& t);
 std::string device_name(const at::Tensor& t);
 
 // A rotation matrix given as a tensor (rotation_matrix of quantize and qdq: R; rotation_inverse of
-// dequantize: R^-1): Rotation::matrix of its size, with the C++ API's host view of it, held alive by
-// the returned tensor (a contiguous copy where it was not). The matrix rotation runs on the CPU kernels;
-// on GPU tensors the Python API rotates with torch first (mxq/ops.py).
+// dequantize: R^-1): Rotation::matrix of its size, with the C++ API's view of it on the data's device
+// (host memory for CPU tensors, the same GPU for CUDA tensors), held alive by the returned tensor (a
+// contiguous copy where it was not).
 at::Tensor set_matrix(mxq::QuantOptions& o, const std::optional<at::Tensor>& m, const char* op, const at::Tensor& like,
                       bool inverse) {
   if (!m) return {};
@@ -109,14 +109,14 @@ at::Tensor set_matrix(mxq::QuantOptions& o, const std::optional<at::Tensor>& m, 
                     ", expected RS = 16, 32, 64, 128 or 256");
   TORCH_CHECK_VALUE(m->scalar_type() == at::kFloat || m->scalar_type() == at::kBFloat16, "mxq.", op, ": argument '", arg,
                     "': dtype ", m->scalar_type(), ", expected float32 or bfloat16");
-  TORCH_CHECK_NOT_IMPLEMENTED(!like.is_cuda(), "mxq.", op, ": argument '", arg, "': the matrix rotation runs on the CPU "
-                              "kernels in this version (mxq.quantize, mxq.qdq and mxq.dequantize rotate GPU tensors with torch first)");
-  TORCH_CHECK_VALUE(m->device().is_cpu(), "mxq.", op, ": argument '", arg, "' is on ", device_name(*m), ", expected the CPU");
+  TORCH_CHECK_VALUE(m->device() == like.device(), "mxq.", op, ": argument '", arg, "' is on ", device_name(*m),
+                    ", expected the data's device ", device_name(like));
   at::Tensor c = m->contiguous();
   o.rotation = mxq::Rotation::matrix;
   o.rotation_size = static_cast<int>(rs);
   (inverse ? o.rotation_inverse : o.rotation_matrix) =
-      mxq::Tensor{c.data_ptr(), m->scalar_type() == at::kFloat ? mxq::DType::f32 : mxq::DType::bf16, rs, rs, 0, mxq::Device::cpu};
+      mxq::Tensor{c.data_ptr(), m->scalar_type() == at::kFloat ? mxq::DType::f32 : mxq::DType::bf16, rs, rs, 0,
+                  like.is_cuda() ? mxq::Device::cuda : mxq::Device::cpu};
   return c;
 }
 

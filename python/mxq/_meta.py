@@ -42,11 +42,8 @@ def _check_matrix(m, op: str, arg: str, like: torch.Tensor) -> None:
                          "with RS = 16, 32, 64, 128 or 256")
     if m.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"mxq.{op}: argument '{arg}': dtype {m.dtype}, expected float32 or bfloat16")
-    if like.device.type != "cpu":
-        raise NotImplementedError(f"mxq.{op}: argument '{arg}': the matrix rotation runs on the CPU kernels in this "
-                                  "version (mxq.quantize, mxq.qdq and mxq.dequantize rotate GPU tensors with torch first)")
-    if m.device.type != "cpu":
-        raise ValueError(f"mxq.{op}: argument '{arg}' is on {m.device}, expected the CPU")
+    if m.device != like.device:
+        raise ValueError(f"mxq.{op}: argument '{arg}' is on {m.device}, expected the data's device {like.device}")
 
 
 @torch.library.register_fake("mxq::qdq")

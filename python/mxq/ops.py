@@ -125,10 +125,10 @@ def _rotation(rotation: Optional[str]) -> str:
 
 RotationLike = Union[None, str, torch.Tensor]
 _ROTATION_SIZES = (16, 32, 64, 128, 256)
-# Matrix rotations of tensors on the CPU run in mxq's kernels (fused, the products summed in float64 in
-# index order); elsewhere (GPU tensors) torch rotates first (_rotate_groups). Tests set this to take the
-# torch path on the CPU as well, to compare the two.
-_UNFUSED_ON_CPU = False
+# Matrix rotations run in mxq's kernels (fused: the products summed in float64 in index order, on the
+# CPU or the GPU's FP64 tensor cores, the same bytes). Tests set this to take the torch path instead
+# (_rotate_groups: torch rotates, then mxq quantizes), to compare the two.
+_UNFUSED = False
 
 
 def _matrix(m: torch.Tensor, arg: str) -> torch.Tensor:
@@ -147,14 +147,15 @@ def _matrix(m: torch.Tensor, arg: str) -> torch.Tensor:
 
 
 def _unfused(t: torch.Tensor) -> bool:
-    return t.device.type != "cpu" or _UNFUSED_ON_CPU
+    return _UNFUSED
 
 
 def _rotate_groups(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """x [..., K] with each group of RS elements multiplied by m (g @ m): the products exact in float64,
-    summed in float64 (in the matmul's order) and rounded once to float32. The same values as mxq's CPU
-    kernels (index-order float64 sums) whenever the float64 sums are exact, as they are for bf16 or
-    fp16 x and a bf16 matrix unless a group's products span more than about 2^29 in magnitude."""
+    summed in float64 (in the matmul's order) and rounded once to float32 (the _UNFUSED path). The same
+    values as mxq's kernels (index-order float64 sums) whenever the float64 sums are exact, as they are
+    for bf16 or fp16 x and a bf16 matrix unless a group's products span more than about 2^29 in
+    magnitude."""
     rs = m.shape[0]
     if x.shape[-1] % rs:
         raise ValueError(f"mxq: argument 'rotation': RS = {rs} does not divide K = {x.shape[-1]} (each group of RS "
@@ -167,10 +168,12 @@ def _inverse(m: torch.Tensor) -> torch.Tensor:
     singularity check reads a flag back from the matrix's device (a synchronisation for a GPU matrix)
     and is skipped under torch.compile (a singular R then gives Inf/NaN): pass rotation_inverse= to
     quantize to avoid both."""
-    inv, info = torch.linalg.inv_ex(m.double())
+    # on the CPU whatever R's device: LAPACK's inverse, so that CPU and GPU tensors rotate back by the
+    # same R^-1 (the GPU's solver may round differently), then on R's device
+    inv, info = torch.linalg.inv_ex(m.double().cpu())
     if not torch.compiler.is_compiling() and int(info) != 0:
         raise ValueError("mxq: argument 'rotation': the matrix is singular, so dequantize cannot rotate back")
-    return inv.float()
+    return inv.float().to(m.device)
 
 
 def _as_dtype(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -186,14 +189,15 @@ def _as_dtype(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _matrix_args(x: torch.Tensor, rotation: RotationLike, rotation_seed: int, rotation_inverse):
     """(R or None, R^-1 or None, the input the op quantizes, the op's rotation name) of quantize and qdq:
-    with a matrix on a GPU tensor (or _UNFUSED_ON_CPU) the input is x rotated by torch (float32)."""
+    R on x's device (a copy where it was not); with _UNFUSED the input is x rotated by torch
+    (float32)."""
     if not isinstance(rotation, torch.Tensor):
         if rotation_inverse is not None:
             raise TypeError("mxq: argument 'rotation_inverse' is for rotation= a matrix")
         return None, None, x, _rotation(rotation)
     if rotation_seed != 0:
         raise ValueError("mxq: argument 'rotation_seed' is for 'rhad<RS>' rotations, not a matrix")
-    mat = _matrix(rotation, "rotation")
+    mat = _matrix(rotation, "rotation").to(x.device)
     inv = None
     if rotation_inverse is not None:
         if not isinstance(rotation_inverse, torch.Tensor):
@@ -301,10 +305,10 @@ def quantize(
                   Hadamard transform before quantizing; the result's dequantize rotates back. The
                   same bytes on CPU and CUDA (on CUDA, groups of 8 or more elements).
                   Or a matrix R (float32 or bfloat16, [RS, RS]): each group g becomes g @ R, products
-                  exact and summed in float64, rounded once to float32 (docs/numerics.md). CPU tensors:
-                  in mxq's kernels; GPU tensors: torch rotates first (a float64 matmul and a float32
-                  copy of x; the same bytes as the CPU whenever the float64 sums are exact: see
-                  docs/python.md, "Rotation by a matrix").
+                  exact and summed in float64 in index order, rounded once to float32
+                  (docs/numerics.md): in mxq's kernels on CPU and GPU tensors alike (on the GPU, the
+                  FP64 tensor cores; the same bytes), R moved to x's device (a copy: under CUDA-graph
+                  capture pass R on x's device).
     rotation_inverse: with a matrix R, R^-1 (R.T for an orthogonal R) for the result's dequantize;
                   None computes it then (in float64, rounded to float32).
 
@@ -405,9 +409,11 @@ def dequantize(
 
 def _dequantize_matrix(codes, scales, cols, fmt, g, layout, ts_f, ts_t, dtype, inv) -> torch.Tensor:
     """dequantize, then each group times R^-1 (float64 products and sums, rounded to float32), rounded to
-    dtype: in mxq's CPU kernels, or (GPU tensors) dequantized to float32 by mxq and rotated by torch."""
+    dtype: in mxq's kernels (R^-1 moved to the codes' device), or (_UNFUSED) dequantized to float32
+    by mxq and rotated by torch."""
     if not _unfused(codes):
-        return torch.ops.mxq.dequantize.default(codes, scales, cols, fmt, g, layout, ts_f, ts_t, dtype, "none", 0, inv)
+        return torch.ops.mxq.dequantize.default(codes, scales, cols, fmt, g, layout, ts_f, ts_t, dtype, "none", 0,
+                                                inv.to(codes.device))
     y = torch.ops.mxq.dequantize.default(codes, scales, cols, fmt, g, layout, ts_f, ts_t, torch.float32)
     return _as_dtype(_rotate_groups(y, inv), dtype)
 
@@ -454,7 +460,7 @@ def qdq(
     gradient of the result, unchanged (grad_x = grad_y), as quantization-aware training expects.
     With a `rotation` that gradient would be grad_y @ R^T, which is not implemented: a rotated qdq of
     a tensor that requires grad raises NotImplementedError (use torch.no_grad() or x.detach()). A matrix
-    rotation (rotation= R, as in :func:`quantize`) on a GPU tensor is rotated by torch first."""
+    rotation (rotation= R, as in :func:`quantize`) runs in mxq's kernels on either device."""
     if isinstance(rotation, torch.Tensor):
         return _qdq_matrix(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
                            rotation_seed, False)
@@ -465,7 +471,7 @@ def qdq(
 
 def _qdq_matrix(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
                 rotation_seed, inplace: bool) -> torch.Tensor:
-    """qdq / qdq_ with a rotation matrix: in mxq's CPU kernels, or (GPU tensors) the QDQ of x rotated by
+    """qdq / qdq_ with a rotation matrix: in mxq's kernels, or (_UNFUSED) the QDQ of x rotated by
     torch (float32), rounded to x's dtype as the kernels round."""
     mat, _, xin, _ = _matrix_args(x, rotation, rotation_seed, None)
     args = _qdq_args(xin, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, None, 0)[:8]

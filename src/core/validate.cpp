@@ -142,9 +142,6 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
         if (m->dtype != DType::f32 && m->dtype != DType::bf16)
           c.fail(std::string("option '") + arg + "': dtype " + std::string(to_string(m->dtype)) + ", expected f32 or bf16");
         if (m->stride() != m->cols) c.fail(std::string("option '") + arg + "': rows with a stride, expected a dense matrix");
-        if (m->device != Device::cpu)
-          c.fail(std::string("option '") + arg + "': on the GPU; the matrix rotation runs on the CPU backends in this version "
-                 "(host memory expected)");
       }
     }
   }

@@ -446,23 +446,39 @@ def _orthogonal(rs: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("mdtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("fmt,rule", [("mxfp4", "even"), ("mxfp8_e4m3", "floor"), ("nvfp4", None)])
 def test_cuda_matrix_rotation_equals_cpu(fmt, rule, mdtype, rs):
-    """rotation= a matrix on GPU tensors (torch's float64 matmul, then mxq's kernels) against CPU tensors
-    (mxq's fused CPU kernels): the same bytes (bf16 inputs: every float64 sum is exact); dequantize
-    rotated back; qdq_ in place."""
+    """rotation= a matrix on GPU tensors (mxq's CUDA kernels: float64 sums on the FP64 tensor cores)
+    against CPU tensors (mxq's CPU kernels): the same bytes, also on rows whose float64 sums depend on
+    their order (the matrix below holds +-2^30 pairs that cancel on constant rows); dequantize rotated
+    back; qdq_ in place; a CPU matrix with GPU data is moved to the GPU."""
     x = _x((24, 512), torch.bfloat16, seed=7)
+    x[0], x[1] = 1.0, -2.5
     m = _orthogonal(rs, mdtype, 2)
+    if mdtype == torch.float32:  # +-2^30 at (j, j) and (j + RS/2, j): cancelled sums on rows 0 and 1
+        idx = torch.arange(rs)
+        m[idx, idx] = 2.0 ** 30
+        m[(idx + rs // 2) % rs, idx] = -(2.0 ** 30)
     xc, mc = x.cuda(), m.cuda()
     assert_bytes_equal(mxq.qdq(xc, fmt, rule=rule, rotation=mc), mxq.qdq(x, fmt, rule=rule, rotation=m), "qdq")
-    qg, qc = mxq.quantize(xc, fmt, rule=rule, rotation=mc), mxq.quantize(x, fmt, rule=rule, rotation=m)
+    # R^-1 given: the wide matrix is ill-conditioned (its +-2^30 part is singular), so an inverse is only
+    # reproducible when it is the same tensor (mxq computes a missing one on the CPU either way)
+    inv = torch.linalg.inv(m.double()).float()
+    qg = mxq.quantize(xc, fmt, rule=rule, rotation=mc, rotation_inverse=inv.cuda())
+    qc = mxq.quantize(x, fmt, rule=rule, rotation=m, rotation_inverse=inv)
     assert_bytes_equal(qg.codes, qc.codes, "codes")
     assert_bytes_equal(qg.scales, qc.scales, "scales")
     if fmt == "nvfp4":
         assert_bytes_equal(qg.tensor_scale, qc.tensor_scale, "tensor scale")
     assert_bytes_equal(qg.dequantize(), qc.dequantize(), "dequantize + R^-1")
+    if mdtype == torch.bfloat16:  # R^-1 computed by mxq (on the CPU for both): the same bytes
+        qg2, qc2 = mxq.quantize(xc, fmt, rule=rule, rotation=mc), mxq.quantize(x, fmt, rule=rule, rotation=m)
+        assert_bytes_equal(qg2.dequantize(), qc2.dequantize(), "dequantize + computed R^-1")
     u, v = xc.clone(), x.clone()
     mxq.qdq_(u, fmt, rule=rule, rotation=mc)
     mxq.qdq_(v, fmt, rule=rule, rotation=m)
     assert_bytes_equal(u, v, "qdq_")
+    assert_bytes_equal(mxq.qdq(xc, fmt, rule=rule, rotation=m), mxq.qdq(x, fmt, rule=rule, rotation=m), "CPU matrix")
+    xf = x.float()
+    assert_bytes_equal(mxq.qdq(xf.cuda(), fmt, rule=rule, rotation=mc), mxq.qdq(xf, fmt, rule=rule, rotation=m), "fp32 qdq")
 
 
 def test_cuda_matrix_rotation_graph_and_compile():

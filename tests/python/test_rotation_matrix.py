@@ -69,7 +69,7 @@ def test_torch_rotated_path_equals_the_fused_kernels(fmt, rule, mdtype, monkeypa
     fused_q = mxq.quantize(x, fmt, rule=rule, rotation=m, rotation_inverse=inv, stochastic=True, seed=5)
     fused_y = mxq.qdq(x, fmt, rule=rule, rotation=m)
     fused_d = fused_q.dequantize(torch.float16)
-    monkeypatch.setattr(mops, "_UNFUSED_ON_CPU", True)
+    monkeypatch.setattr(mops, "_UNFUSED", True)
     q = mxq.quantize(x, fmt, rule=rule, rotation=m, rotation_inverse=inv, stochastic=True, seed=5)
     assert_bytes_equal(q.codes, fused_q.codes, "codes")
     assert_bytes_equal(q.scales, fused_q.scales, "scales")
@@ -126,7 +126,7 @@ def test_matrix_errors_name_the_argument():
 
 @pytest.mark.parametrize("unfused", [False, True])
 def test_matrix_qdq_refuses_a_gradient_it_would_get_wrong(unfused, monkeypatch):
-    monkeypatch.setattr(mops, "_UNFUSED_ON_CPU", unfused)
+    monkeypatch.setattr(mops, "_UNFUSED", unfused)
     x = torch.randn(4, 64, requires_grad=True)
     m = _orthogonal(32, torch.float32, 2)
     with pytest.raises(NotImplementedError, match="rotation"):
@@ -170,7 +170,7 @@ def test_matrix_paths_compile_without_graph_breaks(monkeypatch):
         return q.codes, q.scales, q.dequantize(), mxq.qdq(t, "mxfp8", rotation=m), u
 
     for unfused in (False, True):
-        monkeypatch.setattr(mops, "_UNFUSED_ON_CPU", unfused)
+        monkeypatch.setattr(mops, "_UNFUSED", unfused)
         torch._dynamo.reset()
         got = torch.compile(f, fullgraph=True)(x)
         for g, e, what in zip(got, f(x), ["codes", "scales", "dequantize", "qdq", "qdq_"]):

@@ -640,6 +640,7 @@ int run_quantize(const QuantizeArgs& a) {
   for (const std::string& s : a.include) inc.push_back(user_pattern("--include", s));
   for (const std::string& s : a.exclude) exc.push_back(user_pattern("--exclude", s));
 
+  if (a.gpus < 0) fail("--gpus " + std::to_string(a.gpus) + ": expected 0 (every visible GPU) or more");
   const Part part = parse_part(a.part);
   const fs::path out_dir = part.n ? part_dir(fs::path(a.out), part) : fs::path(a.out);
   std::pair<Rotation, int> rot{Rotation::none, 0};
@@ -660,7 +661,7 @@ int run_quantize(const QuantizeArgs& a) {
   // A GPU is set up on a thread of its own while the checkpoint is opened and planned (and, with
   // cpu_while_gpu_sets_up, the first tensors convert on the CPU meanwhile): the device line comes
   // once the choice is settled.
-  Engine eng(a.device, a.cpu_while_gpu_sets_up);
+  Engine eng(a.device, a.cpu_while_gpu_sets_up, a.gpus);
   bool device_said = false;
   // wait: 0 not, 1 for the GPU's probe (a refused --device cuda fails there), 2 for the choice
   auto say_device = [&](int wait) {
@@ -835,8 +836,8 @@ int run_quantize(const QuantizeArgs& a) {
   BytesPool pool;  // before the writer: its tasks hold the pool's buffers
   WriteBehind wb;
   // What follows each tensor's conversion (its error line, its write), in file order: a tensor's
-  // conversion runs on the engine while the next one's input is staged (the GPU engine keeps two in
-  // flight), and the writes must follow the order declared. A job with `conv` waits for the engine's
+  // conversion runs on the engine while the next one's input is staged (the GPU engine keeps two per
+  // GPU in flight), and the writes must follow the order declared. A job with `conv` waits for the engine's
   // oldest conversion; the others (an unchanged tensor's write, a shard's commit) only for the jobs
   // before them.
   struct Job {

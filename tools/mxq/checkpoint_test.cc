@@ -389,6 +389,50 @@ TEST(CheckpointDevice, RefusesUnknownOrUnusableDevices) {
   qa.device = "gpu";
   const std::string unknown = quantize_failure(qa, "--device gpu");
   EXPECT_NE(unknown.find("expected cpu, cuda or auto"), std::string::npos) << unknown;
+  qa.device = "cpu";
+  qa.gpus = 2;
+  const std::string cpu_gpus = quantize_failure(qa, "--device cpu --gpus 2");
+  EXPECT_NE(cpu_gpus.find("--gpus 2 with --device cpu: expected --device cuda or auto"), std::string::npos) << cpu_gpus;
+  qa.device = "cuda";
+  qa.gpus = -1;
+  const std::string negative = quantize_failure(qa, "--gpus -1");
+  EXPECT_NE(negative.find("--gpus -1: expected 0 (every visible GPU) or more"), std::string::npos) << negative;
+  qa.gpus = 0;
+  if (mxq::cuda_available()) {  // more GPUs than are visible: refused whether --device is cuda or auto
+    const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_gpus_" + std::to_string(::getpid()));
+    fs::remove_all(root);
+    make_checkpoint(root / "in");
+    for (const char* dev : {"cuda", "auto"}) {
+      mxq::cli::QuantizeArgs qg = qa;
+      qg.in = (root / "in").string();
+      qg.out = (root / "out").string();
+      qg.device = dev;
+      qg.gpus = 4096;
+      testing::internal::CaptureStdout();
+      const std::string more = quantize_failure(qg, std::string("--device ") + dev + " --gpus 4096");
+      testing::internal::GetCapturedStdout();
+      EXPECT_NE(more.find("--gpus 4096: "), std::string::npos) << more;
+      EXPECT_NE(more.find(" visible (CUDA_VISIBLE_DEVICES chooses which)"), std::string::npos) << more;
+      EXPECT_FALSE(fs::exists(root / "out")) << "a failed conversion left its output";
+    }
+    fs::remove_all(root);
+  }
+  if (!mxq::cuda_available()) {  // GPUs asked for by number with none usable: refused for auto too
+    const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_nogpus_" + std::to_string(::getpid()));
+    fs::remove_all(root);
+    make_checkpoint(root / "in");
+    mxq::cli::QuantizeArgs qg = qa;
+    qg.in = (root / "in").string();
+    qg.out = (root / "out").string();
+    qg.device = "auto";
+    qg.gpus = 2;
+    testing::internal::CaptureStdout();
+    const std::string none = quantize_failure(qg, "--device auto --gpus 2 without a GPU");
+    testing::internal::GetCapturedStdout();
+    EXPECT_NE(none.find("--gpus 2: "), std::string::npos) << none;
+    EXPECT_FALSE(fs::exists(root / "out")) << "a failed conversion left its output";
+    fs::remove_all(root);
+  }
   if (!mxq::cuda_available()) {  // found once the GPU's set-up (on a thread of its own) is settled
     const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_nodev_" + std::to_string(::getpid()));
     fs::remove_all(root);
@@ -440,6 +484,7 @@ TEST(CheckpointDevice, GpuWritesTheSameBytesAsCpu) {
       qa.rotate = cs.rotate;
       qa.device = dev;
       qa.cpu_while_gpu_sets_up = d == 2;
+      qa.gpus = d == 2 ? 1 : 0;  // one GPU named; every visible one (one or several: the same bytes)
       qa.fake = cs.fake;
       testing::internal::CaptureStdout();
       const int rc = mxq::cli::run_quantize(qa);

@@ -32,6 +32,8 @@ struct QuantizeArgs {
   // to rotate the activations (docs/cli.md).
   std::string rotate;
   std::uint64_t rotate_seed = 0;
+  // With a GPU device: how many of the visible GPUs convert tensors side by side (0: all of them).
+  int gpus = 0;
   // With a GPU device the first tensors are converted on the CPU while the GPU is set up (the same
   // bytes); the tests that compare the devices turn that off. Not a command-line option.
   bool cpu_while_gpu_sets_up = true;

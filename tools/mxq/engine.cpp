@@ -90,10 +90,23 @@ std::int64_t bytes_of(const Tensor& t) {
   return ((t.rows - 1) * t.stride() + t.cols) * es;
 }
 
-// A stream with the device buffers and page-locked staging of one conversion at a time.
+// Makes a GPU the calling thread's current device: on construction (the first member of a Lane, so
+// that the lane's stream, events and buffers belong to its GPU) and on use() (before each operation on
+// the lane: the library runs on the current device and refuses memory of another).
+struct OnDevice {
+  int dev;
+  explicit OnDevice(int d) : dev(d) { use(); }
+  void use() const { cuda_util::check(cudaSetDevice(dev), "cudaSetDevice(" + std::to_string(dev) + ")"); }
+};
+
+// A stream with the device buffers and page-locked staging of one conversion at a time, on one GPU.
 struct Lane {
+  OnDevice on;
   Engine::Breakdown* bd;
-  explicit Lane(Engine::Breakdown* b) : bd(b) {}
+  Lane(Engine::Breakdown* b, int dev) : on(dev), bd(b) {}
+  ~Lane() { cudaSetDevice(on.dev); }  // the members' streams, events and buffers are freed on their GPU
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
   cuda_util::Stream stream;
   cuda_util::EventTimer timer;  // around the work; its stop also marks the lane's end (downloads included)
   // x, codes/y, scales, mask, 4-byte scalar; the error pass: fp32 dequantized values, partial sums
@@ -188,13 +201,52 @@ struct Lane {
   }
 };
 
+// More GPUs asked for than are visible: the user's error, whether --device is cuda or auto.
+struct GpuCount : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 struct Engine::Gpu {
-  static constexpr int kDepth = 2;
+  // Two conversions in flight per GPU: one's staging and upload overlap the other's kernels and download.
+  static constexpr int kPerDevice = 2;
   Engine::Breakdown bd;
-  Lane lanes[kDepth]{Lane(&bd), Lane(&bd)};
+  std::vector<std::unique_ptr<Lane>> lanes;  // lane i on GPU i % devices: consecutive conversions alternate GPUs
+  int devices = 1;
+  std::string device_name;
+
+  // The first `want` visible GPUs (0: all of them; Engine::kFirstGpu: the first).
+  explicit Gpu(int want) {
+    int n = 0;
+    cuda_util::check(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+    devices = want > 0 ? std::min(want, n) : want == 0 ? n : 1;  // more than n: refused at the probe
+    for (int i = 0; i < kPerDevice * devices; ++i) {
+      try {
+        lanes.push_back(std::make_unique<Lane>(&bd, i % devices));
+      } catch (const std::exception& e) {
+        throw std::runtime_error("CUDA device " + std::to_string(i % devices) + " of " + std::to_string(devices) + ": " + e.what());
+      }
+    }
+    std::string first;
+    bool same = true;
+    for (int d = 0; d < devices; ++d) {
+      cudaDeviceProp prop{};
+      cuda_util::check(cudaGetDeviceProperties(&prop, d), "cudaGetDeviceProperties");
+      if (d == 0) first = prop.name;
+      same = same && first == prop.name;
+      device_name += (d ? ", " : "") + std::string(prop.name);
+    }
+    if (devices > 1 && same) device_name = std::to_string(devices) + " x " + first;
+  }
+  int depth() const { return int(lanes.size()); }
+  Lane& lane(int i) {
+    Lane& l = *lanes[std::size_t(i)];
+    l.on.use();
+    return l;
+  }
   // Every buffer a conversion of up to these sizes needs, in every lane.
   void reserve(const Engine::Sizes& s) {
-    for (Lane& l : lanes) {
+    for (std::size_t i = 0; i < lanes.size(); ++i) {
+      Lane& l = lane(int(i));
       l.get(0, s.x);
       l.get(1, s.y);
       l.get(2, s.scales);
@@ -209,9 +261,8 @@ struct Engine::Gpu {
     }
   }
   std::deque<int> order;  // the lanes in flight, oldest first
-  std::string device_name = cuda_util::device_properties().name;
 
-  int next_lane() const { return order.empty() ? 0 : (order.back() + 1) % kDepth; }
+  int next_lane() const { return order.empty() ? 0 : (order.back() + 1) % depth(); }
 };
 
 #else
@@ -228,9 +279,11 @@ struct Engine::Hint {
   bool set_up = false;         // the set-up thread is past the point where it takes them
 };
 
-Engine::Engine(const std::string& device, bool early_cpu) : device_(device), early_cpu_(early_cpu) {
+Engine::Engine(const std::string& device, bool early_cpu, int gpus) : device_(device), early_cpu_(early_cpu) {
   if (device != "cpu" && device != "cuda" && device != "auto")
     throw std::runtime_error("--device '" + device + "': expected cpu, cuda or auto");
+  if (gpus < kFirstGpu) throw std::logic_error("Engine: gpus " + std::to_string(gpus) + " (expected kFirstGpu, 0 or more)");
+  if (gpus > 0 && device == "cpu") throw std::runtime_error("--gpus " + std::to_string(gpus) + " with --device cpu: expected --device cuda or auto");
   if (device == "cpu") {
     name_ = "cpu";
     why_ = "asked for";
@@ -240,12 +293,24 @@ Engine::Engine(const std::string& device, bool early_cpu) : device_(device), ear
   auto probed = std::make_shared<std::promise<std::string>>();
   probe_ = probed->get_future().share();
   hint_ = std::make_shared<Hint>();
-  setup_ = std::async(std::launch::async, [probed, hint = hint_] {
+  setup_ = std::async(std::launch::async, [probed, hint = hint_, gpus] {
     std::string why_not;
     const bool usable = cuda_available(&why_not);
+    // GPUs asked for by number must all be there (cuda or auto): refused at the probe, before any
+    // conversion starts on the CPU meanwhile
+    int visible = 0;
+    if (usable && gpus > 0 && cudaGetDeviceCount(&visible) != cudaSuccess) visible = 0;
+    if (gpus > 0 && (!usable || gpus > visible)) {
+      const std::string m = "--gpus " + std::to_string(gpus) + ": " +
+                            (usable ? std::to_string(visible) + " CUDA device" + (visible == 1 ? " is" : "s are") +
+                                          " visible (CUDA_VISIBLE_DEVICES chooses which)"
+                                    : "no usable GPU: " + why_not);
+      probed->set_value(m);
+      throw GpuCount(m);
+    }
     probed->set_value(usable ? std::string() : why_not);
     if (!usable) throw std::runtime_error(why_not);
-    auto g = std::make_unique<Gpu>();
+    auto g = std::make_unique<Gpu>(gpus);
     std::lock_guard<std::mutex> l(hint->m);
     if (hint->sizes) g->reserve(*hint->sizes);
     g->bd.buffers = 0;  // spent here, off the caller's thread
@@ -257,6 +322,7 @@ Engine::Engine(const std::string& device, bool early_cpu) : device_(device), ear
   const bool usable = cuda_available(&why_not);
   const std::string why = usable ? "this build of the tool has no CUDA support" : "no usable GPU: " + why_not;
   if (device == "cuda") throw std::runtime_error("--device cuda: " + why);
+  if (gpus > 0) throw std::runtime_error("--gpus " + std::to_string(gpus) + ": " + why);
   name_ = "cpu";
   why_ = why;
 #endif
@@ -275,7 +341,14 @@ bool Engine::settle(Wait w) const {
     name_ = "cuda";
     why_ = (device_ == "cuda" ? "asked for: " : "a GPU is usable: ") + gpu_->device_name;
 #endif
-  } catch (const std::exception& e) {
+  }
+#if defined(MXQ_TOOL_HAVE_CUDA)
+  catch (const GpuCount& e) {
+    failed_ = e.what();
+    throw std::runtime_error(failed_);
+  }
+#endif
+  catch (const std::exception& e) {
     if (device_ == "cuda") {
       failed_ = std::string("--device cuda: no usable GPU: ") + e.what();
       throw std::runtime_error(failed_);
@@ -315,7 +388,7 @@ double Engine::quantize(const Tensor& x, const QuantizedOut& q, const QuantOptio
   check_idle("quantize");
 #if defined(MXQ_TOOL_HAVE_CUDA)
   if (gpu()) {
-    Lane& g = gpu_->lanes[0];
+    Lane& g = gpu_->lane(0);
     const Tensor xd = g.stage(0, x, true);
     QuantizedOut qd;
     qd.codes = g.stage(1, q.codes, false);
@@ -341,7 +414,7 @@ double Engine::qdq(const Tensor& x, const Tensor& y, const QuantOptions& o, int 
   reps = reps < 1 ? 1 : reps;
 #if defined(MXQ_TOOL_HAVE_CUDA)
   if (gpu()) {
-    Lane& g = gpu_->lanes[0];
+    Lane& g = gpu_->lane(0);
     const Tensor xd = g.stage(0, x, true), yd = g.stage(1, y, false);
     const QuantOptions od = g.on_stream(o);
     g.timer.start(g.stream);
@@ -361,7 +434,7 @@ double Engine::dequantize(const QuantizedIn& in, const Tensor& y, const QuantOpt
   check_idle("dequantize");
 #if defined(MXQ_TOOL_HAVE_CUDA)
   if (gpu()) {
-    Lane& g = gpu_->lanes[0];
+    Lane& g = gpu_->lane(0);
     const QuantizedIn ind{g.stage(0, in.codes, true), g.stage(2, in.scales, true)};
     const Tensor yd = g.stage(1, y, false);
     const QuantOptions od = g.on_stream(o);
@@ -395,13 +468,16 @@ Engine::Breakdown Engine::breakdown() const {
 
 int Engine::depth() const {
   settle(Wait::no);
-  return gpu_ || setup_.valid() ? 2 : 1;
+#if defined(MXQ_TOOL_HAVE_CUDA)
+  if (gpu_) return gpu_->depth();
+#endif
+  return setup_.valid() ? 2 : 1;
 }
 
 bool Engine::oldest_ready() const {
   if (!in_flight_) return false;
 #if defined(MXQ_TOOL_HAVE_CUDA)
-  if (order_.front()) return gpu_->lanes[gpu_->order.front()].timer.done();
+  if (order_.front()) return gpu_->lane(gpu_->order.front()).timer.done();
 #endif
   return true;  // converted on the CPU in start_*
 }
@@ -409,7 +485,7 @@ bool Engine::oldest_ready() const {
 int Engine::begin_lane() {
 #if defined(MXQ_TOOL_HAVE_CUDA)
   const int li = gpu_->next_lane();
-  Lane& g = gpu_->lanes[li];
+  Lane& g = gpu_->lane(li);
   g.dests.clear();
   g.stats = false;
   g.timer.start(g.stream);
@@ -422,7 +498,7 @@ int Engine::begin_lane() {
 void Engine::queued(int lane) {
 #if defined(MXQ_TOOL_HAVE_CUDA)
   if (lane >= 0) {
-    Lane& g = gpu_->lanes[lane];
+    Lane& g = gpu_->lane(lane);
     g.timer.stop(g.stream);
     gpu_->order.push_back(lane);
   }
@@ -438,7 +514,7 @@ void Engine::start_quantize(const Tensor& x, const QuantizedOut& q, const QuantO
 #if defined(MXQ_TOOL_HAVE_CUDA)
   if (gpu_) {
     const int li = begin_lane();
-    Lane& g = gpu_->lanes[li];
+    Lane& g = gpu_->lane(li);
     const Tensor xd = g.stage(0, x, true);
     QuantizedOut qd;
     qd.codes = g.stage(1, q.codes, false);
@@ -474,7 +550,7 @@ void Engine::start_qdq(const Tensor& x, const Tensor& y, const QuantOptions& o) 
 #if defined(MXQ_TOOL_HAVE_CUDA)
   if (gpu_) {
     const int li = begin_lane();
-    Lane& g = gpu_->lanes[li];
+    Lane& g = gpu_->lane(li);
     const Tensor xd = g.stage(0, x, true), yd = g.stage(1, y, false);
     mxq::qdq(xd, yd, g.on_stream(o));
     if (x.stride() == x.cols && y.stride() == y.cols) g.stats_later(xd, yd);
@@ -499,7 +575,7 @@ std::optional<ErrorTotals> Engine::finish() {
   if (on_gpu) {
     const int li = gpu_->order.front();
     gpu_->order.pop_front();
-    return gpu_->lanes[li].finish();
+    return gpu_->lane(li).finish();
   }
 #else
   (void)on_gpu;

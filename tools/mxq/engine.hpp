@@ -22,7 +22,12 @@ class Engine {
   // needs the choice waits for it, and there "cuda" without a usable GPU fails, naming why. With
   // early_cpu, start_quantize / start_qdq convert on the CPU (the same bytes) while a usable GPU's
   // context is being created (they wait for the probe itself).
-  explicit Engine(const std::string& device, bool early_cpu = false);
+  // gpus: how many of the visible GPUs the conversions use: kFirstGpu (the default) the first one, 0
+  // all, N > 0 the first N as the user asked (--gpus N: with --device cpu, more than are visible, or
+  // with no usable GPU, refused, the last two at the probe, naming the count). start_quantize /
+  // start_qdq spread the conversions over the GPUs in turn; the one-shot API uses the first.
+  static constexpr int kFirstGpu = -1;
+  explicit Engine(const std::string& device, bool early_cpu = false, int gpus = kFirstGpu);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -47,8 +52,9 @@ class Engine {
   // start_qdq begin a conversion with its error statistics and return once x has been read (its memory
   // may be released then); the outputs' host memory (q's, y's) must stay alive and is written by the
   // time finish() returns that conversion. Conversions finish in the order started. The GPU engine keeps
-  // up to depth() = 2 in flight, each with a stream and buffers of its own: the next tensor's staging
-  // copy and upload overlap the previous one's kernels and download. The CPU engine converts in
+  // up to depth() = 2 per GPU in flight, each with a stream and buffers of its own, the GPUs taken in
+  // turn: the next tensor's staging copy and upload overlap the previous one's kernels and download, and
+  // with several GPUs the tensors convert side by side. The CPU engine converts in
   // start_* (depth 1), a band of rows at a time with each band's statistics while it is in cache.
   // finish() waits for the oldest and returns its statistics (dense x, linear scales, no clip mask,
   // NVFP4 with o.tensor_scale; on the CPU also no stochastic rounding or random signs); otherwise

@@ -46,6 +46,8 @@ int main(int argc, char** argv) {
   c_quant->add_option("--include", quant.include, "quantize only weights whose name matches this regex (repeatable)");
   c_quant->add_option("--exclude", quant.exclude, "leave weights whose name matches this regex (repeatable)");
   c_quant->add_option("--device", quant.device, "cpu, cuda or auto")->capture_default_str();
+  c_quant->add_option("--gpus", quant.gpus, "with a GPU: how many of the visible GPUs convert tensors side by side (0: all)")
+      ->check(CLI::Range(0, 4096))->capture_default_str();
   c_quant->add_option("--rotate", quant.rotate,
                       "had<RS> (RS 16..256): rotate each quantized Linear's input by the normalised "
                       "Hadamard transform per block of RS (the weight here, the activations by the loader: "
@@ -68,6 +70,8 @@ int main(int argc, char** argv) {
   c_qdq->add_option("--include", fq.include, "fake-quantize only weights whose name matches this regex (repeatable)");
   c_qdq->add_option("--exclude", fq.exclude, "leave weights whose name matches this regex (repeatable)");
   c_qdq->add_option("--device", fq.device, "cpu, cuda or auto")->capture_default_str();
+  c_qdq->add_option("--gpus", fq.gpus, "with a GPU: how many of the visible GPUs convert tensors side by side (0: all)")
+      ->check(CLI::Range(0, 4096))->capture_default_str();
   c_qdq->add_option("--rotate", fq.rotate,
                     "had<RS> or rhad<RS> (RS 16..256): rotate each weight's groups of RS before quantizing and rotate back "
                     "after (the weights stay in the model's domain); weights whose K is not a multiple of RS are left "

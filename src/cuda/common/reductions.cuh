@@ -121,7 +121,8 @@ __device__ __forceinline__ void sr_words(u64 seed, u64 j0, int B, u32 (&a)[C]) {
   if constexpr (C >= 8) {
     const int lp = sr_log2_per_call(B), nw = C * B / 32;
     const u32 in_call = u32(j0) & ((1u << lp) - 1u);  // j0's field in its call
-    const bool whole = nw >= 4 && in_call == 0;
+    // (whole calls are counted on from j0's: not across 2^64, where the element index wraps to 0)
+    const bool whole = nw >= 4 && in_call == 0 && j0 + u64(C - 1) >= j0;
     const bool part = nw < 4 && (u32(j0) & u32(C - 1)) == 0;
     if (whole || part) {
       if (whole) {

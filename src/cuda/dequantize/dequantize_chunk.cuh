@@ -131,6 +131,33 @@ __device__ __forceinline__ void nvfp4_dequant_chunk(const Params& p, const Coord
   store_chunk<DT, C>(p, c.row, c.k0, c.full, out, nan);
 }
 
+// The chunk's values as fp32 bits (exact, or +Inf past FLT_MAX, as the reference's fp32 dequantize;
+// an NVFP4 NaN/Inf block as NaN): the input of the inverse rotations. c must be live (active, k0 < K).
+template <class Fmt, int C>
+__device__ __forceinline__ void dequant_f32(const Params& p, const Coord& c, u32 (&v)[C]) {
+  u32 codes[C], cw[code_words<Fmt, C>()];
+  std::uint8_t sb;
+  load_codes<Fmt, C>(p, c, codes, sb, cw);
+  if constexpr (Fmt::nvfp4) {
+    if (nvfp4_dequant_values<DType::f32, C>(nv_scale(p), codes, sb, v)) {
+#pragma unroll
+      for (int e = 0; e < C; ++e) v[e] = 0x7FC00000u;
+    }
+  } else if constexpr (Fmt::elem == ElemType::e2m1) {
+    // MXFP4 under a scale 2^e, e in [-125, 125]: every product is a normal fp32 (or zero), exact.
+    const int e = int(sb) - kE8M0Bias;
+    if (e >= -125 && e <= 125) {
+      const float sc = pow2f(e);
+#pragma unroll
+      for (int i = 0; i < C; ++i) v[i] = f2u(mul_rn(e2m1_value(codes[i] & 7u), sc)) | ((codes[i] >> 3) << 31);
+    } else {
+      mx_dequant_values<Fmt, DType::f32, C>(codes, sb, v);
+    }
+  } else {
+    mx_dequant_values<Fmt, DType::f32, C>(codes, sb, v);
+  }
+}
+
 template <class Fmt, DType DT, int C>
 __global__ void __launch_bounds__(kThreads) dequant_kernel(const Params p) {
   const Coord c = coord<C>(p, i64(blockIdx.x) * kThreads + threadIdx.x);

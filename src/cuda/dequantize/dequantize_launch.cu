@@ -8,6 +8,7 @@
 namespace mxq::cuda {
 
 void dequantize(const core::Problem& p, const QuantizedIn& q, const Tensor& y) {
+  if (p.opt.rotation == Rotation::matrix) return dequantize_matrix(p, q, y);
   if (p.opt.rotation != Rotation::none) return dequantize_rotated(p, q, y);
   const cudaStream_t s = stream_of(p);
   DequantLaunch l = dequant_launch(p, q, y);

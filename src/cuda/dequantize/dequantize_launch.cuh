@@ -2,6 +2,8 @@
 // The host side the dequantize launches share (plain: dequantize_launch.cu; with a rotation:
 // rotate/rotate_dequantize_launch.cu): the kernel parameters of a problem, and the dispatch to the
 // kernel's compile-time format, output dtype and chunk size.
+#include <optional>
+
 #include "core/dispatch.hpp"
 #include "cuda/common/launch.cuh"
 
@@ -13,9 +15,10 @@ struct DequantLaunch {
 };
 
 // Codes, scales and output of problem p; one thread per chunk (the rotated kernel's last warp has
-// lanes past the end, which take part in the shuffles).
-inline DequantLaunch dequant_launch(const core::Problem& p, const QuantizedIn& q, const Tensor& y) {
-  DequantLaunch l{make_plan(p, int(dtype_size(y.dtype)), y.stride() == p.K && dense_quantized(p, q.codes, q.scales, nullptr)), {}};
+// lanes past the end, which take part in the shuffles). plan: the launch's own plan (the matrix
+// rotation's), else the problem's.
+inline DequantLaunch dequant_launch(const core::Problem& p, const QuantizedIn& q, const Tensor& y, std::optional<Plan> plan = {}) {
+  DequantLaunch l{plan ? *plan : make_plan(p, int(dtype_size(y.dtype)), y.stride() == p.K && dense_quantized(p, q.codes, q.scales, nullptr)), {}};
   Params& k = l.k;
   k = base_params(p, l.pl);
   k.codes = static_cast<std::uint8_t*>(q.codes.data);

@@ -8,7 +8,8 @@ namespace mxq::cuda {
 
 void qdq(const core::Problem& p, const Tensor& x, const Tensor& y) {
   const cudaStream_t s = stream_of(p);
-  const Plan pl = make_plan(p, int(dtype_size(x.dtype)), x.stride() == p.K && y.stride() == p.K);
+  const bool matrix = p.opt.rotation == Rotation::matrix;
+  const Plan pl = matrix ? matrix_plan() : make_plan(p, int(dtype_size(x.dtype)), x.stride() == p.K && y.stride() == p.K);
   Params k = base_params(p, pl);
   k.x = static_cast<const std::uint8_t*>(x.data);
   k.x_stride = x.stride() * dtype_size(x.dtype);
@@ -17,12 +18,14 @@ void qdq(const core::Problem& p, const Tensor& x, const Tensor& y) {
   k.fused_amax = !rot && fuses_amax(p, pl, x.dtype, k.x, k.x_stride);
   // The fused amax (launch_block_kernel) zeroes the accumulator itself where it needs it.
   if (!k.fused_amax && p.amax_acc) {
-    if (rot) enqueue_rotated_amax(p.fn, x.dtype, pl, k, p.amax_acc, s);
+    if (matrix) enqueue_matrix_amax(p.fn, p.opt, x.dtype, k, p.amax_acc, s);
+    else if (rot) enqueue_rotated_amax(p.fn, x.dtype, pl, k, p.amax_acc, s);
     else enqueue_amax(p.fn, x, p.amax_acc, s);
   }
   k.y = static_cast<std::uint8_t*>(y.data);
   k.y_stride = y.stride() * dtype_size(y.dtype);
-  if (rot) launch_rotated<true>(p.fn, p, x.dtype, pl, k, s);
+  if (matrix) launch_matrix(true, p.fn, p, x.dtype, k, s);
+  else if (rot) launch_rotated<true>(p.fn, p, x.dtype, pl, k, s);
   else launch_block_kernel<true>(p.fn, p, x.dtype, pl, k, s);
 }
 

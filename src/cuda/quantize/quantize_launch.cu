@@ -9,7 +9,8 @@ namespace mxq::cuda {
 void quantize(const core::Problem& p, const Tensor& x, const QuantizedOut& out) {
   const char* fn = p.fn;
   const cudaStream_t s = stream_of(p);
-  const Plan pl = make_plan(p, int(dtype_size(x.dtype)), x.stride() == p.K && dense_quantized(p, out.codes, out.scales, &out.clip_mask));
+  const bool matrix = p.opt.rotation == Rotation::matrix;
+  const Plan pl = matrix ? matrix_plan() : make_plan(p, int(dtype_size(x.dtype)), x.stride() == p.K && dense_quantized(p, out.codes, out.scales, &out.clip_mask));
   Params k = base_params(p, pl);
   k.x = static_cast<const std::uint8_t*>(x.data);
   k.x_stride = x.stride() * dtype_size(x.dtype);
@@ -18,7 +19,8 @@ void quantize(const core::Problem& p, const Tensor& x, const QuantizedOut& out) 
   k.fused_amax = !rot && fuses_amax(p, pl, x.dtype, k.x, k.x_stride);
   // The fused amax (launch_block_kernel) zeroes the accumulator itself where it needs it.
   if (!k.fused_amax && p.amax_acc) {
-    if (rot) enqueue_rotated_amax(fn, x.dtype, pl, k, p.amax_acc, s);
+    if (matrix) enqueue_matrix_amax(fn, p.opt, x.dtype, k, p.amax_acc, s);
+    else if (rot) enqueue_rotated_amax(fn, x.dtype, pl, k, p.amax_acc, s);
     else enqueue_amax(fn, x, p.amax_acc, s);
   }
   k.codes = static_cast<std::uint8_t*>(out.codes.data);
@@ -30,7 +32,8 @@ void quantize(const core::Problem& p, const Tensor& x, const QuantizedOut& out) 
   k.codes_vec = aligned(k.codes, k.codes_stride, p.fp4 ? pl.C / 2 : pl.C);
   if (k.swizzled && (p.scale_rows_padded != p.rows || p.scale_cols_padded != p.nblocks))
     check(cudaMemsetAsync(k.scales, 0, p.scale_rows_padded * p.scale_cols_padded, s), fn, "zeroing swizzle padding");
-  if (rot) launch_rotated<false>(fn, p, x.dtype, pl, k, s);
+  if (matrix) launch_matrix(false, fn, p, x.dtype, k, s);
+  else if (rot) launch_rotated<false>(fn, p, x.dtype, pl, k, s);
   else launch_block_kernel<false>(fn, p, x.dtype, pl, k, s);
   // The amax -> S after the kernel read it (in place when the output is the accumulator), or S given.
   if (out.tensor_scale) enqueue_tensor_scale(fn, out.tensor_scale, p.amax_acc, p.S, s);

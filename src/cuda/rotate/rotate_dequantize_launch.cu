@@ -13,8 +13,8 @@ namespace {
 
 // One chunk per thread as dequant_kernel, but no thread leaves before the rotation's shuffles: chunks
 // past the end (whole rotation groups) carry zeros through them and store nothing. The values are
-// decoded to fp32 (exact, or +Inf past FLT_MAX, as the reference's fp32 dequantize), rotated back and
-// rounded once to DT; a NaN anywhere in a rotation group makes the group NaN (the canonical NaN).
+// decoded to fp32 (dequant_f32), rotated back and rounded once to DT; a NaN anywhere in a rotation
+// group makes the group NaN (the canonical NaN).
 template <class Fmt, DType DT, int C>
 __global__ void __launch_bounds__(kThreads) dequant_rotated_kernel(const Params p) {
   const Coord c = coord<C>(p, i64(blockIdx.x) * kThreads + threadIdx.x);
@@ -22,29 +22,7 @@ __global__ void __launch_bounds__(kThreads) dequant_rotated_kernel(const Params 
   u32 v[C];
 #pragma unroll
   for (int e = 0; e < C; ++e) v[e] = 0;
-  if (live) {
-    u32 codes[C], cw[code_words<Fmt, C>()];
-    std::uint8_t sb;
-    load_codes<Fmt, C>(p, c, codes, sb, cw);
-    if constexpr (Fmt::nvfp4) {
-      if (nvfp4_dequant_values<DType::f32, C>(nv_scale(p), codes, sb, v)) {
-#pragma unroll
-        for (int e = 0; e < C; ++e) v[e] = 0x7FC00000u;
-      }
-    } else if constexpr (Fmt::elem == ElemType::e2m1) {
-      // MXFP4 under a scale 2^e, e in [-125, 125]: every product is a normal fp32 (or zero), exact.
-      const int e = int(sb) - kE8M0Bias;
-      if (e >= -125 && e <= 125) {
-        const float sc = pow2f(e);
-#pragma unroll
-        for (int i = 0; i < C; ++i) v[i] = f2u(mul_rn(e2m1_value(codes[i] & 7u), sc)) | ((codes[i] >> 3) << 31);
-      } else {
-        mx_dequant_values<Fmt, DType::f32, C>(codes, sb, v);
-      }
-    } else {
-      mx_dequant_values<Fmt, DType::f32, C>(codes, sb, v);
-    }
-  }
+  if (live) dequant_f32<Fmt, C>(p, c, v);
   rotate_chunk<C, true>(p, rotation_lane_signs<C>(p), v);
   if (!live) return;
   u32 out[C];

@@ -1,0 +1,81 @@
+// dequantize with a rotation by a runtime matrix (decode to fp32, rotate by R^-1 on the FP64 tensor
+// cores, round once to the output dtype), and the tensor amax of a matrix-rotated tensor (NVFP4's
+// computed tensor scale): cuda/rotate/matrix.cuh.
+#include "core/dispatch.hpp"
+#include "cuda/common/rotation.cuh"
+#include "cuda/dequantize/dequantize_chunk.cuh"
+#include "cuda/dequantize/dequantize_launch.cuh"
+#include "cuda/rotate/matrix_launch.cuh"
+#include "cuda/rotate/rotate.hpp"
+
+namespace mxq::cuda {
+namespace {
+
+template <DType DT>
+__device__ __forceinline__ void matrix_store(const Params& p, const Coord& c, const u32 (&y)[kMatrixChunk]) {
+  u32 out[kMatrixChunk];
+#pragma unroll
+  for (int e = 0; e < kMatrixChunk; ++e) {
+    const float f = u2f(y[e]);
+    out[e] = hi16<DT>(f != f ? nan_bits(DT) : to_dtype_bits_nonnan<DT>(f));  // = f32_to_dtype_bits off NaN
+  }
+  store_chunk<DT, kMatrixChunk>(p, c.row, c.k0, c.full, out, false);
+}
+
+// The output's dtype is m.dt (a warp-uniform choice at each store).
+template <class Fmt>
+__global__ void __launch_bounds__(kMatrixThreads) matrix_dequant_kernel(const Params p, const MatrixArgs m) {
+  matrix_tiles(
+      p, m,
+      [&](const Coord& c, u32 (&v)[kMatrixChunk]) {
+        if (c.active && c.k0 < p.K) {
+          dequant_f32<Fmt, kMatrixChunk>(p, c, v);
+        } else {
+#pragma unroll
+          for (int e = 0; e < kMatrixChunk; ++e) v[e] = 0;
+        }
+      },
+      [&](const Coord& c, const u32 (&y)[kMatrixChunk]) {
+        if (!c.active || c.k0 >= p.K) return;
+        if (m.dt == DType::bf16) matrix_store<DType::bf16>(p, c, y);
+        else if (m.dt == DType::f16) matrix_store<DType::f16>(p, c, y);
+        else matrix_store<DType::f32>(p, c, y);
+      });
+}
+
+// max |x R| (fp32 bits) atomicMax'ed into *m.acc, one atomic per warp.
+__global__ void __launch_bounds__(kMatrixThreads) matrix_amax_kernel(const Params p, const MatrixArgs m) {
+  u32 am = 0;
+  matrix_tiles(
+      p, m, [&](const Coord& c, u32 (&v)[kMatrixChunk]) { matrix_load(p, m, c, v); },
+      [&](const Coord&, const u32 (&y)[kMatrixChunk]) {
+#pragma unroll
+        for (int e = 0; e < kMatrixChunk; ++e) am = umax(am, y[e] & 0x7FFFFFFFu);
+      });
+  am = warp_max(am);
+  if ((threadIdx.x & 31u) == 0) atomicMax(m.acc, am);
+}
+
+}  // namespace
+
+void enqueue_matrix_amax(const char* fn, const QuantOptions& o, DType dt, const Params& k, u32* acc, cudaStream_t s) {
+  check(cudaMemsetAsync(acc, 0, sizeof(u32), s), fn, "zeroing the amax accumulator");
+  if (k.total == 0) return;
+  Params a = k;
+  core::dispatch_dtype(dt, [&](auto dtc) { a.x_vec = aligned(a.x, a.x_stride, vec_align<decltype(dtc)::value, kMatrixChunk>()); });
+  MatrixArgs m = matrix_args(o, false, dt);
+  m.acc = acc;
+  launch_matrix_kernel<matrix_amax_kernel>(fn, a, m, s, "matrix-rotated amax kernel");
+}
+
+void dequantize_matrix(const core::Problem& p, const QuantizedIn& q, const Tensor& y) {
+  DequantLaunch l = dequant_launch(p, q, y, matrix_plan());
+  set_rotation(l.k, p.opt);
+  core::dispatch_dtype(y.dtype, [&](auto dtc) { l.k.y_vec = aligned(l.k.y, l.k.y_stride, vec_align<decltype(dtc)::value, kMatrixChunk>()); });
+  const MatrixArgs m = matrix_args(p.opt, true, y.dtype);
+  core::dispatch_format(p.opt.format, [&](auto fmt) {
+    launch_matrix_kernel<matrix_dequant_kernel<decltype(fmt)>>(p.fn, l.k, m, stream_of(p), "matrix-rotated dequantize kernel");
+  });
+}
+
+}  // namespace mxq::cuda

@@ -1,0 +1,50 @@
+// quantize and QDQ with a rotation by a runtime matrix (cuda/rotate/matrix.cuh): each warp tile is
+// rotated on the FP64 tensor cores, then its chunks take the rotated launches' chunk code (fp32
+// chunks; QDQ's outputs rounded to the view's dtype), with the runtime rule and rounding.
+#include "core/dispatch.hpp"
+#include "cuda/quantize/choices.cuh"
+#include "cuda/quantize/mx_chunk.cuh"
+#include "cuda/quantize/nvfp4_chunk.cuh"
+#include "cuda/rotate/matrix_launch.cuh"
+#include "cuda/rotate/rotate.hpp"
+
+namespace mxq::cuda {
+namespace {
+
+using RuntimeChoices = Choices<ScaleChoice::runtime, RoundChoice::runtime>;
+static_assert(kMatrixThreads >= 128 && kMatrixThreads <= kThreads, "fill_nv_tables fills its 128 entries in one pass of the block (a stride of kThreads)");
+
+// ODT: QDQ's output dtype (quantize: f32, unused; the input's dtype is m.dt at run time).
+template <class Fmt, DType ODT, bool QDQ>
+__global__ void __launch_bounds__(kMatrixThreads) matrix_quant_kernel(const Params p, const MatrixArgs m) {
+  __shared__ NvTables nvt;
+  NvScale nv;
+  if constexpr (Fmt::nvfp4) {
+    nv = nv_scale(p);
+    fill_nv_tables<ODT, QDQ>(nv, nvt);  // every thread reaches its barrier
+  }
+  matrix_tiles(
+      p, m, [&](const Coord& c, u32 (&v)[kMatrixChunk]) { matrix_load(p, m, c, v); },
+      [&](const Coord& c, const u32 (&y)[kMatrixChunk]) {
+        if constexpr (Fmt::nvfp4) nvfp4_chunk<DType::f32, kMatrixChunk, QDQ, RuntimeChoices, ODT>(p, c, nv, nvt, y);
+        else mx_chunk<Fmt, DType::f32, kMatrixChunk, QDQ, RuntimeChoices, ODT>(p, c, y);
+      });
+}
+
+}  // namespace
+
+void launch_matrix(bool qdq, const char* fn, const core::Problem& p, DType dt, Params& k, cudaStream_t s) {
+  const MatrixArgs m = matrix_args(p.opt, false, dt);
+  core::dispatch_dtype(dt, [&](auto dtc) { k.x_vec = aligned(k.x, k.x_stride, vec_align<decltype(dtc)::value, kMatrixChunk>()); });
+  core::dispatch_format(p.opt.format, [&](auto fmt) {
+    using Fmt = decltype(fmt);
+    if (!qdq) return launch_matrix_kernel<matrix_quant_kernel<Fmt, DType::f32, false>>(fn, k, m, s, "matrix-rotated quantize kernel");
+    core::dispatch_dtype(dt, [&](auto dtc) {
+      constexpr DType DT = decltype(dtc)::value;
+      k.y_vec = aligned(k.y, k.y_stride, vec_align<DT, kMatrixChunk>());
+      launch_matrix_kernel<matrix_quant_kernel<Fmt, DT, true>>(fn, k, m, s, "matrix-rotated qdq kernel");
+    });
+  });
+}
+
+}  // namespace mxq::cuda
