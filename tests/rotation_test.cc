@@ -1011,133 +1011,140 @@ TEST(CudaRotationMatrixBf16, WithinTheStatedBound) {
       const th::HostTensor m = matrix_tensor(mv, rs, DType::bf16);
       th::Placed md(Backend::cuda, m);
       const std::int64_t R = 24, K = 1024;
-      th::HostTensor x = th::llm_like(DType::bf16, R, K, 900 + rs);
-      x.set(3, 5, std::nanf(""));
-      x.set(R - 1, K - 2, INFINITY);
-      // The exact y and its bound, per element.
-      std::vector<double> y(std::size_t(R * K)), bnd(std::size_t(R * K));
-      std::vector<char> special(std::size_t(R * K), 0);
-      for (std::int64_t r = 0; r < R; ++r)
-        for (std::int64_t k0 = 0; k0 < K; k0 += rs)
-          for (int j = 0; j < rs; ++j) {
-            double s = 0, a = 0;
-            bool fin = true;
-            for (int i = 0; i < rs; ++i) {
-              const double xi = x.get(r, k0 + i), rij = mv[std::size_t(i) * rs + j];
-              if (!std::isfinite(xi)) fin = false;
-              s += xi * rij;
-              a += std::fabs(xi * rij);
-            }
-            const std::size_t at = std::size_t(r * K + k0 + j);
-            y[at] = s;
-            bnd[at] = rs * std::ldexp(a, -20) + rs * std::ldexp(1.0, -126);
-            special[at] = !fin;
-          }
-      const QuantOptions nv_given = [] {
-        QuantOptions o = QuantOptions::nvfp4();
-        o.tensor_scale = 448.0f * 6.0f / 40.0f;
-        return o;
-      }();
-      for (const QuantOptions& base : {QuantOptions::mx(Format::mxfp4, ScaleRule::even),
-                                       QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::rceil), nv_given, QuantOptions::nvfp4()}) {
-        const std::string what = th::name_of(base) + " RS " + std::to_string(rs) + " " + mname;
-        SCOPED_TRACE(what);
-        th::Scalar ws(Backend::cuda);
-        QuantOptions co = th::on(Backend::cuda, with_matrix(base, rs, m, nullptr), ws);
-        co.rotation_matrix = md.view();
-        co.matrix_precision = MatrixPrecision::bf16;
-        th::Placed xd(Backend::cuda, x);
-        th::PlacedQuantized qd(Backend::cuda, co, R, K);
-        quantize(xd.view(), qd.out(), co);
-        th::Quantized g = qd.host;
-        g.codes = qd.codes.get();
-        g.scales = qd.scales.get();
-        const bool nv = base.format == Format::nvfp4;
-        const core::FloatSpec elem = nv || base.format == Format::mxfp4 ? core::kE2M1 : core::kE4M3;
-        const int gs = nv ? 16 : 32;
-        float S = 1.0f;
-        if (nv) {
-          S = qd.S.value();
-          if (!base.tensor_scale) {  // computed: from the amax of the GPU's y, within the bounds
-            double lo = 0, hi = 0;
-            for (std::size_t i = 0; i < y.size(); ++i)
-              if (!special[i]) lo = std::max(lo, std::fabs(y[i]) - bnd[i]), hi = std::max(hi, std::fabs(y[i]) + bnd[i]);
-            // S = 448 * 6 / amax in fp32 arithmetic; a generous ulp either side
-            EXPECT_GE(double(S), 2688.0 / hi * (1 - 1e-6)) << "S " << S << " amax bounds " << lo << " " << hi;
-            EXPECT_LE(double(S), 2688.0 / lo * (1 + 1e-6)) << "S " << S << " amax bounds " << lo << " " << hi;
-          } else {
-            EXPECT_EQ(S, *base.tensor_scale);
-          }
+      // With a NaN and an infinity (their blocks, and NVFP4's computed S = 1), and without (S from the amax).
+      for (const bool specials : {true, false}) {
+        th::HostTensor x = th::llm_like(DType::bf16, R, K, 900 + rs);
+        if (specials) {
+          x.set(3, 5, std::nanf(""));
+          x.set(R - 1, K - 2, INFINITY);
         }
-        std::ostringstream first;
-        int shown = 0;
-        auto down = [](double v) { return std::nextafter(float(v), -INFINITY); };
-        auto up = [](double v) { return std::nextafter(float(v), INFINITY); };
+        // The exact y and its bound, per element.
+        std::vector<double> y(std::size_t(R * K)), bnd(std::size_t(R * K));
+        std::vector<char> special(std::size_t(R * K), 0);
         for (std::int64_t r = 0; r < R; ++r)
-          for (std::int64_t b = 0; b < K / gs; ++b) {
-            ++n_blocks;
-            bool sp = false;
-            double alo = 0, ahi = 0, amax = 0;
-            for (int i = 0; i < gs; ++i) {
-              const std::size_t at = std::size_t(r * K + b * gs + i);
-              sp = sp || special[at] || !std::isfinite(y[at]);
-              alo = std::max(alo, std::fabs(y[at]) - bnd[at]);
-              ahi = std::max(ahi, std::fabs(y[at]) + bnd[at]);
-              amax = std::max(amax, std::fabs(y[at]));
+          for (std::int64_t k0 = 0; k0 < K; k0 += rs)
+            for (int j = 0; j < rs; ++j) {
+              double s = 0, a = 0;
+              bool fin = true;
+              for (int i = 0; i < rs; ++i) {
+                const double xi = x.get(r, k0 + i), rij = mv[std::size_t(i) * rs + j];
+                if (!std::isfinite(xi)) fin = false;
+                s += xi * rij;
+                a += std::fabs(xi * rij);
+              }
+              const std::size_t at = std::size_t(r * K + k0 + j);
+              y[at] = s;
+              bnd[at] = rs * std::ldexp(a, -20) + rs * std::ldexp(1.0, -126);
+              special[at] = !fin;
             }
-            const std::uint32_t sg = g.scale(r, b);
-            if (sp) {
-              EXPECT_EQ(sg, nv ? 0x7Fu : 0xFFu) << "row " << r << " block " << b << ": a NaN or infinity in its groups";
-              continue;
-            }
-            std::uint32_t slo, shi, sx;
-            if (nv) {
-              slo = core::nvfp4_block_scale_code(down(alo), S), shi = core::nvfp4_block_scale_code(up(ahi), S);
-              sx = core::nvfp4_block_scale_code(float(amax), S);
+        const QuantOptions nv_given = [] {
+          QuantOptions o = QuantOptions::nvfp4();
+          o.tensor_scale = 448.0f * 6.0f / 40.0f;
+          return o;
+        }();
+        for (const QuantOptions& base : {QuantOptions::mx(Format::mxfp4, ScaleRule::even),
+                                         QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::rceil), nv_given, QuantOptions::nvfp4()}) {
+          const std::string what = th::name_of(base) + " RS " + std::to_string(rs) + " " + mname + (specials ? " with NaN, inf" : "");
+          SCOPED_TRACE(what);
+          th::Scalar ws(Backend::cuda);
+          QuantOptions co = th::on(Backend::cuda, with_matrix(base, rs, m, nullptr), ws);
+          co.rotation_matrix = md.view();
+          co.matrix_precision = MatrixPrecision::bf16;
+          th::Placed xd(Backend::cuda, x);
+          th::PlacedQuantized qd(Backend::cuda, co, R, K);
+          quantize(xd.view(), qd.out(), co);
+          th::Quantized g = qd.host;
+          g.codes = qd.codes.get();
+          g.scales = qd.scales.get();
+          const bool nv = base.format == Format::nvfp4;
+          const core::FloatSpec elem = nv || base.format == Format::mxfp4 ? core::kE2M1 : core::kE4M3;
+          const int gs = nv ? 16 : 32;
+          float S = 1.0f;
+          if (nv) {
+            S = qd.S.value();
+            if (!base.tensor_scale && specials) {  // computed from a non-finite amax: 1 (docs/numerics.md)
+              EXPECT_EQ(S, 1.0f);
+            } else if (!base.tensor_scale) {  // computed: from the amax of the GPU's y, within the bounds
+              double lo = 0, hi = 0;
+              for (std::size_t i = 0; i < y.size(); ++i)
+                if (!special[i]) lo = std::max(lo, std::fabs(y[i]) - bnd[i]), hi = std::max(hi, std::fabs(y[i]) + bnd[i]);
+              // S = 448 * 6 / amax in fp32 arithmetic; a generous ulp either side
+              EXPECT_GE(double(S), 2688.0 / hi * (1 - 1e-6)) << "S " << S << " amax bounds " << lo << " " << hi;
+              EXPECT_LE(double(S), 2688.0 / lo * (1 + 1e-6)) << "S " << S << " amax bounds " << lo << " " << hi;
             } else {
-              slo = std::uint32_t(core::mx_scale_exp(base.rule, down(alo), 0.0f, elem) + 127);
-              shi = std::uint32_t(core::mx_scale_exp(base.rule, up(ahi), 0.0f, elem) + 127);
-              sx = amax > 0 ? std::uint32_t(core::mx_scale_exp(base.rule, float(amax), 0.0f, elem) + 127) : 0u;
-              if (alo <= 0) slo = 0;
+              EXPECT_EQ(S, *base.tensor_scale);
             }
-            scale_diff += sg != sx;
-            bool bad = sg < slo || sg > shi;
-            for (int i = 0; i < gs; ++i) {
-              const std::int64_t k = b * gs + i;
-              const std::size_t at = std::size_t(r * K + k);
-              const float lo = down(y[at] - bnd[at]), hi = up(y[at] + bnd[at]), ex = float(y[at]);
-              auto code = [&](float v) {
-                return nv ? core::nvfp4_encode(core::f2u(v), core::nvfp4_multiplier(sg, S)) : core::encode_scaled(core::f2u(v), int(sg) - 127, elem);
-              };
-              const std::uint32_t cg = g.code(r, k);
-              ++n_codes;
-              code_diff += cg != code(ex);
-              const float dg = core::decode_f32(cg, elem), dlo = core::decode_f32(code(lo), elem), dhi = core::decode_f32(code(hi), elem);
-              if (!(dlo <= dg && dg <= dhi)) {
-                bad = true;
-                if (shown < 5)
-                  first << "\n  row " << r << " k " << k << ": y " << y[at] << " bound " << bnd[at] << " gpu code " << cg
-                        << " (" << dg << ") allowed [" << dlo << ", " << dhi << "]";
+          }
+          std::ostringstream first;
+          int shown = 0;
+          auto down = [](double v) { return std::nextafter(float(v), -INFINITY); };
+          auto up = [](double v) { return std::nextafter(float(v), INFINITY); };
+          for (std::int64_t r = 0; r < R; ++r)
+            for (std::int64_t b = 0; b < K / gs; ++b) {
+              ++n_blocks;
+              bool sp = false;
+              double alo = 0, ahi = 0, amax = 0;
+              for (int i = 0; i < gs; ++i) {
+                const std::size_t at = std::size_t(r * K + b * gs + i);
+                sp = sp || special[at] || !std::isfinite(y[at]);
+                alo = std::max(alo, std::fabs(y[at]) - bnd[at]);
+                ahi = std::max(ahi, std::fabs(y[at]) + bnd[at]);
+                amax = std::max(amax, std::fabs(y[at]));
+              }
+              const std::uint32_t sg = g.scale(r, b);
+              if (sp) {
+                EXPECT_EQ(sg, nv ? 0x7Fu : 0xFFu) << "row " << r << " block " << b << ": a NaN or infinity in its groups";
+                continue;
+              }
+              std::uint32_t slo, shi, sx;
+              if (nv) {
+                slo = core::nvfp4_block_scale_code(down(alo), S), shi = core::nvfp4_block_scale_code(up(ahi), S);
+                sx = core::nvfp4_block_scale_code(float(amax), S);
+              } else {
+                slo = std::uint32_t(core::mx_scale_exp(base.rule, down(alo), 0.0f, elem) + 127);
+                shi = std::uint32_t(core::mx_scale_exp(base.rule, up(ahi), 0.0f, elem) + 127);
+                sx = amax > 0 ? std::uint32_t(core::mx_scale_exp(base.rule, float(amax), 0.0f, elem) + 127) : 0u;
+                if (alo <= 0) slo = 0;
+              }
+              scale_diff += sg != sx;
+              bool bad = sg < slo || sg > shi;
+              for (int i = 0; i < gs; ++i) {
+                const std::int64_t k = b * gs + i;
+                const std::size_t at = std::size_t(r * K + k);
+                const float lo = down(y[at] - bnd[at]), hi = up(y[at] + bnd[at]), ex = float(y[at]);
+                auto code = [&](float v) {
+                  return nv ? core::nvfp4_encode(core::f2u(v), core::nvfp4_multiplier(sg, S)) : core::encode_scaled(core::f2u(v), int(sg) - 127, elem);
+                };
+                const std::uint32_t cg = g.code(r, k);
+                ++n_codes;
+                code_diff += cg != code(ex);
+                const float dg = core::decode_f32(cg, elem), dlo = core::decode_f32(code(lo), elem), dhi = core::decode_f32(code(hi), elem);
+                if (!(dlo <= dg && dg <= dhi)) {
+                  bad = true;
+                  if (shown < 5)
+                    first << "\n  row " << r << " k " << k << ": y " << y[at] << " bound " << bnd[at] << " gpu code " << cg
+                          << " (" << dg << ") allowed [" << dlo << ", " << dhi << "]";
+                }
+              }
+              if (bad) {
+                ++outside;
+                if (shown++ < 5)
+                  first << "\n  row " << r << " block " << b << ": amax " << amax << " [" << alo << ", " << ahi << "] gpu scale "
+                        << sg << " allowed [" << slo << ", " << shi << "]";
               }
             }
-            if (bad) {
-              ++outside;
-              if (shown++ < 5)
-                first << "\n  row " << r << " block " << b << ": amax " << amax << " [" << alo << ", " << ahi << "] gpu scale "
-                      << sg << " allowed [" << slo << ", " << shi << "]";
-            }
-          }
-        EXPECT_EQ(outside, 0) << "blocks outside the bound:" << first.str();
-        // QDQ: the GPU's codes decoded (CPU dequantize without a rotation, to bf16)
-        QuantOptions plain = base;
-        plain.backend = Backend::reference;
-        plain.tensor_scale = nv ? std::optional<float>(S) : std::nullopt;
-        th::HostTensor dq(DType::bf16, R, K);
-        dequantize(g.in(), dq.view(), plain);
-        th::Placed yd(Backend::cuda, th::HostTensor(DType::bf16, R, K));
-        qdq(xd.view(), yd.view(), co);
-        th::expect_same_bytes(dq, yd.get(), "qdq against the GPU's codes decoded");
-        if (testing::Test::HasFailure()) return;
+          EXPECT_EQ(outside, 0) << "blocks outside the bound:" << first.str();
+          // QDQ: the GPU's codes decoded (CPU dequantize without a rotation, to bf16)
+          QuantOptions plain = base;
+          plain.backend = Backend::reference;
+          plain.tensor_scale = nv ? std::optional<float>(S) : std::nullopt;
+          th::HostTensor dq(DType::bf16, R, K);
+          dequantize(g.in(), dq.view(), plain);
+          th::Placed yd(Backend::cuda, th::HostTensor(DType::bf16, R, K));
+          qdq(xd.view(), yd.view(), co);
+          th::expect_same_bytes(dq, yd.get(), "qdq against the GPU's codes decoded");
+          if (testing::Test::HasFailure()) return;
+        }
       }
     }
   }

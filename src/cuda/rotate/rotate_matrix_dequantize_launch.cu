@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kMatrixThreads) matrix_amax_kernel(const Param
 #pragma unroll
     for (int e = 0; e < kMatrixChunk; ++e) am = umax(am, y[e] & 0x7FFFFFFFu);
   };
-  if constexpr (BF16) matrix_tiles_bf16(p, m, [&](const Coord& c, u32 (&v)[kMatrixChunk]) { matrix_load<DType::bf16>(p, c, v); }, finish);
+  if constexpr (BF16) matrix_tiles_bf16(p, m, finish);
   else matrix_tiles(p, m, [&](const Coord& c, u32 (&v)[kMatrixChunk]) { matrix_load(p, m, c, v); }, finish);
   am = warp_max(am);
   if ((threadIdx.x & 31u) == 0) atomicMax(m.acc, am);

@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(kMatrixThreads) matrix_quant_kernel(const Para
     else mx_chunk<Fmt, DType::f32, kMatrixChunk, QDQ, RuntimeChoices, ODT>(p, c, y);
   };
   if constexpr (BF16) {
-    matrix_tiles_bf16(p, m, [&](const Coord& c, u32 (&v)[kMatrixChunk]) { matrix_load<DType::bf16>(p, c, v); }, finish);
+    matrix_tiles_bf16(p, m, finish);
   } else {
     matrix_tiles(p, m, [&](const Coord& c, u32 (&v)[kMatrixChunk]) { matrix_load(p, m, c, v); }, finish);
   }
