@@ -232,7 +232,7 @@ int run(int argc, char** argv) {
 
     // A runtime matrix (Rotation::matrix; bf16 R in device memory, its own inverse here: the normalised
     // Hadamard matrix rounded to bf16): the same byte model, plus 2 RS FP64 flops per element on the
-    // FP64 tensor cores (at RS = 128 about 1 ms of the H200's 67 TFLOP/s for 32768 x 8192).
+    // FP64 tensor cores (at RS = 128 at least 1 ms at the 67 TFLOP/s of the H100 / H200 for 32768 x 8192).
     std::vector<DeviceBuffer> mats;
     auto mat = [&](mxq::QuantOptions o, int rs) {
       std::vector<std::uint16_t> h(std::size_t(rs) * rs);
@@ -246,13 +246,26 @@ int run(int argc, char** argv) {
       o.rotation_matrix = o.rotation_inverse = mxq::Tensor::of(mats.back().get(), mxq::DType::bf16, rs, rs, 0, mxq::Device::cuda);
       return o;
     };
-    mats.reserve(8);
+    mats.reserve(16);
     qdq_row("mxfp4", mat(mxfp4, 32), "even, matrix32");
     qdq_row("mxfp4", mat(mxfp4, 128), "even, matrix128");
     qdq_row("mxfp4", mat(mxfp4, 256), "even, matrix256");
     qdq_row("nvfp4", mat(nv_given, 128), "given S, matrix128");
     quant_row("mxfp4", mat(mxfp4, 128), "even, swizzled, matrix128");
     quant_row("nvfp4", mat(nv_given, 128), "given S, swizzled, matrix128");
+    // The same with MatrixPrecision::bf16: the bf16 tensor cores' fp32 sums (within the stated bound, not
+    // the exact bytes); 2 RS bf16 flops per element. Its dequantize rows sum R^-1 exactly, as above.
+    auto matb = [&](mxq::QuantOptions o, int rs) {
+      o = mat(o, rs);
+      o.matrix_precision = mxq::MatrixPrecision::bf16;
+      return o;
+    };
+    qdq_row("mxfp4", matb(mxfp4, 32), "even, matrix32 bf16");
+    qdq_row("mxfp4", matb(mxfp4, 128), "even, matrix128 bf16");
+    qdq_row("nvfp4", matb(nv_given, 128), "given S, matrix128 bf16");
+    qdq_row("nvfp4", matb(nv_auto, 128), "computed S, matrix128 bf16");
+    quant_row("mxfp4", matb(mxfp4, 128), "even, swizzled, matrix128 bf16");
+    quant_row("nvfp4", matb(nv_given, 128), "given S, swizzled, matrix128 bf16");
   }
 
   // The vllm-qdq-plugin's benchmark shape (its CuTe kernel: 88 us for MXFP4 QDQ of [1024, 4096] bf16

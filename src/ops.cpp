@@ -187,10 +187,19 @@ void check_rotation_on_cuda(const Checker& c, const Problem& p, Backend b, bool 
                   " on the CUDA backend: rotations there need groups of 8 or more elements (the CPU backends take any)");
 }
 
-// quantize and qdq rotate by R: a matrix rotation needs R there.
-void check_rotation_matrix(const Checker& c, const QuantOptions& opt) {
+// quantize and qdq rotate by R: a matrix rotation needs R there; its bf16 precision needs bf16 data and
+// a bf16 R (the tensor cores' operands, exact).
+void check_rotation_matrix(const Checker& c, const QuantOptions& opt, const Tensor& x) {
   if (opt.rotation == Rotation::matrix && !opt.rotation_matrix.data)
     c.fail("option 'rotation_matrix': missing (rotation 'matrix' needs the matrix R)");
+  if (opt.rotation == Rotation::matrix && opt.matrix_precision == MatrixPrecision::bf16) {
+    if (opt.rotation_matrix.dtype != DType::bf16)
+      c.fail("option 'rotation_matrix': dtype " + std::string(to_string(opt.rotation_matrix.dtype)) +
+             " with matrix_precision 'bf16', expected bf16 (round R to bf16 first, or use 'exact')");
+    if (x.dtype != DType::bf16)
+      c.fail("argument 'x': dtype " + std::string(to_string(x.dtype)) +
+             " with matrix_precision 'bf16', expected bf16 (the tensor cores' operands; use 'exact' for other dtypes)");
+  }
 }
 
 // dequantize rotates back: a matrix rotation needs its inverse there.
@@ -215,7 +224,7 @@ using Scratch = std::unique_ptr<float[]>;
 
 Tensor rotated_input(const Checker& c, const Problem& p, const Tensor& x, Backend b, Scratch& buf) {
   if (p.opt.rotation == Rotation::none) return x;
-  check_rotation_matrix(c, p.opt);
+  check_rotation_matrix(c, p.opt, x);
   check_rotation_on_cuda(c, p, b, false);
   if (p.empty || b == Backend::cuda) return x;
   buf.reset(new float[std::size_t(p.rows * p.K)]);
@@ -417,7 +426,7 @@ float tensor_amax(const Tensor& x, const QuantOptions& opt) {
   Checker c("tensor_amax");
   c.float_view("x", x);
   const Problem p = core::make_problem(c, opt, x.rows, x.cols);
-  check_rotation_matrix(c, opt);
+  check_rotation_matrix(c, opt, x);
   const Backend b = choose("tensor_amax", &opt, x, {{"x", x.data}}, opt.backend);
   check_rotation_on_cuda(c, p, b, false);
   if (b == Backend::cuda)

@@ -3,7 +3,9 @@
 // bytes, the fast CPU path against the reference, the inverse, the SQNR it buys on outlier data, and
 // the refusals; the CUDA backend's bytes against the reference.
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -910,6 +912,246 @@ TEST(CudaRotationMatrixOptions, RefusesAMatrixInTheOtherMemory) {
   th::Placed xf(Backend::cuda, big);
   const std::string overlap = error_of([&] { qdq(xf.view(), bd.view(), alias); });
   EXPECT_NE(overlap.find("rotation_matrix"), std::string::npos) << overlap;
+}
+
+
+// MatrixPrecision::bf16 on the CPU backends: the exact sums (within the bound by definition), so the
+// same bytes as MatrixPrecision::exact; and its refusals, each naming the argument.
+TEST(RotationMatrixBf16, CpuBackendsComputeTheExactSums) {
+  for (int rs : {16, 128}) {
+    const auto [mv, iv] = random_rotation(rs, 11 + rs, true);
+    const th::HostTensor m = matrix_tensor(mv, rs, DType::bf16);
+    const th::HostTensor x = th::llm_like(DType::bf16, 6, 256, 4);
+    for (Backend b : {Backend::reference, Backend::cpu}) {
+      QuantOptions o = with_matrix(QuantOptions::mx(Format::mxfp4, ScaleRule::even), rs, m, nullptr);
+      o.backend = b;
+      QuantOptions f = o;
+      f.matrix_precision = MatrixPrecision::bf16;
+      th::HostTensor ye(DType::bf16, 6, 256), yf(DType::bf16, 6, 256);
+      qdq(x.view(), ye.view(), o);
+      qdq(x.view(), yf.view(), f);
+      th::expect_same_bytes(ye, yf, "qdq bf16 precision against exact, RS " + std::to_string(rs));
+    }
+  }
+}
+
+TEST(RotationMatrixBf16, RefusalsNameTheArgument) {
+  const auto [mv, iv] = random_rotation(32, 5, true);
+  const th::HostTensor mb = matrix_tensor(mv, 32, DType::bf16), mf = matrix_tensor(mv, 32, DType::f32);
+  const th::HostTensor xb = th::llm_like(DType::bf16, 2, 256, 1), xf = th::llm_like(DType::f32, 2, 256, 1);
+  auto error_of = [&](const th::HostTensor& x, QuantOptions o) {
+    th::HostTensor y(x.dtype, x.rows, x.cols);
+    try {
+      qdq(x.view(), y.view(), o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  QuantOptions o = with_matrix(QuantOptions::mx(Format::mxfp4, ScaleRule::even), 32, mb, nullptr);
+  o.matrix_precision = MatrixPrecision::bf16;
+  EXPECT_EQ(error_of(xb, o), "no error");
+  std::string e = error_of(xf, o);
+  EXPECT_NE(e.find("argument 'x': dtype f32 with matrix_precision 'bf16', expected bf16"), std::string::npos) << e;
+  QuantOptions of = o;
+  of.rotation_matrix = mf.view();
+  e = error_of(xb, of);
+  EXPECT_NE(e.find("option 'rotation_matrix': dtype f32 with matrix_precision 'bf16', expected bf16"), std::string::npos) << e;
+  QuantOptions h = QuantOptions::mx(Format::mxfp4, ScaleRule::even);
+  h.rotation = Rotation::hadamard;
+  h.rotation_size = 32;
+  h.matrix_precision = MatrixPrecision::bf16;
+  e = error_of(xb, h);
+  EXPECT_NE(e.find("option 'matrix_precision': 'bf16' with rotation 'hadamard'"), std::string::npos) << e;
+  const auto [m2, i2] = random_rotation(256, 5, true);
+  const th::HostTensor m256 = matrix_tensor(m2, 256, DType::bf16);
+  QuantOptions big = with_matrix(QuantOptions::mx(Format::mxfp4, ScaleRule::even), 256, m256, nullptr);
+  big.matrix_precision = MatrixPrecision::bf16;
+  e = error_of(xb, big);
+  EXPECT_NE(e.find("option 'matrix_precision': 'bf16' with rotation_size 256"), std::string::npos) << e;
+  QuantOptions bad = o;
+  bad.matrix_precision = static_cast<MatrixPrecision>(7);
+  e = error_of(xb, bad);
+  EXPECT_NE(e.find("option 'matrix_precision': invalid value 7"), std::string::npos) << e;
+}
+
+// The normalised Hadamard matrix of size rs rounded to bf16 (QuTLASS's matrix).
+std::vector<float> hadamard_bf16(int rs) {
+  std::vector<float> h(std::size_t(rs) * rs);
+  const float a = bf16_to_f32(f32_to_bf16(float(1.0 / std::sqrt(double(rs)))));
+  for (int i = 0; i < rs; ++i)
+    for (int j = 0; j < rs; ++j) h[std::size_t(i) * rs + j] = (__builtin_popcount(unsigned(i & j)) & 1) ? -a : a;
+  return h;
+}
+
+// MatrixPrecision::bf16 on the GPU (the bf16 tensor cores' sums) against the stated bound: each
+// rotated value y' lies within B = RS 2^-20 sum_i |x_i R_ij| + RS 2^-126 of the exact y (double).
+// Every code and scale byte that differs from what the exact y gives is traced: the GPU's block scale
+// lies between the scales of the block amax shrunk and grown by the bounds, and each GPU code, under
+// the GPU's scale, between the codes of y - B and y + B (the codecs are monotone). Blocks with a NaN or
+// an infinity: the same NaN scale byte as the exact path. QDQ's bytes equal the GPU quantize's codes
+// decoded (the same products), and NVFP4's computed tensor scale comes from an amax within the bounds.
+// Formats: MXFP4 even, MXFP8 E4M3 rceil, NVFP4 given and computed S; RS 16..128; the Hadamard matrix
+// in bf16 (QuTLASS's), a random orthogonal bf16 matrix and a random non-orthogonal one.
+TEST(CudaRotationMatrixBf16, WithinTheStatedBound) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  std::int64_t n_codes = 0, n_blocks = 0, code_diff = 0, scale_diff = 0, outside = 0;
+  for (int rs : {16, 32, 64, 128}) {
+    std::vector<std::pair<std::vector<float>, const char*>> mats;
+    mats.push_back({hadamard_bf16(rs), "hadamard bf16"});
+    mats.push_back({random_rotation(rs, 70 + rs, true).first, "orthogonal bf16"});
+    {
+      std::mt19937 rng(500 + rs);
+      std::normal_distribution<float> nd;
+      std::vector<float> w(std::size_t(rs) * rs);
+      for (float& v : w) v = bf16_to_f32(f32_to_bf16(nd(rng) * 0.3f));
+      mats.push_back({w, "random bf16"});
+    }
+    for (const auto& [mv, mname] : mats) {
+      const th::HostTensor m = matrix_tensor(mv, rs, DType::bf16);
+      th::Placed md(Backend::cuda, m);
+      const std::int64_t R = 24, K = 1024;
+      // With a NaN and an infinity (their blocks, and NVFP4's computed S = 1), and without (S from the amax).
+      for (const bool specials : {true, false}) {
+        th::HostTensor x = th::llm_like(DType::bf16, R, K, 900 + rs);
+        if (specials) {
+          x.set(3, 5, std::nanf(""));
+          x.set(R - 1, K - 2, INFINITY);
+        }
+        // The exact y and its bound, per element.
+        std::vector<double> y(std::size_t(R * K)), bnd(std::size_t(R * K));
+        std::vector<char> special(std::size_t(R * K), 0);
+        for (std::int64_t r = 0; r < R; ++r)
+          for (std::int64_t k0 = 0; k0 < K; k0 += rs)
+            for (int j = 0; j < rs; ++j) {
+              double s = 0, a = 0;
+              bool fin = true;
+              for (int i = 0; i < rs; ++i) {
+                const double xi = x.get(r, k0 + i), rij = mv[std::size_t(i) * rs + j];
+                if (!std::isfinite(xi)) fin = false;
+                s += xi * rij;
+                a += std::fabs(xi * rij);
+              }
+              const std::size_t at = std::size_t(r * K + k0 + j);
+              y[at] = s;
+              bnd[at] = rs * std::ldexp(a, -20) + rs * std::ldexp(1.0, -126);
+              special[at] = !fin;
+            }
+        const QuantOptions nv_given = [] {
+          QuantOptions o = QuantOptions::nvfp4();
+          o.tensor_scale = 448.0f * 6.0f / 40.0f;
+          return o;
+        }();
+        for (const QuantOptions& base : {QuantOptions::mx(Format::mxfp4, ScaleRule::even),
+                                         QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::rceil), nv_given, QuantOptions::nvfp4()}) {
+          const std::string what = th::name_of(base) + " RS " + std::to_string(rs) + " " + mname + (specials ? " with NaN, inf" : "");
+          SCOPED_TRACE(what);
+          th::Scalar ws(Backend::cuda);
+          QuantOptions co = th::on(Backend::cuda, with_matrix(base, rs, m, nullptr), ws);
+          co.rotation_matrix = md.view();
+          co.matrix_precision = MatrixPrecision::bf16;
+          th::Placed xd(Backend::cuda, x);
+          th::PlacedQuantized qd(Backend::cuda, co, R, K);
+          quantize(xd.view(), qd.out(), co);
+          th::Quantized g = qd.host;
+          g.codes = qd.codes.get();
+          g.scales = qd.scales.get();
+          const bool nv = base.format == Format::nvfp4;
+          const core::FloatSpec elem = nv || base.format == Format::mxfp4 ? core::kE2M1 : core::kE4M3;
+          const int gs = nv ? 16 : 32;
+          float S = 1.0f;
+          if (nv) {
+            S = qd.S.value();
+            if (!base.tensor_scale && specials) {  // computed from a non-finite amax: 1 (docs/numerics.md)
+              EXPECT_EQ(S, 1.0f);
+            } else if (!base.tensor_scale) {  // computed: from the amax of the GPU's y, within the bounds
+              double lo = 0, hi = 0;
+              for (std::size_t i = 0; i < y.size(); ++i)
+                if (!special[i]) lo = std::max(lo, std::fabs(y[i]) - bnd[i]), hi = std::max(hi, std::fabs(y[i]) + bnd[i]);
+              // S = 448 * 6 / amax in fp32 arithmetic; a generous ulp either side
+              EXPECT_GE(double(S), 2688.0 / hi * (1 - 1e-6)) << "S " << S << " amax bounds " << lo << " " << hi;
+              EXPECT_LE(double(S), 2688.0 / lo * (1 + 1e-6)) << "S " << S << " amax bounds " << lo << " " << hi;
+            } else {
+              EXPECT_EQ(S, *base.tensor_scale);
+            }
+          }
+          std::ostringstream first;
+          int shown = 0;
+          auto down = [](double v) { return std::nextafter(float(v), -INFINITY); };
+          auto up = [](double v) { return std::nextafter(float(v), INFINITY); };
+          for (std::int64_t r = 0; r < R; ++r)
+            for (std::int64_t b = 0; b < K / gs; ++b) {
+              ++n_blocks;
+              bool sp = false;
+              double alo = 0, ahi = 0, amax = 0;
+              for (int i = 0; i < gs; ++i) {
+                const std::size_t at = std::size_t(r * K + b * gs + i);
+                sp = sp || special[at] || !std::isfinite(y[at]);
+                alo = std::max(alo, std::fabs(y[at]) - bnd[at]);
+                ahi = std::max(ahi, std::fabs(y[at]) + bnd[at]);
+                amax = std::max(amax, std::fabs(y[at]));
+              }
+              const std::uint32_t sg = g.scale(r, b);
+              if (sp) {
+                EXPECT_EQ(sg, nv ? 0x7Fu : 0xFFu) << "row " << r << " block " << b << ": a NaN or infinity in its groups";
+                continue;
+              }
+              std::uint32_t slo, shi, sx;
+              if (nv) {
+                slo = core::nvfp4_block_scale_code(down(alo), S), shi = core::nvfp4_block_scale_code(up(ahi), S);
+                sx = core::nvfp4_block_scale_code(float(amax), S);
+              } else {
+                slo = std::uint32_t(core::mx_scale_exp(base.rule, down(alo), 0.0f, elem) + 127);
+                shi = std::uint32_t(core::mx_scale_exp(base.rule, up(ahi), 0.0f, elem) + 127);
+                sx = amax > 0 ? std::uint32_t(core::mx_scale_exp(base.rule, float(amax), 0.0f, elem) + 127) : 0u;
+                if (alo <= 0) slo = 0;
+              }
+              scale_diff += sg != sx;
+              bool bad = sg < slo || sg > shi;
+              for (int i = 0; i < gs; ++i) {
+                const std::int64_t k = b * gs + i;
+                const std::size_t at = std::size_t(r * K + k);
+                const float lo = down(y[at] - bnd[at]), hi = up(y[at] + bnd[at]), ex = float(y[at]);
+                auto code = [&](float v) {
+                  return nv ? core::nvfp4_encode(core::f2u(v), core::nvfp4_multiplier(sg, S)) : core::encode_scaled(core::f2u(v), int(sg) - 127, elem);
+                };
+                const std::uint32_t cg = g.code(r, k);
+                ++n_codes;
+                code_diff += cg != code(ex);
+                const float dg = core::decode_f32(cg, elem), dlo = core::decode_f32(code(lo), elem), dhi = core::decode_f32(code(hi), elem);
+                if (!(dlo <= dg && dg <= dhi)) {
+                  bad = true;
+                  if (shown < 5)
+                    first << "\n  row " << r << " k " << k << ": y " << y[at] << " bound " << bnd[at] << " gpu code " << cg
+                          << " (" << dg << ") allowed [" << dlo << ", " << dhi << "]";
+                }
+              }
+              if (bad) {
+                ++outside;
+                if (shown++ < 5)
+                  first << "\n  row " << r << " block " << b << ": amax " << amax << " [" << alo << ", " << ahi << "] gpu scale "
+                        << sg << " allowed [" << slo << ", " << shi << "]";
+              }
+            }
+          EXPECT_EQ(outside, 0) << "blocks outside the bound:" << first.str();
+          // QDQ: the GPU's codes decoded (CPU dequantize without a rotation, to bf16)
+          QuantOptions plain = base;
+          plain.backend = Backend::reference;
+          plain.tensor_scale = nv ? std::optional<float>(S) : std::nullopt;
+          th::HostTensor dq(DType::bf16, R, K);
+          dequantize(g.in(), dq.view(), plain);
+          th::Placed yd(Backend::cuda, th::HostTensor(DType::bf16, R, K));
+          qdq(xd.view(), yd.view(), co);
+          th::expect_same_bytes(dq, yd.get(), "qdq against the GPU's codes decoded");
+          if (testing::Test::HasFailure()) return;
+        }
+      }
+    }
+  }
+  std::printf("[ bf16 tensor-core matrix rotation ] %lld codes, %lld differ from the exact y's (%.4f%%); %lld blocks, "
+              "%lld scale bytes differ (%.4f%%); all within the bound\n",
+              (long long)n_codes, (long long)code_diff, 100.0 * double(code_diff) / double(n_codes), (long long)n_blocks,
+              (long long)scale_diff, 100.0 * double(scale_diff) / double(n_blocks));
 }
 
 }  // namespace

@@ -44,6 +44,18 @@ enum class Rounding : std::uint8_t { nearest_even, stochastic };
 // a matrix given at run time (QuantOptions::rotation_matrix; every backend, the same bytes).
 enum class Rotation : std::uint8_t { none, hadamard, random_hadamard, matrix };
 
+// How Rotation::matrix computes g @ R for quantize, qdq and tensor_amax (docs/numerics.md, "Runtime RS
+// x RS matrices"):
+//   exact: each element summed in double in index order and rounded once to fp32: every backend, the
+//          same bytes (on the GPU: the FP64 tensor cores, far below memory speed at RS >= 64);
+//   bf16:  bf16 data and a bf16 R (RS <= 128), the exact products summed in fp32 by the GPU's bf16
+//          tensor cores in their own order: each element within RS * 2^-20 * sum_i |g_i R_ij| (+ RS *
+//          2^-126) of the exact value, at memory speed. The CPU backends compute the exact value (it is
+//          within the bound), so codes and scales may differ between CPU and GPU where a value lies
+//          within the bound of a rounding boundary (rotation_test traces every difference).
+// dequantize's R^-1 is always summed exactly.
+enum class MatrixPrecision : std::uint8_t { exact, bf16 };
+
 // Scale tensor layout: linear [rows, ceil(K/g)] row-major, or the 128x4 swizzled layout of
 // cuBLAS / CUTLASS block-scaled GEMMs (rows padded to 128, columns padded to 4, padding zero).
 enum class ScaleLayout : std::uint8_t { linear, swizzled };
@@ -123,6 +135,8 @@ struct QuantOptions {
   // tensor_amax only). Empty views for other rotations.
   Tensor rotation_matrix;
   Tensor rotation_inverse;
+  // Rotation::matrix: how quantize, qdq and tensor_amax sum g @ R (MatrixPrecision above).
+  MatrixPrecision matrix_precision = MatrixPrecision::exact;
   // NVFP4 only: the tensor ENCODE scale S (448 * 6 / amax). When absent, quantize computes it from
   // the tensor's amax; dequantize requires it.
   std::optional<float> tensor_scale;
@@ -156,6 +170,7 @@ std::string_view to_string(Format);
 std::string_view to_string(ScaleRule);
 std::string_view to_string(Rounding);
 std::string_view to_string(Rotation);
+std::string_view to_string(MatrixPrecision);
 std::string_view to_string(ScaleLayout);
 std::string_view to_string(DType);
 std::string_view to_string(Backend);

@@ -120,6 +120,14 @@ at::Tensor set_matrix(mxq::QuantOptions& o, const std::optional<at::Tensor>& m, 
   return c;
 }
 
+// matrix_precision of quantize and qdq: "exact" or "bf16" (docs/numerics.md; the library checks the
+// rest: a matrix rotation, bf16 x and R, RS <= 128).
+void set_precision(mxq::QuantOptions& o, c10::string_view v, const char* op) {
+  if (v == "exact") o.matrix_precision = mxq::MatrixPrecision::exact;
+  else if (v == "bf16") o.matrix_precision = mxq::MatrixPrecision::bf16;
+  else TORCH_CHECK_VALUE(false, "mxq.", op, ": argument 'matrix_precision': '", std::string(v), "', expected 'exact' or 'bf16'");
+}
+
 // ---- views ----------------------------------------------------------------------------------------
 mxq::DType dtype_of(const at::Tensor& t, const char* op, const char* arg, bool u8) {
   switch (t.scalar_type()) {
@@ -249,10 +257,11 @@ void qdq_into(const Rows& x, mxq::DType dt, const mxq::Tensor& y, mxq::QuantOpti
 }
 
 at::Tensor qdq(const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size,
-               bool stochastic, int64_t seed, int64_t offset, std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
+               bool stochastic, int64_t seed, int64_t offset, std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
   mxq::QuantOptions o = make_options("qdq", format, rule, group_size, stochastic, seed, offset, tensor_scale);
   set_extra(o, random_bits, rotation, rotation_seed);
   const at::Tensor held = set_matrix(o, rotation_matrix, "qdq", x, false);
+  set_precision(o, matrix_precision, "qdq");
   const mxq::DType dt = dtype_of(x, "qdq", "x", false);
   const Rows xr = as_rows(x, "qdq", "x");
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
@@ -261,10 +270,11 @@ at::Tensor qdq(const at::Tensor& x, c10::string_view format, c10::string_view ru
 }
 
 void qdq_(const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size, bool stochastic,
-          int64_t seed, int64_t offset, std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
+          int64_t seed, int64_t offset, std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
   mxq::QuantOptions o = make_options("qdq_", format, rule, group_size, stochastic, seed, offset, tensor_scale);
   set_extra(o, random_bits, rotation, rotation_seed);
   const at::Tensor held = set_matrix(o, rotation_matrix, "qdq_", x, false);
+  set_precision(o, matrix_precision, "qdq_");
   const mxq::DType dt = dtype_of(x, "qdq_", "x", false);
   const Rows xr = as_rows(x, "qdq_", "x");
   qdq_into(xr, dt, view(xr, dt), o, x);
@@ -331,11 +341,12 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, std::optional<
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
     const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size, bool stochastic,
     int64_t seed, int64_t offset, c10::string_view layout, std::optional<double> tensor_scale, bool clip_mask,
-    int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
+    int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
   mxq::QuantOptions o =
       make_options("quantize", format, rule, group_size, stochastic, seed, offset, tensor_scale);
   set_extra(o, random_bits, rotation, rotation_seed);
   const at::Tensor held = set_matrix(o, rotation_matrix, "quantize", x, false);
+  set_precision(o, matrix_precision, "quantize");
   const bool swizzled = layout == "swizzled", padded = layout == "padded";
   TORCH_CHECK_VALUE(swizzled || padded || layout == "linear", "mxq.quantize: argument 'layout': '",
                     std::string(layout), "', expected one of: linear, swizzled, padded");
@@ -486,12 +497,12 @@ c10::TypedOperatorHandle<Fn> typed_op(const char* name) {
 
 using OptTensor = const std::optional<at::Tensor>&;
 using QdqFn = at::Tensor(const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t,
-                         std::optional<double>, int64_t, c10::string_view, int64_t, OptTensor);
+                         std::optional<double>, int64_t, c10::string_view, int64_t, OptTensor, c10::string_view);
 using QdqInplaceFn = void(const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t,
-                          std::optional<double>, int64_t, c10::string_view, int64_t, OptTensor);
+                          std::optional<double>, int64_t, c10::string_view, int64_t, OptTensor, c10::string_view);
 using QuantizeFn = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t, c10::string_view,
-    std::optional<double>, bool, int64_t, c10::string_view, int64_t, OptTensor);
+    std::optional<double>, bool, int64_t, c10::string_view, int64_t, OptTensor, c10::string_view);
 using DequantizeFn = at::Tensor(const at::Tensor&, const at::Tensor&, c10::SymInt, c10::string_view, int64_t,
                                 c10::string_view, std::optional<double>, const std::optional<at::Tensor>&,
                                 at::ScalarType, c10::string_view, int64_t, OptTensor);
@@ -512,27 +523,27 @@ void refuse_rotated_gradient(const char* op, c10::string_view rotation, const st
 struct QdqStraightThrough : public torch::autograd::Function<QdqStraightThrough> {
   static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x, c10::string_view format,
                             c10::string_view rule, int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                            std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
+                            std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
     static const auto op = typed_op<QdqFn>("mxq::qdq");
     at::AutoDispatchBelowADInplaceOrView below;
-    return op.call(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix);
+    return op.call(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix, matrix_precision);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
                                                  torch::autograd::variable_list grad) {
-    return {grad[0], {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};  // one per forward argument; only x has a gradient
+    return {grad[0], {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};  // one per forward argument; only x has a gradient
   }
 };
 
 at::Tensor qdq_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
                         int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                        std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
+                        std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
   if (needs_grad(x)) {
     refuse_rotated_gradient("qdq", rotation, rotation_matrix);
-    return QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix);
+    return QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix, matrix_precision);
   }
   static const auto op = typed_op<QdqFn>("mxq::qdq");
   return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
-                       tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix);
+                       tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix, matrix_precision);
 }
 
 // In place, as torch's in-place ops: refused on a leaf that requires grad (and on a view of one);
@@ -541,29 +552,29 @@ at::Tensor qdq_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string
 // backward that saved x fails loudly.
 void qdq_inplace_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
                           int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                          std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
+                          std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
   if (needs_grad(x)) {
     TORCH_CHECK(!x.is_leaf(), "mxq.qdq_: a leaf Variable that requires grad is being used in an in-place operation "
                 "(use mxq.qdq, or overwrite it under torch.no_grad())");
     refuse_rotated_gradient("qdq_", rotation, rotation_matrix);
-    x.copy_(QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix));
+    x.copy_(QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix, matrix_precision));
     return;
   }
   static const auto op = typed_op<QdqInplaceFn>("mxq::qdq_");
   op.redispatch(ks & c10::after_autograd_keyset, x, format, rule, group_size, stochastic, seed, offset, tensor_scale,
-                random_bits, rotation, rotation_seed, rotation_matrix);
+                random_bits, rotation, rotation_seed, rotation_matrix, matrix_precision);
 }
 
 // The ADInplaceOrView kernel of qdq_, as torch's generated ones for its in-place ops: the version
 // counter moves after the write, also under torch.inference_mode() (which skips the Autograd key).
 void qdq_inplace_version(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
                          int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                         std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
+                         std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
   static const auto op = typed_op<QdqInplaceFn>("mxq::qdq_");
   {
     at::AutoDispatchBelowADInplaceOrView below;
     op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
-                  tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix);
+                  tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix, matrix_precision);
   }
   torch::autograd::impl::bump_version(x);
 }
@@ -571,13 +582,13 @@ void qdq_inplace_version(c10::DispatchKeySet ks, const at::Tensor& x, c10::strin
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_autograd(
     c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size,
     bool stochastic, int64_t seed, int64_t offset, c10::string_view layout, std::optional<double> tensor_scale,
-    bool clip_mask, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix) {
+    bool clip_mask, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
   TORCH_CHECK(!needs_grad(x), "mxq.quantize is not differentiable: argument 'x' requires grad, and its integer codes "
               "cannot carry a gradient back to it. Call it under torch.no_grad() or on x.detach(); for "
               "quantization-aware training use mxq.qdq (its gradient is the straight-through estimator)");
   static const auto op = typed_op<QuantizeFn>("mxq::quantize");
   return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
-                       layout, tensor_scale, clip_mask, random_bits, rotation, rotation_seed, rotation_matrix);
+                       layout, tensor_scale, clip_mask, random_bits, rotation, rotation_seed, rotation_matrix, matrix_precision);
 }
 
 at::Tensor dequantize_autograd(c10::DispatchKeySet ks, const at::Tensor& codes, const at::Tensor& scales,
@@ -635,11 +646,11 @@ at::Tensor silu_mul_autograd(c10::DispatchKeySet ks, const at::Tensor& gate, con
 
 TORCH_LIBRARY(mxq, m) {
   m.def("qdq(Tensor x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
-        "float? tensor_scale, int random_bits=32, str rotation=\"none\", int rotation_seed=0, Tensor? rotation_matrix=None) -> Tensor");
+        "float? tensor_scale, int random_bits=32, str rotation=\"none\", int rotation_seed=0, Tensor? rotation_matrix=None, str matrix_precision=\"exact\") -> Tensor");
   m.def("qdq_(Tensor(a!) x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
-        "float? tensor_scale, int random_bits=32, str rotation=\"none\", int rotation_seed=0, Tensor? rotation_matrix=None) -> ()");
+        "float? tensor_scale, int random_bits=32, str rotation=\"none\", int rotation_seed=0, Tensor? rotation_matrix=None, str matrix_precision=\"exact\") -> ()");
   m.def("quantize(Tensor x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
-        "str layout, float? tensor_scale, bool clip_mask, int random_bits=32, str rotation=\"none\", int rotation_seed=0, Tensor? rotation_matrix=None) -> (Tensor codes, Tensor scales, Tensor tensor_scale, "
+        "str layout, float? tensor_scale, bool clip_mask, int random_bits=32, str rotation=\"none\", int rotation_seed=0, Tensor? rotation_matrix=None, str matrix_precision=\"exact\") -> (Tensor codes, Tensor scales, Tensor tensor_scale, "
         "Tensor clip_mask)");
   m.def("dequantize(Tensor codes, Tensor scales, SymInt cols, str format, int group_size, str layout, "
         "float? tensor_scale, Tensor? tensor_scale_tensor, ScalarType dtype, str rotation=\"none\", "

@@ -46,12 +46,30 @@ def _check_matrix(m, op: str, arg: str, like: torch.Tensor) -> None:
         raise ValueError(f"mxq.{op}: argument '{arg}' is on {m.device}, expected the data's device {like.device}")
 
 
+def _check_precision(v: str, op: str, x, m) -> None:
+    """matrix_precision, as the kernels check it (python/csrc/ops.cpp and the library's options)."""
+    if v not in ("exact", "bf16"):
+        raise ValueError(f"mxq.{op}: argument 'matrix_precision': '{v}', expected 'exact' or 'bf16'")
+    if v == "bf16":
+        if m is None:
+            raise ValueError(f"mxq.{op}: option 'matrix_precision': 'bf16' without a rotation matrix")
+        if m.dtype != torch.bfloat16:
+            raise ValueError(f"mxq.{op}: option 'rotation_matrix': dtype {m.dtype} with matrix_precision 'bf16', "
+                             "expected bf16")
+        if x.dtype != torch.bfloat16:
+            raise ValueError(f"mxq.{op}: argument 'x': dtype {x.dtype} with matrix_precision 'bf16', expected bf16")
+        if m.shape[0] > 128:
+            raise ValueError(f"mxq.{op}: option 'matrix_precision': 'bf16' with rotation_size {m.shape[0]}, "
+                             "expected 16, 32, 64 or 128")
+
+
 @torch.library.register_fake("mxq::qdq")
 def _qdq_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
               tensor_scale: Optional[float], random_bits: int = 32, rotation: str = "none", rotation_seed: int = 0,
-              rotation_matrix=None):
+              rotation_matrix=None, matrix_precision: str = "exact"):
     _check_float(x, "qdq", "x")
     _check_matrix(rotation_matrix, "qdq", "rotation_matrix", x)
+    _check_precision(matrix_precision, "qdq", x, rotation_matrix)
     F.canonical_format(format)
     _check_layout_group("qdq", None, group_size)
     return x.new_empty(x.shape)
@@ -60,9 +78,10 @@ def _qdq_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed
 @torch.library.register_fake("mxq::qdq_")
 def _qdq_inplace_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
                       tensor_scale: Optional[float], random_bits: int = 32, rotation: str = "none",
-                      rotation_seed: int = 0, rotation_matrix=None):
+                      rotation_seed: int = 0, rotation_matrix=None, matrix_precision: str = "exact"):
     _check_float(x, "qdq_", "x")
     _check_matrix(rotation_matrix, "qdq_", "rotation_matrix", x)
+    _check_precision(matrix_precision, "qdq_", x, rotation_matrix)
     F.canonical_format(format)
     _check_layout_group("qdq_", None, group_size)
     return None
@@ -71,9 +90,11 @@ def _qdq_inplace_fake(x, format: str, rule: str, group_size: int, stochastic: bo
 @torch.library.register_fake("mxq::quantize")
 def _quantize_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
                    layout: str, tensor_scale: Optional[float], clip_mask: bool, random_bits: int = 32,
-                   rotation: str = "none", rotation_seed: int = 0, rotation_matrix=None):
+                   rotation: str = "none", rotation_seed: int = 0, rotation_matrix=None,
+                   matrix_precision: str = "exact"):
     _check_float(x, "quantize", "x")
     _check_matrix(rotation_matrix, "quantize", "rotation_matrix", x)
+    _check_precision(matrix_precision, "quantize", x, rotation_matrix)
     fmt = F.canonical_format(format)
     _check_layout_group("quantize", layout, group_size)
     k = x.shape[-1]

@@ -209,6 +209,17 @@ def _matrix_args(x: torch.Tensor, rotation: RotationLike, rotation_seed: int, ro
     return mat, inv, (_rotate_groups(x, mat) if _unfused(x) else x), "none"
 
 
+def _precision(matrix_precision: str, mat: Optional[torch.Tensor]) -> str:
+    """matrix_precision, checked: "exact", or "bf16" with a rotation matrix."""
+    if matrix_precision == "exact":
+        return matrix_precision
+    if matrix_precision != "bf16":
+        raise ValueError(f"mxq: argument 'matrix_precision': {matrix_precision!r}, expected 'exact' or 'bf16'")
+    if mat is None:
+        raise ValueError("mxq: argument 'matrix_precision': 'bf16' is for rotation= a matrix")
+    return matrix_precision
+
+
 def _check_layout(layout: str) -> str:
     if layout not in _LAYOUTS:
         raise ValueError(f"mxq: argument 'layout': '{layout}', expected one of: {', '.join(_LAYOUTS)}")
@@ -283,6 +294,7 @@ def quantize(
     rotation: RotationLike = None,
     rotation_seed: int = 0,
     rotation_inverse: Optional[torch.Tensor] = None,
+    matrix_precision: str = "exact",
 ) -> QuantizedTensor:
     """Quantize `x` (float32, float16 or bfloat16, any rank) along its last dimension.
 
@@ -311,6 +323,12 @@ def quantize(
                   capture pass R on x's device).
     rotation_inverse: with a matrix R, R^-1 (R.T for an orthogonal R) for the result's dequantize;
                   None computes it then (in float64, rounded to float32).
+    matrix_precision: with a matrix R: "exact" (default; the float64 sums above) or "bf16" (bf16 x
+                  and a bf16 R, RS <= 128): on a GPU the bf16 tensor cores sum the exact products in
+                  fp32, within RS * 2^-20 * sum_i |x_i R_ij| (+ RS * 2^-126) of the exact value,
+                  seven times faster at RS = 128 (docs/numerics.md); codes and scales may then differ
+                  from the CPU's where a value lies that close to a rounding boundary. CPU tensors get
+                  the exact sums (within the bound). The result's dequantize is exact either way.
 
     Not differentiable (the codes are integers): raises RuntimeError if x requires grad while grad
     mode is on; call it under torch.no_grad() or on x.detach(), or train with :func:`qdq`.
@@ -319,9 +337,10 @@ def quantize(
     _check_layout(layout)
     ts = None if tensor_scale is None else _scale_value(tensor_scale)
     mat, inv, xin, rot = _matrix_args(x, rotation, rotation_seed, rotation_inverse)
+    prec = _precision(matrix_precision, mat)
     extra = (int(random_bits), rot, _u64(rotation_seed, "rotation_seed"))
     if mat is not None and xin is x:
-        extra += (mat,)  # fused: mxq's CPU kernels rotate
+        extra += (mat, prec)  # fused: mxq's kernels rotate
     codes, scales, tsc, mask = torch.ops.mxq.quantize.default(
         xin, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),
         seed if type(seed) is int and 0 <= seed < _I63 else _u64(seed, "seed"),
@@ -449,6 +468,7 @@ def qdq(
     random_bits: int = 32,
     rotation: RotationLike = None,
     rotation_seed: int = 0,
+    matrix_precision: str = "exact",
 ) -> torch.Tensor:
     """Fake-quantize: quantize and dequantize in one pass; the result has x's shape and dtype
     (contiguous). Arguments as in :func:`quantize`. NVFP4 without `tensor_scale` computes the
@@ -460,23 +480,27 @@ def qdq(
     gradient of the result, unchanged (grad_x = grad_y), as quantization-aware training expects.
     With a `rotation` that gradient would be grad_y @ R^T, which is not implemented: a rotated qdq of
     a tensor that requires grad raises NotImplementedError (use torch.no_grad() or x.detach()). A matrix
-    rotation (rotation= R, as in :func:`quantize`) runs in mxq's kernels on either device."""
+    rotation (rotation= R, as in :func:`quantize`, with its `matrix_precision`) runs in mxq's kernels on
+    either device."""
     if isinstance(rotation, torch.Tensor):
         return _qdq_matrix(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
-                           rotation_seed, False)
+                           rotation_seed, False, matrix_precision)
+    if matrix_precision != "exact":
+        _precision(matrix_precision, None)
     args = _qdq_args(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
                      rotation_seed)
     return _QDQ(*args)
 
 
 def _qdq_matrix(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
-                rotation_seed, inplace: bool) -> torch.Tensor:
+                rotation_seed, inplace: bool, matrix_precision: str) -> torch.Tensor:
     """qdq / qdq_ with a rotation matrix: in mxq's kernels, or (_UNFUSED) the QDQ of x rotated by
-    torch (float32), rounded to x's dtype as the kernels round."""
+    torch (float32), rounded to x's dtype as the kernels round (the exact sums, whatever the precision)."""
     mat, _, xin, _ = _matrix_args(x, rotation, rotation_seed, None)
+    prec = _precision(matrix_precision, mat)
     args = _qdq_args(xin, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, None, 0)[:8]
     if xin is x:  # fused
-        full = args + (int(random_bits), "none", 0, mat)
+        full = args + (int(random_bits), "none", 0, mat, prec)
         if inplace:
             _QDQ_INPLACE(*full)
             return x
@@ -506,6 +530,7 @@ def qdq_(
     random_bits: int = 32,
     rotation: RotationLike = None,
     rotation_seed: int = 0,
+    matrix_precision: str = "exact",
 ) -> torch.Tensor:
     """In-place :func:`qdq`: overwrites x and returns it. A non-contiguous x whose rows cannot be
     addressed with one row stride is computed in a temporary and copied back.
@@ -514,7 +539,9 @@ def qdq_(
     torch.no_grad(); on other tensors that require grad the gradient passes straight through."""
     if isinstance(rotation, torch.Tensor):
         return _qdq_matrix(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
-                           rotation_seed, True)
+                           rotation_seed, True, matrix_precision)
+    if matrix_precision != "exact":
+        _precision(matrix_precision, None)
     args = _qdq_args(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
                      rotation_seed)
     _QDQ_INPLACE(*args)

@@ -74,6 +74,7 @@ std::string_view to_string(Rounding r) { return r == Rounding::nearest_even ? "r
 std::string_view to_string(Rotation r) {
   return r == Rotation::none ? "none" : r == Rotation::hadamard ? "hadamard" : r == Rotation::random_hadamard ? "random_hadamard" : "matrix";
 }
+std::string_view to_string(MatrixPrecision m) { return m == MatrixPrecision::exact ? "exact" : "bf16"; }
 std::pair<Rotation, int> parse_rotation(std::string_view s) {
   const auto bad = [&]() -> std::pair<Rotation, int> {
     throw Error(Error::Code::invalid_argument, "mxq: rotation '" + std::string(s) +

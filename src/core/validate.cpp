@@ -120,6 +120,14 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
   if (opt.rotation != Rotation::matrix && (opt.rotation_matrix.data || opt.rotation_inverse.data))
     c.fail(std::string("option '") + (opt.rotation_matrix.data ? "rotation_matrix" : "rotation_inverse") +
            "' given with rotation '" + std::string(to_string(opt.rotation)) + "' (set rotation = Rotation::matrix)");
+  if (static_cast<unsigned>(opt.matrix_precision) > static_cast<unsigned>(MatrixPrecision::bf16))
+    c.fail("option 'matrix_precision': invalid value " + std::to_string(int(opt.matrix_precision)));
+  if (opt.matrix_precision != MatrixPrecision::exact && opt.rotation != Rotation::matrix)
+    c.fail("option 'matrix_precision': '" + std::string(to_string(opt.matrix_precision)) + "' with rotation '" +
+           std::string(to_string(opt.rotation)) + "' (it chooses how Rotation::matrix sums; leave it exact)");
+  if (opt.matrix_precision == MatrixPrecision::bf16 && opt.rotation_size > 128)
+    c.fail("option 'matrix_precision': 'bf16' with rotation_size " + std::to_string(opt.rotation_size) +
+           ", expected 16, 32, 64 or 128 (the bf16 matrix of RS 256 does not fit the GPU's shared memory; use 'exact')");
   if (opt.rotation == Rotation::none) {
     if (opt.rotation_size != 0)
       c.fail("option 'rotation_size': " + std::to_string(opt.rotation_size) + " without a rotation (set option 'rotation')");

@@ -503,6 +503,57 @@ def test_cuda_matrix_rotation_graph_and_compile():
     assert_bytes_equal(y, ref, "graph replay")
 
 
+@pytest.mark.parametrize("fmt,rule", [("mxfp4", "even"), ("nvfp4", None)])
+def test_cuda_matrix_bf16_precision(fmt, rule):
+    """matrix_precision="bf16" on GPU tensors (the bf16 tensor cores' sums, within the stated bound of
+    the exact ones; the bound itself is traced code by code in rotation_test): nearly every code and
+    scale byte equals the exact mode's (CPU), each differing code is one step away (a value within the
+    bound of a rounding boundary), qdq is the codes decoded, qdq_ equals qdq, and it runs in torch.compile
+    and a CUDA graph."""
+    x = _x((64, 4096), torch.bfloat16, seed=11)
+    m = _orthogonal(128, torch.bfloat16, 5)
+    xc, mc = x.cuda(), m.cuda()
+    qg = mxq.quantize(xc, fmt, rule=rule, rotation=mc, matrix_precision="bf16")
+    qc = mxq.quantize(x, fmt, rule=rule, rotation=m)
+    same = qg.scales.cpu() == qc.scales
+    assert same.float().mean().item() > 0.999, same.float().mean().item()
+    gc, cc = qg.codes.cpu(), qc.codes.cpu()
+    lo_g, lo_c, hi_g, hi_c = gc & 15, cc & 15, gc >> 4, cc >> 4
+    differ = ((lo_g != lo_c) | (hi_g != hi_c)).float().mean().item()
+    assert differ < 1e-3, differ
+    # In blocks of equal scales, a differing code is one step away: E2M1 magnitudes are ordered by their
+    # 3-bit codes, and a sign differs only where both round to zero (a value within the bound of 0).
+    in_same = same.repeat_interleave(qg.group_size // 2, dim=1)
+    for g, c in ((lo_g, lo_c), (hi_g, hi_c)):
+        mg, mc_ = (g & 7).to(torch.int16), (c & 7).to(torch.int16)
+        assert int(((mg - mc_).abs() * in_same).max()) <= 1, "a code more than one step from the exact mode's"
+        flipped = ((g >> 3) != (c >> 3)) & in_same
+        assert bool(((mg == 0) & (mc_ == 0))[flipped].all()), "a sign flipped on a non-zero code"
+    y = mxq.qdq(xc, fmt, rule=rule, rotation=mc, matrix_precision="bf16")
+    plain = mxq.dequantize(qg.codes, qg.scales, format=fmt, cols=4096, tensor_scale=qg.tensor_scale,
+                           dtype=torch.bfloat16)
+    assert_bytes_equal(y, plain, "qdq = the bf16-precision codes decoded")
+    u = xc.clone()
+    mxq.qdq_(u, fmt, rule=rule, rotation=mc, matrix_precision="bf16")
+    assert_bytes_equal(u, y, "qdq_")
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: mxq.qdq(t, fmt, rule=rule, rotation=mc, matrix_precision="bf16"), fullgraph=True)
+    assert_bytes_equal(f(xc), y, "compiled")
+    out = torch.empty_like(xc)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        out.copy_(mxq.qdq(xc, fmt, rule=rule, rotation=mc, matrix_precision="bf16"))
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out.copy_(mxq.qdq(xc, fmt, rule=rule, rotation=mc, matrix_precision="bf16"))
+    out.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert_bytes_equal(out, y, "graph replay")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_cuda_nvfp4_quest_equals_cpu(dtype):
     x = _x((130, 4096 + 16), dtype, seed=9)

@@ -124,6 +124,65 @@ def test_matrix_errors_name_the_argument():
     assert torch.equal(mxq.qdq(x, "mxfp4", rotation=m.half()), mxq.qdq(x, "mxfp4", rotation=m.half().float()))
 
 
+@pytest.mark.parametrize("fmt,rule", CASES)
+def test_bf16_precision_on_the_cpu_is_the_exact_sums(fmt, rule):
+    """matrix_precision="bf16" on CPU tensors: the CPU kernels compute the exact sums (within the bf16
+    mode's bound), so the bytes of the exact mode; through quantize, qdq, qdq_ and the op itself."""
+    x = llm_like(6, 512, torch.bfloat16, 5)
+    m = _orthogonal(128, torch.bfloat16, 6)
+    q = mxq.quantize(x, fmt, rule=rule, rotation=m, matrix_precision="bf16")
+    e = mxq.quantize(x, fmt, rule=rule, rotation=m)
+    assert_bytes_equal(q.codes, e.codes, "codes")
+    assert_bytes_equal(q.scales, e.scales, "scales")
+    assert_bytes_equal(q.dequantize(), e.dequantize(), "dequantize")
+    ref = mxq.qdq(x, fmt, rule=rule, rotation=m)
+    assert_bytes_equal(mxq.qdq(x, fmt, rule=rule, rotation=m, matrix_precision="bf16"), ref, "qdq")
+    x2 = x.clone()
+    mxq.qdq_(x2, fmt, rule=rule, rotation=m, matrix_precision="bf16")
+    assert_bytes_equal(x2, ref, "qdq_")
+    r = rule or "nvfp4"
+    assert_bytes_equal(torch.ops.mxq.qdq.default(x, fmt, r, 0, False, 0, 0, None, 32, "none", 0, m, "bf16"), ref, "op")
+
+
+def test_bf16_precision_errors_name_the_argument():
+    x = llm_like(4, 256, torch.bfloat16, 0)
+    m = _orthogonal(32, torch.bfloat16, 1)
+    with pytest.raises(ValueError, match="'matrix_precision': 'fp16', expected 'exact' or 'bf16'"):
+        mxq.qdq(x, "mxfp4", rotation=m, matrix_precision="fp16")
+    with pytest.raises(ValueError, match="'matrix_precision': 'bf16' is for rotation= a matrix"):
+        mxq.qdq(x, "mxfp4", rotation="had32", matrix_precision="bf16")
+    with pytest.raises(ValueError, match="'matrix_precision': 'bf16' is for rotation= a matrix"):
+        mxq.quantize(x, "mxfp4", matrix_precision="bf16")
+    with pytest.raises(ValueError, match="'matrix_precision': 'bf16' is for rotation= a matrix"):
+        mxq.qdq_(x.clone(), "mxfp4", matrix_precision="bf16")
+    with pytest.raises(ValueError, match="argument 'x': dtype f32 with matrix_precision 'bf16', expected bf16"):
+        mxq.qdq(x.float(), "mxfp4", rotation=m, matrix_precision="bf16")
+    with pytest.raises(ValueError, match="'rotation_matrix': dtype f32 with matrix_precision 'bf16', expected bf16"):
+        mxq.quantize(x, "mxfp4", rotation=m.float(), matrix_precision="bf16")
+    with pytest.raises(ValueError, match="'bf16' with rotation_size 256"):
+        mxq.qdq(x, "mxfp4", rotation=_orthogonal(256, torch.bfloat16, 2), matrix_precision="bf16")
+    # the op itself: an unknown value, and bf16 without a matrix
+    with pytest.raises(ValueError, match="argument 'matrix_precision': 'fp16'"):
+        torch.ops.mxq.qdq.default(x, "mxfp4", "even", 0, False, 0, 0, None, 32, "none", 0, m, "fp16")
+    with pytest.raises(ValueError, match="'matrix_precision': 'bf16' with rotation 'none'"):
+        torch.ops.mxq.qdq.default(x, "mxfp4", "even", 0, False, 0, 0, None, 32, "none", 0, None, "bf16")
+
+
+def test_bf16_precision_opcheck_and_compile():
+    x = llm_like(8, 256, torch.bfloat16, 4)
+    m = _orthogonal(128, torch.bfloat16, 3)
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
+             "test_aot_dispatch_dynamic")
+    torch.library.opcheck(torch.ops.mxq.qdq.default,
+                          (x, "mxfp4", "even", 0, False, 0, 0, None, 32, "none", 0, m, "bf16"), test_utils=utils)
+    torch.library.opcheck(torch.ops.mxq.quantize.default,
+                          (x, "nvfp4", "nvfp4", 0, False, 0, 0, "linear", None, False, 32, "none", 0, m, "bf16"),
+                          test_utils=utils)
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: mxq.qdq(t, "mxfp4", rule="even", rotation=m, matrix_precision="bf16"), fullgraph=True)
+    assert_bytes_equal(f(x), mxq.qdq(x, "mxfp4", rule="even", rotation=m), "compiled bf16-precision matrix qdq")
+
+
 @pytest.mark.parametrize("unfused", [False, True])
 def test_matrix_qdq_refuses_a_gradient_it_would_get_wrong(unfused, monkeypatch):
     monkeypatch.setattr(mops, "_UNFUSED", unfused)

@@ -169,4 +169,17 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const Params p) {
   else mx_dequant_chunk<Fmt, DT, C>(p, c, codes, sb, cw);
 }
 
+// C fp32 values (bits) rounded once to DT (a NaN: DT's canonical NaN; = f32_to_dtype_bits) and stored at
+// chunk c of the output: the last step of the rotated dequantize kernels.
+template <DType DT, int C>
+__device__ __forceinline__ void store_rounded_chunk(const Params& p, const Coord& c, const u32 (&v)[C]) {
+  u32 out[C];
+#pragma unroll
+  for (int e = 0; e < C; ++e) {
+    const float f = u2f(v[e]);
+    out[e] = hi16<DT>(f != f ? nan_bits(DT) : to_dtype_bits_nonnan<DT>(f));
+  }
+  store_chunk<DT, C>(p, c.row, c.k0, c.full, out, false);
+}
+
 }  // namespace mxq::cuda

@@ -52,6 +52,8 @@ struct MatrixArgs {
   // definition; half the FP64 rate on the H100/H200): MXQ_CUDA_MATRIX_CUDA_CORES=1, a test switch that
   // holds the tensor-core path to the plain one (rotation_test runs both).
   bool cuda_cores = false;
+  // MatrixPrecision::bf16 (quantize, qdq, amax): the bf16 tensor-core product of matrix_bf16.cuh.
+  bool bf16 = false;
 };
 
 __device__ __forceinline__ double matrix_entry(const MatrixArgs& m, int idx) {

@@ -25,13 +25,7 @@ __global__ void __launch_bounds__(kThreads) dequant_rotated_kernel(const Params 
   if (live) dequant_f32<Fmt, C>(p, c, v);
   rotate_chunk<C, true>(p, rotation_lane_signs<C>(p), v);
   if (!live) return;
-  u32 out[C];
-#pragma unroll
-  for (int e = 0; e < C; ++e) {
-    const float f = u2f(v[e]);
-    out[e] = hi16<DT>(f != f ? nan_bits(DT) : to_dtype_bits_nonnan<DT>(f));  // = f32_to_dtype_bits off NaN
-  }
-  store_chunk<DT, C>(p, c.row, c.k0, c.full, out, false);
+  store_rounded_chunk<DT, C>(p, c, v);
 }
 
 // max |x R| over the chunks of the launch described by k (fp32 bits), atomicMax'ed into *acc. Every

@@ -11,17 +11,6 @@
 namespace mxq::cuda {
 namespace {
 
-template <DType DT>
-__device__ __forceinline__ void matrix_store(const Params& p, const Coord& c, const u32 (&y)[kMatrixChunk]) {
-  u32 out[kMatrixChunk];
-#pragma unroll
-  for (int e = 0; e < kMatrixChunk; ++e) {
-    const float f = u2f(y[e]);
-    out[e] = hi16<DT>(f != f ? nan_bits(DT) : to_dtype_bits_nonnan<DT>(f));  // = f32_to_dtype_bits off NaN
-  }
-  store_chunk<DT, kMatrixChunk>(p, c.row, c.k0, c.full, out, false);
-}
-
 // The output's dtype is m.dt (a warp-uniform choice at each store).
 template <class Fmt>
 __global__ void __launch_bounds__(kMatrixThreads) matrix_dequant_kernel(const Params p, const MatrixArgs m) {
@@ -37,21 +26,22 @@ __global__ void __launch_bounds__(kMatrixThreads) matrix_dequant_kernel(const Pa
       },
       [&](const Coord& c, const u32 (&y)[kMatrixChunk]) {
         if (!c.active || c.k0 >= p.K) return;
-        if (m.dt == DType::bf16) matrix_store<DType::bf16>(p, c, y);
-        else if (m.dt == DType::f16) matrix_store<DType::f16>(p, c, y);
-        else matrix_store<DType::f32>(p, c, y);
+        if (m.dt == DType::bf16) store_rounded_chunk<DType::bf16, kMatrixChunk>(p, c, y);
+        else if (m.dt == DType::f16) store_rounded_chunk<DType::f16, kMatrixChunk>(p, c, y);
+        else store_rounded_chunk<DType::f32, kMatrixChunk>(p, c, y);
       });
 }
 
-// max |x R| (fp32 bits) atomicMax'ed into *m.acc, one atomic per warp.
+// max |x R| (fp32 bits) atomicMax'ed into *m.acc, one atomic per warp. BF16: the bf16 product.
+template <bool BF16>
 __global__ void __launch_bounds__(kMatrixThreads) matrix_amax_kernel(const Params p, const MatrixArgs m) {
   u32 am = 0;
-  matrix_tiles(
-      p, m, [&](const Coord& c, u32 (&v)[kMatrixChunk]) { matrix_load(p, m, c, v); },
-      [&](const Coord&, const u32 (&y)[kMatrixChunk]) {
+  const auto finish = [&](const Coord&, const u32 (&y)[kMatrixChunk]) {
 #pragma unroll
-        for (int e = 0; e < kMatrixChunk; ++e) am = umax(am, y[e] & 0x7FFFFFFFu);
-      });
+    for (int e = 0; e < kMatrixChunk; ++e) am = umax(am, y[e] & 0x7FFFFFFFu);
+  };
+  if constexpr (BF16) matrix_tiles_bf16(p, m, finish);
+  else matrix_tiles(p, m, [&](const Coord& c, u32 (&v)[kMatrixChunk]) { matrix_load(p, m, c, v); }, finish);
   am = warp_max(am);
   if ((threadIdx.x & 31u) == 0) atomicMax(m.acc, am);
 }
@@ -65,7 +55,8 @@ void enqueue_matrix_amax(const char* fn, const QuantOptions& o, DType dt, const 
   core::dispatch_dtype(dt, [&](auto dtc) { a.x_vec = aligned(a.x, a.x_stride, vec_align<decltype(dtc)::value, kMatrixChunk>()); });
   MatrixArgs m = matrix_args(o, false, dt);
   m.acc = acc;
-  launch_matrix_kernel<matrix_amax_kernel>(fn, a, m, s, "matrix-rotated amax kernel");
+  if (m.bf16) launch_matrix_kernel<matrix_amax_kernel<true>, true>(fn, a, m, s, "matrix-rotated amax kernel (bf16)");
+  else launch_matrix_kernel<matrix_amax_kernel<false>>(fn, a, m, s, "matrix-rotated amax kernel");
 }
 
 void dequantize_matrix(const core::Problem& p, const QuantizedIn& q, const Tensor& y) {

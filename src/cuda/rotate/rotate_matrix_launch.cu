@@ -14,8 +14,9 @@ namespace {
 using RuntimeChoices = Choices<ScaleChoice::runtime, RoundChoice::runtime>;
 static_assert(kMatrixThreads >= 128 && kMatrixThreads <= kThreads, "fill_nv_tables fills its 128 entries in one pass of the block (a stride of kThreads)");
 
-// ODT: QDQ's output dtype (quantize: f32, unused; the input's dtype is m.dt at run time).
-template <class Fmt, DType ODT, bool QDQ>
+// ODT: QDQ's output dtype (quantize: f32, unused; the input's dtype is m.dt at run time). BF16: the
+// bf16 product (bf16 input; matrix_bf16.cuh).
+template <class Fmt, DType ODT, bool QDQ, bool BF16 = false>
 __global__ void __launch_bounds__(kMatrixThreads) matrix_quant_kernel(const Params p, const MatrixArgs m) {
   __shared__ NvTables nvt;
   NvScale nv;
@@ -23,12 +24,15 @@ __global__ void __launch_bounds__(kMatrixThreads) matrix_quant_kernel(const Para
     nv = nv_scale(p);
     fill_nv_tables<ODT, QDQ>(nv, nvt);  // every thread reaches its barrier
   }
-  matrix_tiles(
-      p, m, [&](const Coord& c, u32 (&v)[kMatrixChunk]) { matrix_load(p, m, c, v); },
-      [&](const Coord& c, const u32 (&y)[kMatrixChunk]) {
-        if constexpr (Fmt::nvfp4) nvfp4_chunk<DType::f32, kMatrixChunk, QDQ, RuntimeChoices, ODT>(p, c, nv, nvt, y);
-        else mx_chunk<Fmt, DType::f32, kMatrixChunk, QDQ, RuntimeChoices, ODT>(p, c, y);
-      });
+  const auto finish = [&](const Coord& c, const u32 (&y)[kMatrixChunk]) {
+    if constexpr (Fmt::nvfp4) nvfp4_chunk<DType::f32, kMatrixChunk, QDQ, RuntimeChoices, ODT>(p, c, nv, nvt, y);
+    else mx_chunk<Fmt, DType::f32, kMatrixChunk, QDQ, RuntimeChoices, ODT>(p, c, y);
+  };
+  if constexpr (BF16) {
+    matrix_tiles_bf16(p, m, finish);
+  } else {
+    matrix_tiles(p, m, [&](const Coord& c, u32 (&v)[kMatrixChunk]) { matrix_load(p, m, c, v); }, finish);
+  }
 }
 
 }  // namespace
@@ -38,6 +42,11 @@ void launch_matrix(bool qdq, const char* fn, const core::Problem& p, DType dt, P
   core::dispatch_dtype(dt, [&](auto dtc) { k.x_vec = aligned(k.x, k.x_stride, vec_align<decltype(dtc)::value, kMatrixChunk>()); });
   core::dispatch_format(p.opt.format, [&](auto fmt) {
     using Fmt = decltype(fmt);
+    if (m.bf16) {  // bf16 data (checked at the API)
+      if (!qdq) return launch_matrix_kernel<matrix_quant_kernel<Fmt, DType::f32, false, true>, true>(fn, k, m, s, "matrix-rotated quantize kernel (bf16)");
+      k.y_vec = aligned(k.y, k.y_stride, vec_align<DType::bf16, kMatrixChunk>());
+      return launch_matrix_kernel<matrix_quant_kernel<Fmt, DType::bf16, true, true>, true>(fn, k, m, s, "matrix-rotated qdq kernel (bf16)");
+    }
     if (!qdq) return launch_matrix_kernel<matrix_quant_kernel<Fmt, DType::f32, false>>(fn, k, m, s, "matrix-rotated quantize kernel");
     core::dispatch_dtype(dt, [&](auto dtc) {
       constexpr DType DT = decltype(dtc)::value;
