@@ -361,6 +361,29 @@ def quantize(
     return q
 
 
+def rotate_quantize(
+    x: torch.Tensor,
+    format: str,
+    rotation: Union[str, torch.Tensor],
+    **kwargs,
+) -> QuantizedTensor:
+    """Rotate each group of RS elements of x's rows, then quantize, in one fused pass: :func:`quantize`
+    with a required rotation (the same op underneath).
+
+    rotation: "had<RS>" (the normalised Hadamard transform), "rhad<RS>" (randomised signs from
+              `rotation_seed=`), or an [RS, RS] float32 / bfloat16 matrix R (each group g becomes g @ R;
+              `matrix_precision="bf16"` for the GPU's bf16 tensor cores within a stated bound).
+    kwargs:   as :func:`quantize` (rule, layout, group_size, tensor_scale, rotation_seed,
+              rotation_inverse, matrix_precision, ...).
+
+    The result's dequantize() rotates back. Raises ValueError for a missing rotation ("none" / None).
+    """
+    if rotation is None or (isinstance(rotation, str) and rotation in ("", "none")):
+        raise ValueError("mxq.rotate_quantize: argument 'rotation': expected 'had<RS>', 'rhad<RS>' or an [RS, RS] "
+                         f"matrix, got {rotation!r} (use mxq.quantize without a rotation)")
+    return quantize(x, format, rotation=rotation, **kwargs)
+
+
 def dequantize(
     q: Union[QuantizedTensor, torch.Tensor],
     scales: Optional[torch.Tensor] = None,

@@ -244,3 +244,18 @@ def test_matrix_requiring_grad_is_detached():
     assert torch.equal(mxq.qdq(x, "mxfp4", rotation=m), expect)
     q = mxq.quantize(x, "mxfp4", rotation=m)
     assert not q.rotation_matrix.requires_grad
+
+
+def test_rotate_quantize_is_quantize_with_a_required_rotation():
+    x = llm_like(4, 256, torch.bfloat16, 8)
+    m = _orthogonal(64, torch.bfloat16, 9)
+    for rot, extra in (("had32", {}), ("rhad64", {"rotation_seed": 5}), (m, {"matrix_precision": "bf16"})):
+        q = mxq.rotate_quantize(x, "nvfp4", rot, layout="swizzled", **extra)
+        e = mxq.quantize(x, "nvfp4", rotation=rot, layout="swizzled", **extra)
+        assert_bytes_equal(q.codes, e.codes, f"{rot if isinstance(rot, str) else 'matrix'}: codes")
+        assert_bytes_equal(q.scales, e.scales, "scales")
+        assert_bytes_equal(q.dequantize(), e.dequantize(), "dequantize")
+        assert q.rotation == e.rotation
+    for bad in (None, "none", ""):
+        with pytest.raises(ValueError, match="argument 'rotation'"):
+            mxq.rotate_quantize(x, "mxfp4", bad)
