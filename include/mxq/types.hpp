@@ -44,15 +44,17 @@ enum class Rounding : std::uint8_t { nearest_even, stochastic };
 // a matrix given at run time (QuantOptions::rotation_matrix; every backend, the same bytes).
 enum class Rotation : std::uint8_t { none, hadamard, random_hadamard, matrix };
 
-// How Rotation::matrix computes g @ R for quantize, qdq and tensor_amax (docs/numerics.md, "Runtime RS
-// x RS matrices"):
+// How Rotation::matrix computes g @ R for quantize and qdq (and NVFP4's computed tensor scale, the amax
+// of the rotated tensor) (docs/numerics.md, "Runtime RS x RS matrices"):
 //   exact: each element summed in double in index order and rounded once to fp32: every backend, the
 //          same bytes (on the GPU: the FP64 tensor cores, far below memory speed at RS >= 64);
 //   bf16:  bf16 data and a bf16 R (RS <= 128), the exact products summed in fp32 by the GPU's bf16
 //          tensor cores in their own order: each element within RS * 2^-20 * sum_i |g_i R_ij| (+ RS *
-//          2^-126) of the exact value, at memory speed. The CPU backends compute the exact value (it is
-//          within the bound), so codes and scales may differ between CPU and GPU where a value lies
-//          within the bound of a rounding boundary (rotation_test traces every difference).
+//          2^-126) of the exact value while the partial sums stay in fp32's range (a group whose
+//          partial sums overflow may give an infinity where the exact sum is finite), at memory speed.
+//          The CPU backends compute the exact value (it is within the bound), so codes and scales may
+//          differ between CPU and GPU where a value lies within the bound of a rounding boundary
+//          (rotation_test traces every difference).
 // dequantize's R^-1 is always summed exactly.
 enum class MatrixPrecision : std::uint8_t { exact, bf16 };
 

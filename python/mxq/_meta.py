@@ -52,7 +52,8 @@ def _check_precision(v: str, op: str, x, m) -> None:
         raise ValueError(f"mxq.{op}: argument 'matrix_precision': '{v}', expected 'exact' or 'bf16'")
     if v == "bf16":
         if m is None:
-            raise ValueError(f"mxq.{op}: option 'matrix_precision': 'bf16' without a rotation matrix")
+            raise ValueError(f"mxq.{op}: option 'matrix_precision': 'bf16' with rotation 'none' (it chooses how a "
+                             "rotation matrix is summed)")
         if m.dtype != torch.bfloat16:
             raise ValueError(f"mxq.{op}: option 'rotation_matrix': dtype {m.dtype} with matrix_precision 'bf16', "
                              "expected bf16")

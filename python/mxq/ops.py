@@ -19,7 +19,7 @@ import torch
 
 from . import _formats as F
 
-__all__ = ["QuantizedTensor", "quantize", "dequantize", "qdq", "qdq_", "swizzle_scales", "unswizzle_scales", "rms_norm",
+__all__ = ["QuantizedTensor", "quantize", "rotate_quantize", "dequantize", "qdq", "qdq_", "swizzle_scales", "unswizzle_scales", "rms_norm",
            "silu_mul"]
 
 _LAYOUTS = ("linear", "swizzled", "padded")
@@ -209,14 +209,24 @@ def _matrix_args(x: torch.Tensor, rotation: RotationLike, rotation_seed: int, ro
     return mat, inv, (_rotate_groups(x, mat) if _unfused(x) else x), "none"
 
 
-def _precision(matrix_precision: str, mat: Optional[torch.Tensor]) -> str:
-    """matrix_precision, checked: "exact", or "bf16" with a rotation matrix."""
+def _precision(matrix_precision: str, rotation: RotationLike, x: torch.Tensor) -> str:
+    """matrix_precision, checked (on every path, fused or not): "exact", or "bf16" with a bfloat16
+    rotation matrix of RS <= 128 and bfloat16 x (the tensor cores' operands)."""
     if matrix_precision == "exact":
         return matrix_precision
     if matrix_precision != "bf16":
         raise ValueError(f"mxq: argument 'matrix_precision': {matrix_precision!r}, expected 'exact' or 'bf16'")
-    if mat is None:
+    if not isinstance(rotation, torch.Tensor):
         raise ValueError("mxq: argument 'matrix_precision': 'bf16' is for rotation= a matrix")
+    if rotation.dtype != torch.bfloat16:
+        raise ValueError(f"mxq: argument 'rotation': dtype {rotation.dtype} with matrix_precision 'bf16', expected "
+                         "torch.bfloat16 (round R to bf16 first, or use 'exact')")
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"mxq: argument 'x': dtype {x.dtype} with matrix_precision 'bf16', expected torch.bfloat16 "
+                         "(use 'exact' for other dtypes)")
+    if rotation.dim() == 2 and rotation.shape[0] > 128:
+        raise ValueError(f"mxq: argument 'matrix_precision': 'bf16' with RS = {rotation.shape[0]}, expected 16, 32, 64 "
+                         "or 128 (use 'exact')")
     return matrix_precision
 
 
@@ -337,7 +347,7 @@ def quantize(
     _check_layout(layout)
     ts = None if tensor_scale is None else _scale_value(tensor_scale)
     mat, inv, xin, rot = _matrix_args(x, rotation, rotation_seed, rotation_inverse)
-    prec = _precision(matrix_precision, mat)
+    prec = _precision(matrix_precision, rotation, x)
     extra = (int(random_bits), rot, _u64(rotation_seed, "rotation_seed"))
     if mat is not None and xin is x:
         extra += (mat, prec)  # fused: mxq's kernels rotate
@@ -509,7 +519,7 @@ def qdq(
         return _qdq_matrix(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
                            rotation_seed, False, matrix_precision)
     if matrix_precision != "exact":
-        _precision(matrix_precision, None)
+        _precision(matrix_precision, None, x)
     args = _qdq_args(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
                      rotation_seed)
     return _QDQ(*args)
@@ -520,7 +530,7 @@ def _qdq_matrix(x, format, rule, group_size, stochastic, seed, offset, tensor_sc
     """qdq / qdq_ with a rotation matrix: in mxq's kernels, or (_UNFUSED) the QDQ of x rotated by
     torch (float32), rounded to x's dtype as the kernels round (the exact sums, whatever the precision)."""
     mat, _, xin, _ = _matrix_args(x, rotation, rotation_seed, None)
-    prec = _precision(matrix_precision, mat)
+    prec = _precision(matrix_precision, rotation, x)
     args = _qdq_args(xin, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, None, 0)[:8]
     if xin is x:  # fused
         full = args + (int(random_bits), "none", 0, mat, prec)
@@ -564,7 +574,7 @@ def qdq_(
         return _qdq_matrix(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
                            rotation_seed, True, matrix_precision)
     if matrix_precision != "exact":
-        _precision(matrix_precision, None)
+        _precision(matrix_precision, None, x)
     args = _qdq_args(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation,
                      rotation_seed)
     _QDQ_INPLACE(*args)

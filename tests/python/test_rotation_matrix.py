@@ -155,17 +155,31 @@ def test_bf16_precision_errors_name_the_argument():
         mxq.quantize(x, "mxfp4", matrix_precision="bf16")
     with pytest.raises(ValueError, match="'matrix_precision': 'bf16' is for rotation= a matrix"):
         mxq.qdq_(x.clone(), "mxfp4", matrix_precision="bf16")
-    with pytest.raises(ValueError, match="argument 'x': dtype f32 with matrix_precision 'bf16', expected bf16"):
-        mxq.qdq(x.float(), "mxfp4", rotation=m, matrix_precision="bf16")
-    with pytest.raises(ValueError, match="'rotation_matrix': dtype f32 with matrix_precision 'bf16', expected bf16"):
-        mxq.quantize(x, "mxfp4", rotation=m.float(), matrix_precision="bf16")
-    with pytest.raises(ValueError, match="'bf16' with rotation_size 256"):
-        mxq.qdq(x, "mxfp4", rotation=_orthogonal(256, torch.bfloat16, 2), matrix_precision="bf16")
-    # the op itself: an unknown value, and bf16 without a matrix
+    for unfused in (False, True):  # refused alike on both paths (the torch path computes exact sums)
+        mops._UNFUSED = unfused
+        try:
+            with pytest.raises(ValueError, match="argument 'x': dtype torch.float32 with matrix_precision 'bf16'"):
+                mxq.qdq(x.float(), "mxfp4", rotation=m, matrix_precision="bf16")
+            with pytest.raises(ValueError, match="argument 'rotation': dtype torch.float32 with matrix_precision 'bf16'"):
+                mxq.quantize(x, "mxfp4", rotation=m.float(), matrix_precision="bf16")
+            with pytest.raises(ValueError, match="argument 'rotation': dtype torch.float16 with matrix_precision 'bf16'"):
+                mxq.qdq_(x.clone(), "mxfp4", rotation=m.half(), matrix_precision="bf16")
+            with pytest.raises(ValueError, match="'bf16' with RS = 256"):
+                mxq.qdq(x, "mxfp4", rotation=_orthogonal(256, torch.bfloat16, 2), matrix_precision="bf16")
+        finally:
+            mops._UNFUSED = False
+    # the op itself (the library's checks): an unknown value, bf16 without a matrix, f32 operands, RS 256
+    op = torch.ops.mxq.qdq.default
     with pytest.raises(ValueError, match="argument 'matrix_precision': 'fp16'"):
-        torch.ops.mxq.qdq.default(x, "mxfp4", "even", 0, False, 0, 0, None, 32, "none", 0, m, "fp16")
+        op(x, "mxfp4", "even", 0, False, 0, 0, None, 32, "none", 0, m, "fp16")
     with pytest.raises(ValueError, match="'matrix_precision': 'bf16' with rotation 'none'"):
-        torch.ops.mxq.qdq.default(x, "mxfp4", "even", 0, False, 0, 0, None, 32, "none", 0, None, "bf16")
+        op(x, "mxfp4", "even", 0, False, 0, 0, None, 32, "none", 0, None, "bf16")
+    with pytest.raises(ValueError, match="argument 'x': dtype f32 with matrix_precision 'bf16', expected bf16"):
+        op(x.float(), "mxfp4", "even", 0, False, 0, 0, None, 32, "none", 0, m, "bf16")
+    with pytest.raises(ValueError, match="'rotation_matrix': dtype f32 with matrix_precision 'bf16', expected bf16"):
+        op(x, "mxfp4", "even", 0, False, 0, 0, None, 32, "none", 0, m.float(), "bf16")
+    with pytest.raises(ValueError, match="'bf16' with rotation_size 256"):
+        op(x, "mxfp4", "even", 0, False, 0, 0, None, 32, "none", 0, _orthogonal(256, torch.bfloat16, 2), "bf16")
 
 
 def test_bf16_precision_opcheck_and_compile():
