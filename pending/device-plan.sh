@@ -22,8 +22,8 @@ $T/quantize_test --gtest_filter='*cuda*:Cuda*' --gtest_brief=1 > "$OUT/logs/q.lo
 $T/qdq_test --gtest_filter='*cuda*:Cuda*' --gtest_brief=1 > "$OUT/logs/qq.log" 2>&1; say "qdq_test cuda: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/logs/qq.log" | tr '\n' ' ')"
 nvcc -O2 -arch=sm_90a scripts/probes/bf16_mma_bound.cu -o "$B/bf16_mma_bound" > "$OUT/logs/probe-build.log" 2>&1 &&
   timeout 60 "$B/bf16_mma_bound" > "$OUT/bf16_mma_bound.txt" 2>&1; say "probe bf16_mma_bound: rc=$?"; cat "$OUT/bf16_mma_bound.txt" | tee -a "$L"
-for w in 4 8; do
-  MXQ_CUDA_MATRIX_BF16_WARPS=$w timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 $T/rotation_test --gtest_filter='Cuda/CudaRotationMatrixBf16.*' --gtest_brief=1 > "$OUT/logs/race$w.log" 2>&1
+for w in 4 8; do  # (the test's fixture sets MXQ_CUDA_MATRIX_BF16_WARPS from its parameter)
+  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $T/rotation_test --gtest_filter="Cuda/CudaRotationMatrixBf16.*/Warps$w" --gtest_brief=1 > "$OUT/logs/race$w.log" 2>&1
   say "racecheck bf16 warps $w: rc=$? $(grep 'RACECHECK SUMMARY' "$OUT/logs/race$w.log")"
 done
 for w in 4 8; do
