@@ -51,7 +51,10 @@ def _spec(spec: Spec, what: str) -> Optional[dict]:
         if "format" not in d or unknown:
             raise ValueError(f"mxq.emulate: argument '{what}': {spec!r}; a dict needs a 'format' key and only "
                              f"mxq.qdq arguments ({', '.join(sorted(_QDQ_KEYS))})"
-                             + (f"; unknown: {', '.join(sorted(unknown))}" if unknown else ""))
+                             + (f"; unknown: {', '.join(sorted(unknown))}" if unknown else "")
+                             + ("; a rotation applies to weights and activations together: pass "
+                                "mxq.emulate(..., rotation=...)" if unknown & {"rotation", "rotation_seed",
+                                                                                "matrix_precision"} else ""))
     else:
         raise TypeError(f"mxq.emulate: argument '{what}': expected a format name, a dict, a callable or None, "
                         f"got {type(spec).__name__}")
@@ -106,8 +109,54 @@ def _describe(spec: Optional[dict]) -> str:
         return "none"
     if "fn" in spec:
         return getattr(spec["fn"], "__name__", "callable")
-    extra = ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("format", "rule"))
+    extra = ", ".join(f"{k}={f'a {v.shape[0]}x{v.shape[1]} matrix' if isinstance(v, torch.Tensor) else v}"
+                      for k, v in spec.items() if k not in ("format", "rule"))
     return f"{spec['format']}/{spec['rule']}" + (f" ({extra})" if extra else "")
+
+
+class _Rotation:
+    """emulate(..., rotation=...): the rotation applied to each Linear's weight (once) and input (per
+    call) before their QDQ, along the contraction dimension, so that F.linear(qdq(x R), qdq(W R)) is the
+    emulated product (= x W^T before quantization, R being orthogonal). The specs it gives are cached per
+    (spec, device): the activation cache shares one QDQ among layers only for the same spec object."""
+
+    def __init__(self, rotation: Union[str, torch.Tensor], rotation_seed: int, matrix_precision: str):
+        if isinstance(rotation, torch.Tensor):
+            m = _ops._matrix(rotation, "rotation")
+            md = m.double()
+            err = (md @ md.T - torch.eye(m.shape[0], dtype=torch.float64, device=m.device)).abs().max().item()
+            if not err <= 0.05:
+                raise ValueError(f"mxq.emulate: argument 'rotation': R R^T differs from the identity by {err:.3g} (at "
+                                 "most 0.05 expected): the emulated product x R (W R)^T equals x W^T only for an "
+                                 "orthogonal R")
+            if rotation_seed != 0:
+                raise ValueError("mxq.emulate: argument 'rotation_seed' is for 'rhad<RS>' rotations, not a matrix")
+            self.size = int(m.shape[0])
+            self.kw: dict = {"rotation": m}
+        else:
+            name = _ops._rotation(rotation)
+            found = re.fullmatch(r"r?had(\d+)", name)
+            if found is None or int(found.group(1)) not in _ops._ROTATION_SIZES:
+                raise ValueError(f"mxq.emulate: argument 'rotation': {rotation!r}, expected 'had<RS>' or 'rhad<RS>' "
+                                 f"(RS in {_ops._ROTATION_SIZES}) or an orthogonal [RS, RS] matrix")
+            self.size = int(found.group(1))
+            self.kw = {"rotation": name}
+            if rotation_seed != 0:
+                self.kw["rotation_seed"] = rotation_seed
+        if matrix_precision != "exact":
+            _ops._precision(matrix_precision, rotation, torch.empty(0, dtype=torch.bfloat16))
+            self.kw["matrix_precision"] = matrix_precision
+        self._specs: dict = {}
+
+    def spec(self, spec: dict, device: torch.device) -> dict:
+        """spec with the rotation (a matrix moved to `device` once)."""
+        key = (id(spec), device)
+        if key not in self._specs:
+            kw = dict(self.kw)
+            if isinstance(kw["rotation"], torch.Tensor):
+                kw["rotation"] = kw["rotation"].to(device)
+            self._specs[key] = (spec, {**spec, **kw})  # spec kept alive: its id stays unique
+        return self._specs[key][1]
 
 
 class QDQLinear(nn.Module):
@@ -408,6 +457,7 @@ class EmulationHandle:
     swaps: list = field(default_factory=list)
     cache: Optional[_ActivationCache] = None
     fused: int = 0  # producers (norms, MLPs) fused with their activation QDQ (emulate(..., fuse=True))
+    unrotated: list = field(default_factory=list)  # emulate(..., rotation=): swapped without it (RS does not divide K)
 
     @property
     def names(self) -> list[str]:
@@ -453,6 +503,9 @@ def emulate(
     filter: Optional[Callable[[str, nn.Module], bool]] = None,
     share_activations: bool = True,
     fuse: bool = False,
+    rotation: Union[None, str, torch.Tensor] = None,
+    rotation_seed: int = 0,
+    matrix_precision: str = "exact",
 ) -> EmulationHandle:
     """Swap the model's nn.Linear layers (and, with experts=True, transformers-5 MoE experts modules
     with 3-D weights) for fake-quantized ones, in place; returns a handle whose restore() undoes it.
@@ -476,6 +529,14 @@ def emulate(
              transformers': logits are close to, not bit-identical with, fuse=False. Needs an mxq
              activation format with round to nearest even (NVFP4: with its tensor_scale), or None:
              then mxq's producers run without QDQ (the baseline to measure the fused emulation against).
+    rotation: None, "had<RS>", "rhad<RS>" (random signs from `rotation_seed`) or an orthogonal [RS, RS]
+             matrix (`matrix_precision` as in mxq.quantize): each swapped layer's weight and input are
+             rotated in groups of RS along the contraction dimension before their QDQ (QuaRot / QuTLASS
+             style): the layer computes F.linear(qdq(x R), qdq(W R)), which is x W^T before quantization.
+             Needs mxq formats (not None, not callables) for both weights and activations, and not
+             fuse=True. Layers whose contraction dimension RS does not divide are emulated without the
+             rotation, and listed in handle.unrotated. Rotated QDQs have no gradient: run the emulated
+             model under torch.no_grad() (evaluation).
     Weights are QDQ'd once here, in their own dtype and device; the original modules are kept by the
     handle (for restore), so their memory stays allocated until it is released.
     """
@@ -486,6 +547,18 @@ def emulate(
     if fuse and a is not None and not _fusable(a):
         raise ValueError("mxq.emulate: fuse=True needs an mxq activation format with round to nearest even "
                          f"(NVFP4 with its tensor_scale and rule nvfp4), got activations={_describe(a)}")
+    rot = None
+    if rotation is not None:
+        if w is None or a is None or "fn" in w or "fn" in a:
+            raise ValueError("mxq.emulate: argument 'rotation': needs mxq formats for both weights and activations "
+                             f"(got weights={_describe(w)}, activations={_describe(a)}): a rotated input meets only "
+                             "a rotated weight")
+        if fuse:
+            raise ValueError("mxq.emulate: argument 'rotation' with fuse=True: the fused norm and SiLU ops do not "
+                             "rotate")
+        rot = _Rotation(rotation, rotation_seed, matrix_precision)
+    elif rotation_seed != 0 or matrix_precision != "exact":
+        raise ValueError("mxq.emulate: arguments 'rotation_seed' and 'matrix_precision' are for rotation=")
     handle = EmulationHandle(model, cache=_ActivationCache() if share_activations else None)
     candidates = []
     for name, module in model.named_modules():
@@ -501,12 +574,11 @@ def emulate(
         if filter is not None and not filter(name, module):
             continue
         candidates.append((name, module, kind))
-    for name, module, kind in candidates:
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        new = QDQLinear(module, w, a, handle.cache) if kind is QDQLinear else kind(module, w, a)
-        setattr(parent, attr, new)
-        handle.swaps.append((name, parent, attr, module, new))
+    try:
+        _swap(model, handle, candidates, w, a, rot)
+    except BaseException:
+        handle.restore()  # nothing half-swapped is left behind
+        raise
     if fuse:
         try:
             handle.fused = _fuse(model, handle, a)
@@ -515,6 +587,26 @@ def emulate(
             raise
     model._mxq_emulation = handle
     return handle
+
+
+def _swap(model: nn.Module, handle: EmulationHandle, candidates: list, w: Optional[dict], a: Optional[dict],
+          rot: Optional[_Rotation]) -> None:
+    """Swap each candidate (name, module, kind) for its QDQ module, recording it in the handle."""
+    for name, module, kind in candidates:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        mw, ma = w, a
+        if rot is not None:
+            dims = ([module.in_features] if kind is QDQLinear
+                    else [module.gate_up_proj.shape[2], module.down_proj.shape[2]])
+            if all(d % rot.size == 0 for d in dims):
+                dev = module.weight.device if kind is QDQLinear else module.gate_up_proj.device
+                mw, ma = rot.spec(w, dev), rot.spec(a, dev)
+            else:
+                handle.unrotated.append(name)
+        new = QDQLinear(module, mw, ma, handle.cache) if kind is QDQLinear else kind(module, mw, ma)
+        setattr(parent, attr, new)
+        handle.swaps.append((name, parent, attr, module, new))
 
 
 def restore(model: nn.Module) -> None:

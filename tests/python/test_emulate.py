@@ -210,3 +210,93 @@ def test_emulate_qwen3_moe_experts(impl):
         h.restore()
         assert model.get_submodule(name) is ex
         assert_bytes_equal(model(ids).logits, base, "restored MoE logits")
+
+
+def _sqnr(ref: torch.Tensor, y: torch.Tensor) -> float:
+    ref, y = ref.double(), y.double()
+    return (10 * torch.log10(ref.pow(2).sum() / (ref - y).pow(2).sum())).item()
+
+
+def test_emulate_rotation_computes_the_rotated_products():
+    """emulate(..., rotation=): each swapped Linear computes F.linear(qdq(x R), qdq(W R), b) (both in the
+    rotated domain, so x W^T before quantization); a layer whose K the size does not divide is swapped
+    without it and listed."""
+    torch.manual_seed(0)
+    m = Tiny().to(torch.bfloat16)
+    x = torch.randn(3, 5, 64, dtype=torch.bfloat16)
+    orig = {n: p.detach().clone() for n, p in m.named_parameters()}
+    with torch.no_grad():
+        h = mxq.emulate(m, weights="mxfp4", activations={"format": "nvfp4", "tensor_scale": 30.0}, rotation="had64")
+        assert h.names == ["up", "down"] and h.unrotated == ["down"], (h.names, h.unrotated)
+        assert "rotation=had64" in repr(m.up) and "rotation" not in repr(m.down)
+        y = m(x)
+        r = {"rotation": "had64"}
+        a = lambda t, **kw: mxq.qdq(t, "nvfp4", tensor_scale=30.0, **kw)
+        h1 = torch.relu(nn.functional.linear(a(x, **r), mxq.qdq(orig["up.weight"], "mxfp4", **r), orig["up.bias"]))
+        h2 = nn.functional.linear(a(h1), mxq.qdq(orig["down.weight"], "mxfp4"))
+        expect = nn.functional.linear(h2, orig["lm_head.weight"], orig["lm_head.bias"])
+        assert_bytes_equal(y, expect, "emulated forward with a rotation")
+        h.restore()
+        # randomised signs (their seed), and a matrix (bf16, with the bf16 product: on the CPU the exact sums)
+        q, _ = torch.linalg.qr(torch.randn(32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3)))
+        R = q.to(torch.bfloat16)
+        for rot, kw in (("rhad32", {"rotation_seed": 9}), (R, {"matrix_precision": "bf16"})):
+            h = mxq.emulate(m, weights="mxfp4", activations="mxfp4", rotation=rot, **kw)
+            assert h.unrotated == []
+            y = m(x)
+            rk = {"rotation": rot, **kw}
+            h1 = torch.relu(nn.functional.linear(mxq.qdq(x, "mxfp4", **rk), mxq.qdq(orig["up.weight"], "mxfp4", **rk),
+                                                 orig["up.bias"]))
+            h2 = nn.functional.linear(mxq.qdq(h1, "mxfp4", **rk), mxq.qdq(orig["down.weight"], "mxfp4", **rk))
+            expect = nn.functional.linear(h2, orig["lm_head.weight"], orig["lm_head.bias"])
+            assert_bytes_equal(y, expect, f"emulated forward, rotation {'matrix' if kw.get('matrix_precision') else rot}")
+            if isinstance(rot, torch.Tensor):
+                assert "a 32x32 matrix" in repr(m.up)
+            h.restore()
+    assert type(m.up) is nn.Linear
+
+
+def test_emulate_rotation_spreads_outliers():
+    """On activations with outlier channels, a Hadamard rotation makes QuTLASS's quest rule usable
+    (docs/numerics.md: +6 to +14 dB): the emulated layer's output SQNR against the unquantized one."""
+    torch.manual_seed(1)
+    lin = nn.Linear(512, 256, bias=False)
+    x = torch.randn(64, 512) * 0.5
+    x[:, 7::97] *= 40.0  # outlier channels
+    ref = lin(x).detach()
+    spec = {"format": "mxfp4", "rule": "quest"}
+    with torch.no_grad():
+        model = nn.Sequential(lin)
+        h = mxq.emulate(model, weights=spec, activations=spec)
+        plain = _sqnr(ref, model(x))
+        h.restore()
+        h = mxq.emulate(model, weights=spec, activations=spec, rotation="had128")
+        rotated = _sqnr(ref, model(x))
+        h.restore()
+    assert rotated > plain + 3.0, (plain, rotated)
+
+
+def test_emulate_rotation_refusals():
+    m = Tiny()
+    with pytest.raises(ValueError, match="needs mxq formats for both weights and activations"):
+        mxq.emulate(m, weights=None, activations="mxfp4", rotation="had32")
+    with pytest.raises(ValueError, match="needs mxq formats for both weights and activations"):
+        mxq.emulate(m, weights="mxfp4", activations=lambda t: t, rotation="had32")
+    with pytest.raises(ValueError, match="fuse=True"):
+        mxq.emulate(m, rotation="had32", fuse=True)
+    with pytest.raises(ValueError, match="pass mxq.emulate"):
+        mxq.emulate(m, weights={"format": "mxfp4", "rotation": "had32"})
+    with pytest.raises(ValueError, match="are for rotation="):
+        mxq.emulate(m, rotation_seed=3)
+    with pytest.raises(ValueError, match="expected 'had<RS>'"):
+        mxq.emulate(m, rotation="had48")
+    with pytest.raises(ValueError, match="orthogonal"):
+        mxq.emulate(m, rotation=torch.ones(32, 32))
+    with pytest.raises(ValueError, match="'bf16' is for rotation= a matrix"):
+        mxq.emulate(m, rotation="had32", matrix_precision="bf16")
+    assert all(type(mod) is not mxq.QDQLinear for mod in m.modules())
+    # a refusal while swapping (bf16 products of float32 weights) leaves nothing swapped
+    q = torch.linalg.qr(torch.randn(32, 32, dtype=torch.float64))[0].to(torch.bfloat16)
+    with pytest.raises(ValueError, match="dtype torch.float32 with matrix_precision 'bf16'"):
+        mxq.emulate(m, rotation=q, matrix_precision="bf16")
+    assert type(m.up) is nn.Linear and type(m.down) is nn.Linear and getattr(m, "_mxq_emulation", None) is None
