@@ -161,8 +161,9 @@ def test_emulate_llama():
         assert out is None or out.shape == (1, 7)
 
 
+@pytest.mark.parametrize("rot", [None, "had32"])
 @pytest.mark.parametrize("impl", ["eager", "grouped_mm", "batched_mm"])
-def test_emulate_qwen3_moe_experts(impl):
+def test_emulate_qwen3_moe_experts(impl, rot):
     transformers = pytest.importorskip("transformers")
     if not hasattr(transformers, "Qwen3MoeConfig"):
         pytest.skip("transformers without Qwen3-MoE")
@@ -184,23 +185,24 @@ def test_emulate_qwen3_moe_experts(impl):
     ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         base = model(ids).logits
-        h = mxq.emulate(model, weights="mxfp4", activations="mxfp8")
-        assert name in h.names and isinstance(model.get_submodule(name), mxq.QDQExperts)
+        rk = {"rotation": rot} if rot else {}  # had32: H = 64 and I = 32 along the experts' contractions
+        h = mxq.emulate(model, weights="mxfp4", activations="mxfp8", **rk)
+        assert name in h.names and isinstance(model.get_submodule(name), mxq.QDQExperts) and h.unrotated == []
         assert not any("mlp.gate" == n.split(".", 3)[-1] for n in h.names)
         new = model.get_submodule(name)
-        assert_bytes_equal(new.gate_up_proj, mxq.qdq(gu, "mxfp4"), "3-D expert weights QDQ'd along K")
+        assert_bytes_equal(new.gate_up_proj, mxq.qdq(gu, "mxfp4", **rk), "3-D expert weights QDQ'd along K")
         # The experts module against the same loop written out with per-expert gathers.
         hs = torch.randn(7, 64)
         idx = torch.tensor([[0, 1], [1, 2], [3, 0], [2, 3], [0, 2], [1, 3], [3, 1]])
         w = torch.rand(7, 2)
         got = new(hs, idx, w)
         expect = torch.zeros_like(hs)
-        a = lambda t: mxq.qdq(t, "mxfp8")
+        a = lambda t: mxq.qdq(t, "mxfp8", **rk)
         for t in range(7):
             for j in range(2):
                 e = int(idx[t, j])
-                g_, u_ = nn.functional.linear(a(hs[t:t + 1]), mxq.qdq(gu[e], "mxfp4")).chunk(2, -1)
-                expect[t] += (nn.functional.linear(a(ex.act_fn(g_) * u_), mxq.qdq(dn[e], "mxfp4")) * w[t, j])[0]
+                g_, u_ = nn.functional.linear(a(hs[t:t + 1]), mxq.qdq(gu[e], "mxfp4", **rk)).chunk(2, -1)
+                expect[t] += (nn.functional.linear(a(ex.act_fn(g_) * u_), mxq.qdq(dn[e], "mxfp4", **rk)) * w[t, j])[0]
         # NOTE: a tolerance only for the fp32 GEMM: the module multiplies each expert's gathered tokens at once,
         # this loop one token at a time (another accumulation order); the QDQ'd weights are compared exactly above.
         torch.testing.assert_close(got, expect, rtol=0, atol=1e-6)
