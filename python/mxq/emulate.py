@@ -117,8 +117,9 @@ def _describe(spec: Optional[dict]) -> str:
 class _Rotation:
     """emulate(..., rotation=...): the rotation applied to each Linear's weight (once) and input (per
     call) before their QDQ, along the contraction dimension, so that F.linear(qdq(x R), qdq(W R)) is the
-    emulated product (= x W^T before quantization, R being orthogonal). The specs it gives are cached per
-    (spec, device): the activation cache shares one QDQ among layers only for the same spec object."""
+    emulated product (= x W^T before quantization, R being orthogonal). Its (weights, activations) specs
+    are made once per device: the activation cache shares one QDQ among layers only for the same spec
+    object."""
 
     def __init__(self, rotation: Union[str, torch.Tensor], rotation_seed: int, matrix_precision: str):
         if isinstance(rotation, torch.Tensor):
@@ -144,19 +145,18 @@ class _Rotation:
             if rotation_seed != 0:
                 self.kw["rotation_seed"] = rotation_seed
         if matrix_precision != "exact":
-            _ops._precision(matrix_precision, rotation, torch.empty(0, dtype=torch.bfloat16))
+            _ops._precision(matrix_precision, rotation, None)
             self.kw["matrix_precision"] = matrix_precision
         self._specs: dict = {}
 
-    def spec(self, spec: dict, device: torch.device) -> dict:
-        """spec with the rotation (a matrix moved to `device` once)."""
-        key = (id(spec), device)
-        if key not in self._specs:
+    def specs(self, w: dict, a: dict, device: torch.device) -> tuple:
+        """(w, a) with the rotation, for modules on `device` (a matrix moved there once)."""
+        if device not in self._specs:
             kw = dict(self.kw)
             if isinstance(kw["rotation"], torch.Tensor):
                 kw["rotation"] = kw["rotation"].to(device)
-            self._specs[key] = (spec, {**spec, **kw})  # spec kept alive: its id stays unique
-        return self._specs[key][1]
+            self._specs[device] = ({**w, **kw}, {**a, **kw})
+        return self._specs[device]
 
 
 class QDQLinear(nn.Module):
@@ -576,15 +576,11 @@ def emulate(
         candidates.append((name, module, kind))
     try:
         _swap(model, handle, candidates, w, a, rot)
+        if fuse:
+            handle.fused = _fuse(model, handle, a)
     except BaseException:
         handle.restore()  # nothing half-swapped is left behind
         raise
-    if fuse:
-        try:
-            handle.fused = _fuse(model, handle, a)
-        except BaseException:
-            handle.restore()  # nothing half-swapped is left behind
-            raise
     model._mxq_emulation = handle
     return handle
 
@@ -601,7 +597,7 @@ def _swap(model: nn.Module, handle: EmulationHandle, candidates: list, w: Option
                     else [module.gate_up_proj.shape[2], module.down_proj.shape[2]])
             if all(d % rot.size == 0 for d in dims):
                 dev = module.weight.device if kind is QDQLinear else module.gate_up_proj.device
-                mw, ma = rot.spec(w, dev), rot.spec(a, dev)
+                mw, ma = rot.specs(w, a, dev)
             else:
                 handle.unrotated.append(name)
         new = QDQLinear(module, mw, ma, handle.cache) if kind is QDQLinear else kind(module, mw, ma)

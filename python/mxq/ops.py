@@ -209,9 +209,10 @@ def _matrix_args(x: torch.Tensor, rotation: RotationLike, rotation_seed: int, ro
     return mat, inv, (_rotate_groups(x, mat) if _unfused(x) else x), "none"
 
 
-def _precision(matrix_precision: str, rotation: RotationLike, x: torch.Tensor) -> str:
+def _precision(matrix_precision: str, rotation: RotationLike, x: Optional[torch.Tensor]) -> str:
     """matrix_precision, checked (on every path, fused or not): "exact", or "bf16" with a bfloat16
-    rotation matrix of RS <= 128 and bfloat16 x (the tensor cores' operands)."""
+    rotation matrix of RS <= 128 and bfloat16 x (the tensor cores' operands). x None: no data yet
+    (mxq.emulate checks R before it quantizes anything)."""
     if matrix_precision == "exact":
         return matrix_precision
     if matrix_precision != "bf16":
@@ -221,7 +222,7 @@ def _precision(matrix_precision: str, rotation: RotationLike, x: torch.Tensor) -
     if rotation.dtype != torch.bfloat16:
         raise ValueError(f"mxq: argument 'rotation': dtype {rotation.dtype} with matrix_precision 'bf16', expected "
                          "torch.bfloat16 (round R to bf16 first, or use 'exact')")
-    if x.dtype != torch.bfloat16:
+    if x is not None and x.dtype != torch.bfloat16:
         raise ValueError(f"mxq: argument 'x': dtype {x.dtype} with matrix_precision 'bf16', expected torch.bfloat16 "
                          "(use 'exact' for other dtypes)")
     if rotation.dim() == 2 and rotation.shape[0] > 128:
