@@ -993,7 +993,17 @@ std::vector<float> hadamard_bf16(int rs) {
 // decoded (the same products), and NVFP4's computed tensor scale comes from an amax within the bounds.
 // Formats: MXFP4 even, MXFP8 E4M3 rceil, NVFP4 given and computed S; RS 16..128; the Hadamard matrix
 // in bf16 (QuTLASS's), a random orthogonal bf16 matrix and a random non-orthogonal one.
-TEST(CudaRotationMatrixBf16, WithinTheStatedBound) {
+// Both block forms of the kernels (MXQ_CUDA_MATRIX_BF16_WARPS: 4 and 8 warps; 8 is skipped on a GPU
+// whose shared memory does not hold such a block).
+class CudaRotationMatrixBf16 : public testing::TestWithParam<int> {
+ protected:
+  void SetUp() override { setenv("MXQ_CUDA_MATRIX_BF16_WARPS", std::to_string(GetParam()).c_str(), 1); }
+  void TearDown() override { unsetenv("MXQ_CUDA_MATRIX_BF16_WARPS"); }
+};
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaRotationMatrixBf16, testing::Values(4, 8),
+                         [](const testing::TestParamInfo<int>& i) { return "Warps" + std::to_string(i.param); });
+
+TEST_P(CudaRotationMatrixBf16, WithinTheStatedBound) {
   TH_REQUIRE_BACKEND(Backend::cuda);
   std::int64_t n_codes = 0, n_blocks = 0, code_diff = 0, scale_diff = 0, outside = 0;
   for (int rs : {16, 32, 64, 128}) {
@@ -1052,7 +1062,13 @@ TEST(CudaRotationMatrixBf16, WithinTheStatedBound) {
           co.matrix_precision = MatrixPrecision::bf16;
           th::Placed xd(Backend::cuda, x);
           th::PlacedQuantized qd(Backend::cuda, co, R, K);
-          quantize(xd.view(), qd.out(), co);
+          try {
+            quantize(xd.view(), qd.out(), co);
+          } catch (const Error& e) {
+            if (GetParam() == 8 && std::string(e.what()).find("shared memory") != std::string::npos)
+              GTEST_SKIP() << "blocks of 8 warps do not fit this GPU's shared memory: " << e.what();
+            throw;
+          }
           th::Quantized g = qd.host;
           g.codes = qd.codes.get();
           g.scales = qd.scales.get();
