@@ -107,10 +107,10 @@ void cases() {
   for (u16& v : r) v = bf16(nd(rng) * 0.3f);
   for (u16& v : x) v = bf16(nd(rng) * (rng() % 50 ? 1.0f : 100.0f));
   check<RS>("random", x, r);
-  const float below = std::ldexp(1.9921875f, -24);  // just under half an ulp of 1 in fp32
+  const float below = std::ldexp(1.9921875f, -24);  // just under one ulp of 1 in fp32 (0.996 x 2^-23)
   for (std::size_t i = 0; i < n; ++i) x[i] = bf16(i % RS ? below : 1.0f);
   check<RS>("one + many below its ulp", x, ones);
-  for (std::size_t i = 0; i < n; ++i) x[i] = bf16((i / 16 % 2 ? -1.0f : 1.0f) * (i % 16 ? below : 1.0f));
+  for (std::size_t i = 0; i < n; ++i) x[i] = bf16((i / 8 % 2 ? -1.0f : 1.0f) * (i % RS ? below : 1.0f));
   check<RS>("the same, alternating signs", x, ones);
   for (std::size_t i = 0; i < n; ++i) x[i] = bf16(std::ldexp(1.5f, -67));
   check<RS>("subnormal products", x, tiny_r);

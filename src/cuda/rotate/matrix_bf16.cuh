@@ -8,13 +8,14 @@
 // Shared memory of a block: R once, in the B-fragment order of the mma (each lane's two registers of a
 // k-step and n-tile as one 8-byte word: RS^2 * 2 bytes), then per warp a tile of 16 groups, first as
 // bf16 (xs), then, in the same bytes, as the fp32 products (ys). RS <= 128 (the options' check): at
-// RS = 128, 67.6 KB per block of 4 warps, 101.6 KB per block of 8 (matrix_launch.cuh picks the form
-// with more resident warps where the device's shared memory holds it).
-template <int W>
-constexpr bool kBf16Warps = W == 4 || W == 8;
+// RS = 128, 67,584 bytes per block of 4 warps, 102,400 per block of 8 (matrix_launch.cuh picks 8 at
+// RS = 128 where two such blocks fit an SM).
 #include "cuda/rotate/matrix.cuh"
 
 namespace mxq::cuda {
+
+template <int W>
+constexpr bool kBf16Warps = W == 4 || W == 8;  // warps per block of the bf16 product's kernels
 
 constexpr int kBf16TileGroups = 16;  // the mma's 16 rows
 // Row stride of a warp tile, in bf16 elements for xs and in floats for ys: rows four banks apart for

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kMatrixThreads) matrix_dequant_kernel(const Pa
 // max |x R| (fp32 bits) atomicMax'ed into *m.acc, one atomic per warp. BW: 0, the exact product; 4 or
 // 8, the bf16 product in blocks of BW warps.
 template <int BW>
-__global__ void __launch_bounds__(BW ? 32 * BW : kMatrixThreads, BW == 8 ? 2 : 1) matrix_amax_kernel(const Params p, const MatrixArgs m) {
+__global__ void __launch_bounds__(BW ? 32 * BW : kMatrixThreads, BW == 8 ? 2 : 0) matrix_amax_kernel(const Params p, const MatrixArgs m) {
   u32 am = 0;
   const auto finish = [&](const Coord&, const u32 (&y)[kMatrixChunk]) {
 #pragma unroll
@@ -57,7 +57,7 @@ void enqueue_matrix_amax(const char* fn, const QuantOptions& o, DType dt, const 
   MatrixArgs m = matrix_args(o, false, dt);
   m.acc = acc;
   if (!m.bf16) launch_matrix_kernel<matrix_amax_kernel<0>>(fn, a, m, s, "matrix-rotated amax kernel");
-  else if (matrix_bf16_warps(fn) == 8) launch_matrix_kernel<matrix_amax_kernel<8>, 8>(fn, a, m, s, "matrix-rotated amax kernel (bf16)");
+  else if (matrix_bf16_warps(fn, a.rot_size) == 8) launch_matrix_kernel<matrix_amax_kernel<8>, 8>(fn, a, m, s, "matrix-rotated amax kernel (bf16)");
   else launch_matrix_kernel<matrix_amax_kernel<4>, 4>(fn, a, m, s, "matrix-rotated amax kernel (bf16)");
 }
 

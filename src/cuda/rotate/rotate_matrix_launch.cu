@@ -20,7 +20,7 @@ static_assert(kMatrixThreads >= 128 && 8 * 32 <= kThreads, "fill_nv_tables fills
 // exact product; 4 or 8, the bf16 product (bf16 input; matrix_bf16.cuh) in blocks of BW warps (8: two
 // blocks per SM, so at most 128 registers).
 template <class Fmt, DType ODT, bool QDQ, int BW = 0>
-__global__ void __launch_bounds__(BW ? 32 * BW : kMatrixThreads, BW == 8 ? 2 : 1) matrix_quant_kernel(const Params p, const MatrixArgs m) {
+__global__ void __launch_bounds__(BW ? 32 * BW : kMatrixThreads, BW == 8 ? 2 : 0) matrix_quant_kernel(const Params p, const MatrixArgs m) {
   __shared__ NvTables nvt;
   NvScale nv;
   if constexpr (Fmt::nvfp4) {
@@ -52,7 +52,7 @@ void launch_matrix(bool qdq, const char* fn, const core::Problem& p, DType dt, P
         if (!qdq) return launch_matrix_kernel<matrix_quant_kernel<Fmt, DType::f32, false, W>, W>(fn, k, m, s, "matrix-rotated quantize kernel (bf16)");
         launch_matrix_kernel<matrix_quant_kernel<Fmt, DType::bf16, true, W>, W>(fn, k, m, s, "matrix-rotated qdq kernel (bf16)");
       };
-      if (matrix_bf16_warps(fn) == 8) go(std::integral_constant<int, 8>{});
+      if (matrix_bf16_warps(fn, k.rot_size) == 8) go(std::integral_constant<int, 8>{});
       else go(std::integral_constant<int, 4>{});
       return;
     }
