@@ -99,13 +99,7 @@ __device__ __forceinline__ void matrix_tiles_bf16_rs(const Params& p, const uint
     u32 w[PER_LANE][W];
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) {
-      const Coord c = coord<kMatrixChunk, false>(p, i0 + lane + 32 * j);
-      if (c.active && c.k0 < p.K) {
-        load_chunk_words<DType::bf16, kMatrixChunk>(p, c.row, c.k0, c.full, w[j]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < W; ++e) w[j][e] = 0;
-      }
+      matrix_load_words<DType::bf16>(p, coord<kMatrixChunk, false>(p, i0 + lane + 32 * j), w[j]);
     }
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) {
