@@ -105,23 +105,6 @@ __global__ void __launch_bounds__(kThreads, C == 16 && !(ROT && Ch::round == Rou
   const i64 block_first = i64(blockIdx.x) * kThreads;
   const i64 iters = (p.total - block_first + stride - 1) / stride;  // the grid never exceeds the work
   const i64 first = block_first + threadIdx.x;
-  // The chunk of iteration it: forward, or (FUSED) backward.
-  auto chunk_of = [&](i64 it) { return first + (FUSED ? iters - 1 - it : it) * stride; };
-  std::uint8_t* const mine = ring + threadIdx.x * B;
-  const u32 mine_s = smem_addr(mine);
-  const auto prefetch_first = [&] {
-    if (p.x_vec) {
-#pragma unroll
-      for (int st = 0; st < kStages - 1; ++st) {
-        if (st < iters) prefetch_chunk<DT, C, kStatic>(p, chunk_of(st), mine_s + st * kThreads * B);
-        cp_async_commit();
-      }
-    }
-  };
-  // The first chunks' loads are issued before NVFP4's tables are filled, so that their latency
-  // overlaps the fill and its barrier (what decode-sized launches wait for); FUSED first reduces the
-  // tensor amax over the same chunks, then prefetches.
-  if constexpr (!FUSED) prefetch_first();
   NvScale nv;
   if constexpr (Fmt::nvfp4) {
     if constexpr (FUSED) {
@@ -131,9 +114,19 @@ __global__ void __launch_bounds__(kThreads, C == 16 && !(ROT && Ch::round == Rou
     nv = nv_scale(p);
     fill_nv_tables<DT, QDQ>(nv, nvt);  // every thread reaches the barrier: no exit before
   }
-  if constexpr (FUSED) prefetch_first();
+  // The chunk of iteration it: forward, or (FUSED) backward.
+  auto chunk_of = [&](i64 it) { return first + (FUSED ? iters - 1 - it : it) * stride; };
   u32 rsigns = 0;
   if constexpr (ROT) rsigns = rotation_lane_signs<C>(p);
+  std::uint8_t* const mine = ring + threadIdx.x * B;
+  const u32 mine_s = smem_addr(mine);
+  if (p.x_vec) {
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < iters) prefetch_chunk<DT, C, kStatic>(p, chunk_of(st), mine_s + st * kThreads * B);
+      cp_async_commit();
+    }
+  }
   int stage = 0;
   // i: this iteration's chunk; ahead_i: the chunk kStages - 1 iterations on. Quantize steps them
   // (ahead_i is past the end of the data exactly when past this block's last iteration, where

@@ -27,12 +27,15 @@ inline MatrixArgs matrix_args(const QuantOptions& o, bool inverse, DType dt) {
 // Warps per block of the bf16 product's kernels for RS on the current device: at RS = 128, 8 where two
 // such blocks fit an SM's shared memory (16 resident warps, as many as 128 registers allow; the H100 /
 // H200), else 4 (three blocks of 4 on the H100, shared memory the limit; sm_80 / 86 / 89). Below RS 128
-// the 4-warp blocks are small enough for 16 resident warps already: 4. MXQ_CUDA_MATRIX_BF16_WARPS=4 or 8
-// forces one (a test and benchmark switch; 8 where it does not fit fails its launch).
-inline int matrix_bf16_warps(const char* fn, int rs) {
+// the 4-warp blocks are small enough for 16 resident warps already: 4. NVFP4 (and its amax pass): 4,
+// since its 8-warp kernels spill under the 128-register cap and measured slower (H100, 2026-12-06:
+// QDQ given S 41.4% -> 38.0% of copy at 8192^2, while MXFP4 went 42.8% -> 46.6%).
+// MXQ_CUDA_MATRIX_BF16_WARPS=4 or 8 forces one (a test and benchmark switch; 8 where it does not fit
+// fails its launch).
+inline int matrix_bf16_warps(const char* fn, int rs, bool nvfp4) {
   const char* v = std::getenv("MXQ_CUDA_MATRIX_BF16_WARPS");
   if (v && (std::string(v) == "4" || std::string(v) == "8")) return v[0] - '0';
-  if (rs < 128) return 4;
+  if (rs < 128 || nvfp4) return 4;
   int dev = 0, per_sm = 0, per_block = 0;
   check(cudaGetDevice(&dev), fn, "cudaGetDevice");
   check(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), fn, "cudaDeviceGetAttribute");

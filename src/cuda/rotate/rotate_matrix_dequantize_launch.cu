@@ -57,7 +57,7 @@ void enqueue_matrix_amax(const char* fn, const QuantOptions& o, DType dt, const 
   MatrixArgs m = matrix_args(o, false, dt);
   m.acc = acc;
   if (!m.bf16) launch_matrix_kernel<matrix_amax_kernel<0>>(fn, a, m, s, "matrix-rotated amax kernel");
-  else if (matrix_bf16_warps(fn, a.rot_size) == 8) launch_matrix_kernel<matrix_amax_kernel<8>, 8>(fn, a, m, s, "matrix-rotated amax kernel (bf16)");
+  else if (matrix_bf16_warps(fn, a.rot_size, /*nvfp4=*/true) == 8) launch_matrix_kernel<matrix_amax_kernel<8>, 8>(fn, a, m, s, "matrix-rotated amax kernel (bf16)");
   else launch_matrix_kernel<matrix_amax_kernel<4>, 4>(fn, a, m, s, "matrix-rotated amax kernel (bf16)");
 }
 

@@ -52,7 +52,7 @@ void launch_matrix(bool qdq, const char* fn, const core::Problem& p, DType dt, P
         if (!qdq) return launch_matrix_kernel<matrix_quant_kernel<Fmt, DType::f32, false, W>, W>(fn, k, m, s, "matrix-rotated quantize kernel (bf16)");
         launch_matrix_kernel<matrix_quant_kernel<Fmt, DType::bf16, true, W>, W>(fn, k, m, s, "matrix-rotated qdq kernel (bf16)");
       };
-      if (matrix_bf16_warps(fn, k.rot_size) == 8) go(std::integral_constant<int, 8>{});
+      if (matrix_bf16_warps(fn, k.rot_size, Fmt::nvfp4) == 8) go(std::integral_constant<int, 8>{});
       else go(std::integral_constant<int, 4>{});
       return;
     }
