@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -993,7 +994,17 @@ std::vector<float> hadamard_bf16(int rs) {
 // decoded (the same products), and NVFP4's computed tensor scale comes from an amax within the bounds.
 // Formats: MXFP4 even, MXFP8 E4M3 rceil, NVFP4 given and computed S; RS 16..128; the Hadamard matrix
 // in bf16 (QuTLASS's), a random orthogonal bf16 matrix and a random non-orthogonal one.
-TEST(CudaRotationMatrixBf16, WithinTheStatedBound) {
+// Both block forms of the kernels (MXQ_CUDA_MATRIX_BF16_WARPS: 4 and 8 warps; 8 is skipped on a GPU
+// whose shared memory does not hold such a block).
+class CudaRotationMatrixBf16 : public testing::TestWithParam<int> {
+ protected:
+  void SetUp() override { setenv("MXQ_CUDA_MATRIX_BF16_WARPS", std::to_string(GetParam()).c_str(), 1); }
+  void TearDown() override { unsetenv("MXQ_CUDA_MATRIX_BF16_WARPS"); }
+};
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaRotationMatrixBf16, testing::Values(4, 8),
+                         [](const testing::TestParamInfo<int>& i) { return "Warps" + std::to_string(i.param); });
+
+TEST_P(CudaRotationMatrixBf16, WithinTheStatedBound) {
   TH_REQUIRE_BACKEND(Backend::cuda);
   std::int64_t n_codes = 0, n_blocks = 0, code_diff = 0, scale_diff = 0, outside = 0;
   for (int rs : {16, 32, 64, 128}) {
@@ -1052,7 +1063,13 @@ TEST(CudaRotationMatrixBf16, WithinTheStatedBound) {
           co.matrix_precision = MatrixPrecision::bf16;
           th::Placed xd(Backend::cuda, x);
           th::PlacedQuantized qd(Backend::cuda, co, R, K);
-          quantize(xd.view(), qd.out(), co);
+          try {
+            quantize(xd.view(), qd.out(), co);
+          } catch (const Error& e) {
+            if (GetParam() == 8 && std::string(e.what()).find("shared memory") != std::string::npos)
+              GTEST_SKIP() << "blocks of 8 warps do not fit this GPU's shared memory: " << e.what();
+            throw;
+          }
           th::Quantized g = qd.host;
           g.codes = qd.codes.get();
           g.scales = qd.scales.get();
@@ -1152,6 +1169,125 @@ TEST(CudaRotationMatrixBf16, WithinTheStatedBound) {
               "%lld scale bytes differ (%.4f%%); all within the bound\n",
               (long long)n_codes, (long long)code_diff, 100.0 * double(code_diff) / double(n_codes), (long long)n_blocks,
               (long long)scale_diff, 100.0 * double(scale_diff) / double(n_blocks));
+}
+
+
+// The bf16 product's kernels on the layouts the bound test does not reach, held to the dense case's
+// bytes (each group's sums depend on that group's values and R only, not on where the group sits in
+// a tile or in memory): a partial last tile with strided rows that are not 16-byte aligned (the
+// scalar loads), swizzled scales, padding chunks of a partial MX block (K = 48, g = 32, RS = 16: as
+// the same rows with 16 zero columns appended), stochastic rounding (words by element index), QDQ in
+// place and into strided output. And a group of -0 values gives +0 (QDQ's output bytes 0x0000), as in
+// the exact mode.
+TEST_P(CudaRotationMatrixBf16, LayoutsGiveTheDenseBytes) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  struct Run {
+    th::Quantized q;
+    float S;
+    th::HostTensor y;
+  };
+  // quantize and qdq of x on the GPU with options o (R in device memory)
+  auto run = [&](const th::HostTensor& x, const QuantOptions& o, const th::HostTensor& m) -> Run {
+    th::Placed md(Backend::cuda, m), xd(Backend::cuda, x);
+    th::Scalar ws(Backend::cuda);
+    QuantOptions co = th::on(Backend::cuda, o, ws);
+    co.rotation_matrix = md.view();
+    th::PlacedQuantized qd(Backend::cuda, co, x.rows, x.cols);
+    quantize(xd.view(), qd.out(), co);
+    Run r{qd.host, 0.0f, th::HostTensor(DType::bf16, x.rows, x.cols)};
+    r.q.codes = qd.codes.get();
+    r.q.scales = qd.scales.get();
+    r.S = o.format == Format::nvfp4 ? qd.S.value() : 1.0f;
+    th::Placed yd(Backend::cuda, th::HostTensor(DType::bf16, x.rows, x.cols));
+    qdq(xd.view(), yd.view(), co);
+    r.y = yd.get();
+    return r;
+  };
+  auto same = [&](const Run& a, const Run& b, std::int64_t rows, std::int64_t K, int gs, const std::string& what) {
+    int bad = 0;
+    EXPECT_EQ(a.S, b.S) << what << ": tensor scale";
+    for (std::int64_t r = 0; r < rows && bad < 5; ++r) {
+      for (std::int64_t k = 0; k < K && bad < 5; ++k) {
+        if (a.q.code(r, k) != b.q.code(r, k)) ADD_FAILURE() << what << ": code row " << r << " k " << k << ": " << a.q.code(r, k) << " vs " << b.q.code(r, k), ++bad;
+        if (a.y.bits(r, k) != b.y.bits(r, k))
+          ADD_FAILURE() << what << ": qdq row " << r << " k " << k << ": " << a.y.get(r, k) << " vs " << b.y.get(r, k), ++bad;
+      }
+      for (std::int64_t blk = 0; blk < (K + gs - 1) / gs && bad < 5; ++blk)
+        if (a.q.scale(r, blk) != b.q.scale(r, blk)) ADD_FAILURE() << what << ": scale row " << r << " block " << blk, ++bad;
+    }
+  };
+  const QuantOptions sr = [] {
+    QuantOptions o = QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::rceil);
+    o.rounding = Rounding::stochastic;
+    o.seed = 7;
+    return o;
+  }();
+  for (int rs : {16, 64, 128})
+    for (const QuantOptions& base : {QuantOptions::mx(Format::mxfp4, ScaleRule::even), QuantOptions::nvfp4(), sr}) {
+      const std::string what = th::name_of(base) + " RS " + std::to_string(rs);
+      SCOPED_TRACE(what);
+      const th::HostTensor m = matrix_tensor(random_rotation(rs, 40 + rs, true).first, rs, DType::bf16);
+      QuantOptions o = with_matrix(base, rs, m, nullptr);
+      o.matrix_precision = MatrixPrecision::bf16;
+      const int gs = base.format == Format::nvfp4 ? 16 : 32;
+      // K = 496 at RS 16: 31 groups a row, so 37 rows end in a partial tile of 16 groups at every RS
+      const std::int64_t R = 48, K = rs == 16 ? 496 : 512, Rp = 37;
+      th::HostTensor x = th::llm_like(DType::bf16, R, K, 77 + rs);
+      for (std::int64_t k = 0; k < K; ++k) x.set(0, k, -0.0f);
+      x.set(1, 7, 200.0f);  // the tensor amax (NVFP4's S) in a row every variant holds (others' < 20)
+      std::optional<Run> dense_run;
+      try {
+        dense_run.emplace(run(x, o, m));
+      } catch (const Error& e) {
+        if (GetParam() == 8 && std::string(e.what()).find("shared memory") != std::string::npos)
+          GTEST_SKIP() << "blocks of 8 warps do not fit this GPU's shared memory: " << e.what();
+        throw;
+      }
+      const Run& dense = *dense_run;
+      for (std::int64_t k = 0; k < K; ++k)
+        ASSERT_EQ(dense.y.bits(0, k), 0u) << "a group of -0 values: qdq k " << k << " is not +0";
+      // a partial last tile, rows 3 elements apart from 16-byte alignment
+      th::HostTensor xs(DType::bf16, Rp, K, K + 3);
+      for (std::int64_t r = 0; r < Rp; ++r)
+        for (std::int64_t k = 0; k < K; ++k) xs.set(r, k, x.get(r, k));
+      same(dense, run(xs, o, m), Rp, K, gs, what + ", 37 strided unaligned rows");
+      // swizzled scales
+      QuantOptions sw = o;
+      sw.scale_layout = ScaleLayout::swizzled;
+      same(dense, run(x, sw, m), R, K, gs, what + ", swizzled scales");
+      // QDQ in place, and into a strided output
+      {
+        th::Scalar ws(Backend::cuda);
+        th::Placed md(Backend::cuda, m), xd(Backend::cuda, x);
+        QuantOptions co = th::on(Backend::cuda, o, ws);
+        co.rotation_matrix = md.view();
+        qdq(xd.view(), xd.view(), co);
+        th::expect_same_bytes(dense.y, xd.get(), what + ": qdq in place");
+        th::Placed ys(Backend::cuda, th::HostTensor(DType::bf16, R, K, K + 24)), x2(Backend::cuda, x);
+        qdq(x2.view(), ys.view(), co);
+        const th::HostTensor yh = ys.get();
+        for (std::int64_t r = 0; r < R; ++r)
+          for (std::int64_t k = 0; k < K + 24; ++k) {  // the 24 gap columns keep their poison (0xA5A5)
+            const std::uint32_t got = yh.bits(r, k), want = k < K ? dense.y.bits(r, k) : 0xA5A5u;
+            if (got != want) {
+              ADD_FAILURE() << what << ": strided qdq output row " << r << " k " << k << (k < K ? "" : " (a gap column)");
+              r = R;
+              break;
+            }
+          }
+      }
+      // padding chunks of a partial block: K = 48 against the same rows with 16 zero columns
+      if (rs == 16 && base.format != Format::nvfp4) {
+        th::HostTensor a(DType::bf16, 8, 48), b(DType::bf16, 8, 64);
+        for (std::int64_t r = 0; r < 8; ++r)
+          for (std::int64_t k = 0; k < 64; ++k) {
+            if (k < 48) a.set(r, k, x.get(r + 2, k));
+            b.set(r, k, k < 48 ? x.get(r + 2, k) : 0.0f);
+          }
+        if (base.rounding == Rounding::nearest_even) same(run(b, o, m), run(a, o, m), 8, 48, gs, what + ", K = 48 (padding chunks)");
+      }
+      if (testing::Test::HasFailure()) return;
+    }
 }
 
 }  // namespace

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import mxq
-from conftest import assert_bytes_equal
+from conftest import assert_bytes_equal, needs_cuda
 
 
 class Tiny(nn.Module):
@@ -219,13 +219,17 @@ def _sqnr(ref: torch.Tensor, y: torch.Tensor) -> float:
     return (10 * torch.log10(ref.pow(2).sum() / (ref - y).pow(2).sum())).item()
 
 
-def test_emulate_rotation_computes_the_rotated_products():
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_emulate_rotation_computes_the_rotated_products(device: str):
     """emulate(..., rotation=): each swapped Linear computes F.linear(qdq(x R), qdq(W R), b) (both in the
     rotated domain, so x W^T before quantization); a layer whose K the size does not divide is swapped
-    without it and listed."""
+    without it and listed. On CUDA the bf16 matrix takes the tensor cores on both sides."""
     torch.manual_seed(0)
-    m = Tiny().to(torch.bfloat16)
-    x = torch.randn(3, 5, 64, dtype=torch.bfloat16)
+    m = Tiny().to(torch.bfloat16).to(device)
+    x = torch.randn(3, 5, 64, dtype=torch.bfloat16).to(device)
     orig = {n: p.detach().clone() for n, p in m.named_parameters()}
     with torch.no_grad():
         h = mxq.emulate(m, weights="mxfp4", activations={"format": "nvfp4", "tensor_scale": 30.0}, rotation="had64")
@@ -246,7 +250,7 @@ def test_emulate_rotation_computes_the_rotated_products():
             h = mxq.emulate(m, weights="mxfp4", activations="mxfp4", rotation=rot, **kw)
             assert h.unrotated == []
             y = m(x)
-            rk = {"rotation": rot, **kw}
+            rk = {"rotation": rot.to(device) if isinstance(rot, torch.Tensor) else rot, **kw}
             h1 = torch.relu(nn.functional.linear(mxq.qdq(x, "mxfp4", **rk), mxq.qdq(orig["up.weight"], "mxfp4", **rk),
                                                  orig["up.bias"]))
             h2 = nn.functional.linear(mxq.qdq(h1, "mxfp4", **rk), mxq.qdq(orig["down.weight"], "mxfp4", **rk))
@@ -258,12 +262,13 @@ def test_emulate_rotation_computes_the_rotated_products():
     assert type(m.up) is nn.Linear
 
 
-def test_emulate_rotation_spreads_outliers():
+@pytest.mark.parametrize("device", DEVICES)
+def test_emulate_rotation_spreads_outliers(device: str):
     """On activations with outlier channels, a Hadamard rotation makes QuTLASS's quest rule usable
     (docs/numerics.md: +6 to +14 dB): the emulated layer's output SQNR against the unquantized one."""
     torch.manual_seed(1)
-    lin = nn.Linear(512, 256, bias=False)
-    x = torch.randn(64, 512) * 0.5
+    lin = nn.Linear(512, 256, bias=False).to(device)
+    x = (torch.randn(64, 512) * 0.5).to(device)
     x[:, 7::97] *= 40.0  # outlier channels
     ref = lin(x).detach()
     spec = {"format": "mxfp4", "rule": "quest"}

@@ -126,6 +126,16 @@ __device__ __forceinline__ void matrix_load(const Params& p, const Coord& c, u32
     for (int e = 0; e < kMatrixChunk; ++e) v[e] = 0;
   }
 }
+// The same chunk as raw input words (the bf16 tensor-core path converts nothing); zeros likewise.
+template <DType DT>
+__device__ __forceinline__ void matrix_load_words(const Params& p, const Coord& c, u32 (&w)[vec_words<DT, kMatrixChunk>()]) {
+  if (c.active && c.k0 < p.K) {
+    load_chunk_words<DT, kMatrixChunk>(p, c.row, c.k0, c.full, w);
+  } else {
+#pragma unroll
+    for (int e = 0; e < vec_words<DT, kMatrixChunk>(); ++e) w[e] = 0;
+  }
+}
 __device__ __forceinline__ void matrix_load(const Params& p, const MatrixArgs& m, const Coord& c, u32 (&v)[kMatrixChunk]) {
   if (m.dt == DType::bf16) matrix_load<DType::bf16>(p, c, v);
   else if (m.dt == DType::f16) matrix_load<DType::f16>(p, c, v);

@@ -7,19 +7,23 @@
 //
 // Shared memory of a block: R once, in the B-fragment order of the mma (each lane's two registers of a
 // k-step and n-tile as one 8-byte word: RS^2 * 2 bytes), then per warp a tile of 16 groups, first as
-// bf16 (xs), then, in the same bytes, as the fp32 products (ys). RS <= 128 (the options' check): 66 KB
-// per block at RS = 128.
+// bf16 (xs), then, in the same bytes, as the fp32 products (ys). RS <= 128 (the options' check): at
+// RS = 128, 67,584 bytes per block of 4 warps, 102,400 per block of 8 (matrix_launch.cuh picks 8 at
+// RS = 128 where two such blocks fit an SM).
 #include "cuda/rotate/matrix.cuh"
 
 namespace mxq::cuda {
+
+template <int W>
+constexpr bool kBf16Warps = W == 4 || W == 8;  // warps per block of the bf16 product's kernels
 
 constexpr int kBf16TileGroups = 16;  // the mma's 16 rows
 // Row stride of a warp tile, in bf16 elements for xs and in floats for ys: rows four banks apart for
 // the A-fragment loads.
 __host__ __device__ constexpr int bf16_tile_ld(int rs) { return rs + 8; }
 __host__ __device__ constexpr int bf16_warp_floats(int rs) { return kBf16TileGroups * bf16_tile_ld(rs); }
-constexpr int matrix_bf16_smem_bytes(int rs) {
-  return rs * rs * 2 + bf16_warp_floats(rs) * int(sizeof(float)) * (kMatrixThreads / 32);
+constexpr int matrix_bf16_smem_bytes(int rs, int warps) {
+  return rs * rs * 2 + bf16_warp_floats(rs) * int(sizeof(float)) * warps;
 }
 
 // d += A(16x16) B(16x8): a = this lane's A registers (rows gr, gr + 8; columns 2 kq + {0, 1}, + 8),
@@ -33,11 +37,12 @@ __device__ __forceinline__ void bf16_mma(float (&d)[4], u32 a0, u32 a1, u32 a2, 
 
 // R (bf16, row-major, global) into rf in fragment order: rf[(ks * RS/8 + nt) * 32 + lane] holds
 // R[16 ks + 2 kq + {0, 1}][8 nt + gr] and R[16 ks + 2 kq + 8 + {0, 1}][8 nt + gr]. Every thread of the
-// block calls it (it ends with the block's barrier).
+// block (of THREADS) calls it (it ends with the block's barrier).
+template <int THREADS>
 __device__ __forceinline__ void stage_bf16_matrix(const MatrixArgs& m, int rs, uint2* rf) {
   const unsigned short* r = static_cast<const unsigned short*>(m.R);
   const int nts = rs >> 3;
-  for (int idx = int(threadIdx.x); idx < rs * rs / 4; idx += kMatrixThreads) {
+  for (int idx = int(threadIdx.x); idx < rs * rs / 4; idx += THREADS) {
     const int l = idx & 31, t = idx >> 5;
     const int ks = t / nts, nt = t - ks * nts;
     const int k0 = 16 * ks + 2 * (l & 3), n = 8 * nt + (l >> 2);
@@ -78,7 +83,7 @@ __device__ __forceinline__ void bf16_product(float* ys, const uint2* rf) {
 // issues the loads of all its chunks of a tile (RS / 16 of them, the view's own bf16 words; nothing
 // consumes them before the last is issued, so they are in flight together), then writes them to the
 // tile; finish(c, y) consumes chunk c's rotated values.
-template <int RS, class Finish>
+template <int RS, int WARPS, class Finish>
 __device__ __forceinline__ void matrix_tiles_bf16_rs(const Params& p, const uint2* rf, float* smem_tiles, Finish&& finish) {
   constexpr int LD = bf16_tile_ld(RS), PER_TILE = kBf16TileGroups * RS / kMatrixChunk, PER_LANE = PER_TILE / 32;
   constexpr int LOG2TILE = PER_TILE == 32 ? 5 : PER_TILE == 64 ? 6 : PER_TILE == 128 ? 7 : 8;
@@ -88,19 +93,13 @@ __device__ __forceinline__ void matrix_tiles_bf16_rs(const Params& p, const uint
   float* ys = smem_tiles + warp * bf16_warp_floats(RS);
   unsigned short* xs = reinterpret_cast<unsigned short*>(ys);
   const i64 tiles = (p.total + PER_TILE - 1) >> LOG2TILE;
-  const i64 warps = i64(gridDim.x) * (kMatrixThreads / 32);
-  for (i64 t = i64(blockIdx.x) * (kMatrixThreads / 32) + warp; t < tiles; t += warps) {
+  const i64 warps = i64(gridDim.x) * WARPS;
+  for (i64 t = i64(blockIdx.x) * WARPS + warp; t < tiles; t += warps) {
     const i64 i0 = t << LOG2TILE;
     u32 w[PER_LANE][W];
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) {
-      const Coord c = coord<kMatrixChunk, false>(p, i0 + lane + 32 * j);
-      if (c.active && c.k0 < p.K) {
-        load_chunk_words<DType::bf16, kMatrixChunk>(p, c.row, c.k0, c.full, w[j]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < W; ++e) w[j][e] = 0;
-      }
+      matrix_load_words<DType::bf16>(p, coord<kMatrixChunk, false>(p, i0 + lane + 32 * j), w[j]);
     }
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) {
@@ -126,18 +125,19 @@ __device__ __forceinline__ void matrix_tiles_bf16_rs(const Params& p, const uint
 }
 
 // matrix_tiles (matrix.cuh) with the bf16 product, for bf16 x: finish(c, y) consumes chunk c's rotated
-// values. Every thread of the block calls it.
-template <class Finish>
+// values. Every thread of the block (WARPS warps) calls it.
+template <int WARPS, class Finish>
 __device__ __forceinline__ void matrix_tiles_bf16(const Params& p, const MatrixArgs& m, Finish&& finish) {
+  static_assert(kBf16Warps<WARPS>, "blocks of 4 or 8 warps");
   extern __shared__ __align__(16) float matrix_smem[];
   const int rs = p.rot_size;
   uint2* rf = reinterpret_cast<uint2*>(matrix_smem);
-  stage_bf16_matrix(m, rs, rf);
+  stage_bf16_matrix<WARPS * 32>(m, rs, rf);
   float* tiles = matrix_smem + rs * rs / 2;
-  if (rs == 16) matrix_tiles_bf16_rs<16>(p, rf, tiles, finish);
-  else if (rs == 32) matrix_tiles_bf16_rs<32>(p, rf, tiles, finish);
-  else if (rs == 64) matrix_tiles_bf16_rs<64>(p, rf, tiles, finish);
-  else matrix_tiles_bf16_rs<128>(p, rf, tiles, finish);
+  if (rs == 16) matrix_tiles_bf16_rs<16, WARPS>(p, rf, tiles, finish);
+  else if (rs == 32) matrix_tiles_bf16_rs<32, WARPS>(p, rf, tiles, finish);
+  else if (rs == 64) matrix_tiles_bf16_rs<64, WARPS>(p, rf, tiles, finish);
+  else matrix_tiles_bf16_rs<128, WARPS>(p, rf, tiles, finish);
 }
 
 }  // namespace mxq::cuda

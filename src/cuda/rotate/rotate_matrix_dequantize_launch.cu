@@ -32,15 +32,16 @@ __global__ void __launch_bounds__(kMatrixThreads) matrix_dequant_kernel(const Pa
       });
 }
 
-// max |x R| (fp32 bits) atomicMax'ed into *m.acc, one atomic per warp. BF16: the bf16 product.
-template <bool BF16>
-__global__ void __launch_bounds__(kMatrixThreads) matrix_amax_kernel(const Params p, const MatrixArgs m) {
+// max |x R| (fp32 bits) atomicMax'ed into *m.acc, one atomic per warp. BW: 0, the exact product; 4 or
+// 8, the bf16 product in blocks of BW warps.
+template <int BW>
+__global__ void __launch_bounds__(BW ? 32 * BW : kMatrixThreads, BW == 8 ? 2 : 0) matrix_amax_kernel(const Params p, const MatrixArgs m) {
   u32 am = 0;
   const auto finish = [&](const Coord&, const u32 (&y)[kMatrixChunk]) {
 #pragma unroll
     for (int e = 0; e < kMatrixChunk; ++e) am = umax(am, y[e] & 0x7FFFFFFFu);
   };
-  if constexpr (BF16) matrix_tiles_bf16(p, m, finish);
+  if constexpr (BW != 0) matrix_tiles_bf16<BW>(p, m, finish);
   else matrix_tiles(p, m, [&](const Coord& c, u32 (&v)[kMatrixChunk]) { matrix_load(p, m, c, v); }, finish);
   am = warp_max(am);
   if ((threadIdx.x & 31u) == 0) atomicMax(m.acc, am);
@@ -55,8 +56,9 @@ void enqueue_matrix_amax(const char* fn, const QuantOptions& o, DType dt, const 
   core::dispatch_dtype(dt, [&](auto dtc) { a.x_vec = aligned(a.x, a.x_stride, vec_align<decltype(dtc)::value, kMatrixChunk>()); });
   MatrixArgs m = matrix_args(o, false, dt);
   m.acc = acc;
-  if (m.bf16) launch_matrix_kernel<matrix_amax_kernel<true>, true>(fn, a, m, s, "matrix-rotated amax kernel (bf16)");
-  else launch_matrix_kernel<matrix_amax_kernel<false>>(fn, a, m, s, "matrix-rotated amax kernel");
+  if (!m.bf16) launch_matrix_kernel<matrix_amax_kernel<0>>(fn, a, m, s, "matrix-rotated amax kernel");
+  else if (matrix_bf16_warps(fn, a.rot_size, /*nvfp4=*/true) == 8) launch_matrix_kernel<matrix_amax_kernel<8>, 8>(fn, a, m, s, "matrix-rotated amax kernel (bf16)");
+  else launch_matrix_kernel<matrix_amax_kernel<4>, 4>(fn, a, m, s, "matrix-rotated amax kernel (bf16)");
 }
 
 void dequantize_matrix(const core::Problem& p, const QuantizedIn& q, const Tensor& y) {

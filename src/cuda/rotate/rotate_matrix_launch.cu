@@ -1,6 +1,8 @@
 // quantize and QDQ with a rotation by a runtime matrix (cuda/rotate/matrix.cuh): each warp tile is
 // rotated on the FP64 tensor cores, then its chunks take the rotated launches' chunk code (fp32
 // chunks; QDQ's outputs rounded to the view's dtype), with the runtime rule and rounding.
+#include <type_traits>
+
 #include "core/dispatch.hpp"
 #include "cuda/quantize/choices.cuh"
 #include "cuda/quantize/mx_chunk.cuh"
@@ -12,12 +14,13 @@ namespace mxq::cuda {
 namespace {
 
 using RuntimeChoices = Choices<ScaleChoice::runtime, RoundChoice::runtime>;
-static_assert(kMatrixThreads >= 128 && kMatrixThreads <= kThreads, "fill_nv_tables fills its 128 entries in one pass of the block (a stride of kThreads)");
+static_assert(kMatrixThreads >= 128 && 8 * 32 <= kThreads, "fill_nv_tables fills its 128 entries in one pass of the block (a stride of kThreads)");
 
-// ODT: QDQ's output dtype (quantize: f32, unused; the input's dtype is m.dt at run time). BF16: the
-// bf16 product (bf16 input; matrix_bf16.cuh).
-template <class Fmt, DType ODT, bool QDQ, bool BF16 = false>
-__global__ void __launch_bounds__(kMatrixThreads) matrix_quant_kernel(const Params p, const MatrixArgs m) {
+// ODT: QDQ's output dtype (quantize: f32, unused; the input's dtype is m.dt at run time). BW: 0, the
+// exact product; 4 or 8, the bf16 product (bf16 input; matrix_bf16.cuh) in blocks of BW warps (8: two
+// blocks per SM, so at most 128 registers).
+template <class Fmt, DType ODT, bool QDQ, int BW = 0>
+__global__ void __launch_bounds__(BW ? 32 * BW : kMatrixThreads, BW == 8 ? 2 : 0) matrix_quant_kernel(const Params p, const MatrixArgs m) {
   __shared__ NvTables nvt;
   NvScale nv;
   if constexpr (Fmt::nvfp4) {
@@ -28,8 +31,8 @@ __global__ void __launch_bounds__(kMatrixThreads) matrix_quant_kernel(const Para
     if constexpr (Fmt::nvfp4) nvfp4_chunk<DType::f32, kMatrixChunk, QDQ, RuntimeChoices, ODT>(p, c, nv, nvt, y);
     else mx_chunk<Fmt, DType::f32, kMatrixChunk, QDQ, RuntimeChoices, ODT>(p, c, y);
   };
-  if constexpr (BF16) {
-    matrix_tiles_bf16(p, m, finish);
+  if constexpr (BW != 0) {
+    matrix_tiles_bf16<BW>(p, m, finish);
   } else {
     matrix_tiles(p, m, [&](const Coord& c, u32 (&v)[kMatrixChunk]) { matrix_load(p, m, c, v); }, finish);
   }
@@ -43,9 +46,15 @@ void launch_matrix(bool qdq, const char* fn, const core::Problem& p, DType dt, P
   core::dispatch_format(p.opt.format, [&](auto fmt) {
     using Fmt = decltype(fmt);
     if (m.bf16) {  // bf16 data (checked at the API)
-      if (!qdq) return launch_matrix_kernel<matrix_quant_kernel<Fmt, DType::f32, false, true>, true>(fn, k, m, s, "matrix-rotated quantize kernel (bf16)");
-      k.y_vec = aligned(k.y, k.y_stride, vec_align<DType::bf16, kMatrixChunk>());
-      return launch_matrix_kernel<matrix_quant_kernel<Fmt, DType::bf16, true, true>, true>(fn, k, m, s, "matrix-rotated qdq kernel (bf16)");
+      if (qdq) k.y_vec = aligned(k.y, k.y_stride, vec_align<DType::bf16, kMatrixChunk>());
+      const auto go = [&](auto w) {
+        constexpr int W = decltype(w)::value;
+        if (!qdq) return launch_matrix_kernel<matrix_quant_kernel<Fmt, DType::f32, false, W>, W>(fn, k, m, s, "matrix-rotated quantize kernel (bf16)");
+        launch_matrix_kernel<matrix_quant_kernel<Fmt, DType::bf16, true, W>, W>(fn, k, m, s, "matrix-rotated qdq kernel (bf16)");
+      };
+      if (matrix_bf16_warps(fn, k.rot_size, Fmt::nvfp4) == 8) go(std::integral_constant<int, 8>{});
+      else go(std::integral_constant<int, 4>{});
+      return;
     }
     if (!qdq) return launch_matrix_kernel<matrix_quant_kernel<Fmt, DType::f32, false>>(fn, k, m, s, "matrix-rotated quantize kernel");
     core::dispatch_dtype(dt, [&](auto dtc) {
