@@ -21,11 +21,17 @@ struct NvTables {
 };
 template <DType DT, bool QDQ>
 __device__ __forceinline__ void fill_nv_tables(const NvScale& nv, NvTables& t) {
-  for (int c = threadIdx.x; c < 128; c += kThreads) {
+  // QDQ to 16-bit outputs: 256 items, the multipliers (items 0..127) and the output tables (128..255)
+  // on different threads. At decode sizes each thread has one chunk and this fill is on every warp's
+  // path (the barrier), so its length counts; a block of 256 fills it in one pass of whole warps.
+  constexpr int kItems = QDQ && DT != DType::f32 ? 256 : 128;
+  for (int i = int(threadIdx.x); i < kItems; i += int(blockDim.x)) {
+    const int c = i & 127;
     const float sval = c == 127 ? 0.0f : decode_f32(u32(c), spec_e4m3());
-    t.sval[c] = sval;
-    t.m[c] = sval == 0.0f ? 0.0f : nvfp4_multiplier(u32(c), nv.S);
-    if constexpr (QDQ && DT != DType::f32) {
+    if (i < 128) {
+      t.sval[c] = sval;
+      t.m[c] = sval == 0.0f ? 0.0f : nvfp4_multiplier(u32(c), nv.S);
+    } else if constexpr (kItems == 256) {
       u32 o[4];
       nv_table<DT>(sval, nv, o);
       t.out[c] = make_uint4(o[0], o[1], o[2], o[3]);

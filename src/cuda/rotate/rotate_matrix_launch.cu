@@ -14,7 +14,6 @@ namespace mxq::cuda {
 namespace {
 
 using RuntimeChoices = Choices<ScaleChoice::runtime, RoundChoice::runtime>;
-static_assert(kMatrixThreads >= 128 && 8 * 32 <= kThreads, "fill_nv_tables fills its 128 entries in one pass of the block (a stride of kThreads)");
 
 // ODT: QDQ's output dtype (quantize: f32, unused; the input's dtype is m.dt at run time). BW: 0, the
 // exact product; 4 or 8, the bf16 product (bf16 input; matrix_bf16.cuh) in blocks of BW warps (8: two
