@@ -278,6 +278,66 @@ TEST(FastBf16Pairs, CodesAndQdqMatchTheReferenceForEveryBf16AndScale) {
   EXPECT_EQ(bad, 0) << bad << " of " << n;
 }
 
+// rto_bf16x2 then mx_codes_bf16x2 / mx_qdq_bf16x2 (the rotated kernels' path for an fp32 chunk)
+// against the reference on the fp32 value itself: every finite bf16 pattern with each kind of dropped
+// low half (the smallest, just below and at the bf16 midpoint, just above it, the largest, and a mix),
+// at both ends of each format's fast range and a stride of scales between, with and without the upper
+// clamp. Subnormal fp32 inputs are included (the bf16 patterns with exponent bits 0).
+TEST(FastBf16Pairs, RoundToOddThenPairsMatchTheFp32Reference) {
+  using namespace mxq::core;
+  long bad = 0, n = 0;
+  const std::uint32_t lows[] = {0x0001u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu, 0x5A5Au};
+  auto check = [&](auto et) {
+    constexpr ElemType ET = decltype(et)::value;
+    constexpr FloatSpec f = Elem<ET>::spec;
+    constexpr int lo_e = MxFastRange<ET>::lo, hi_e = MxFastRange<ET>::hi;
+    std::vector<int> es;
+    for (int e = lo_e; e <= hi_e; ++e)
+      if (e < lo_e + 8 || e > hi_e - 8 || (e - lo_e) % 9 == 0) es.push_back(e);
+#pragma omp parallel for reduction(+ : bad, n) schedule(dynamic)
+    for (int ei = 0; ei < int(es.size()); ++ei) {
+      const int e = es[ei];
+      const MxPair k = mx_pair<ET>(e);
+      const std::uint32_t bound = std::uint32_t(f.emax + 1 + e + 127) << 23;  // 2^(emax + 1 + e)
+      for (std::uint32_t h = 0; h < 0x10000; ++h) {
+        if ((h & 0x7F80u) == 0x7F80u) continue;  // NaN/Inf blocks take another path
+        for (const std::uint32_t low : lows) {
+          const std::uint32_t x = (h << 16) | low;
+          const std::uint32_t code = encode_scaled(x, e, f);
+          const std::uint32_t q = mx_dequant_bits(code, std::uint8_t(e + kE8M0Bias), f, mxq::DType::bf16);
+          const bool in_range = (x & 0x7FFFFFFFu) < bound;
+          const std::uint32_t other = 0x3F80u;  // 1.0 beside it, below every bound of the range
+          const std::uint32_t w = rto_bf16x2(x, other << 16);
+          for (int clamp = 0; clamp < 2; ++clamp) {
+            if (!clamp && !in_range) continue;
+            const std::uint32_t gc = (clamp ? mx_codes_bf16x2<ET, true>(w, k) : mx_codes_bf16x2<ET, false>(w, k)) & 0xFFFFu;
+            const std::uint32_t gq = (clamp ? mx_qdq_bf16x2<ET, true>(w, k) : mx_qdq_bf16x2<ET, false>(w, k)) & 0xFFFFu;
+            ++n;
+            if (gc != code || gq != q) {
+#pragma omp critical
+              if (bad < 5)
+                ADD_FAILURE() << "format " << int(ET) << " e=" << e << " x=" << std::hex << x << " (rto " << (w & 0xFFFFu)
+                              << ") clamp " << clamp << ": code " << gc << " want " << code << ", qdq " << gq << " want " << q;
+              ++bad;
+            }
+          }
+        }
+      }
+    }
+  };
+  check(std::integral_constant<ElemType, ElemType::e2m1>{});
+  check(std::integral_constant<ElemType, ElemType::e2m3>{});
+  check(std::integral_constant<ElemType, ElemType::e3m2>{});
+  check(std::integral_constant<ElemType, ElemType::e4m3>{});
+  check(std::integral_constant<ElemType, ElemType::e5m2>{});
+  EXPECT_EQ(bad, 0) << bad << " of " << n;
+  // round to odd itself: exact halves kept, dropped bits leave the last bit set, NaN stays NaN
+  EXPECT_EQ(rto_bf16x2(0x3F800000u, 0xBF800000u), 0xBF803F80u);
+  EXPECT_EQ(rto_bf16x2(0x3F800001u, 0x3F81FFFFu), 0x3F813F81u);
+  EXPECT_EQ(rto_bf16x2(0x7F800001u, 0x80000000u), 0x80007F81u);
+  EXPECT_EQ(rto_bf16x2(0xFF800000u, 0x00000001u), 0x0001FF80u);
+}
+
 // nvfp4_bf16_table (the kernels' NVFP4 bf16 outputs from two divisions) against the reference
 // decode: every E4M3 block scale that is not NaN (0 and the subnormals included) under S at the ends
 // of recip_div's range and at random significands across it.

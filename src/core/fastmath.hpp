@@ -283,6 +283,16 @@ MXQ_HD_HOT std::uint32_t mx_qdq_bf16x2(std::uint32_t w, const MxPair& k) {
   const std::uint32_t t = bf16x2_add(w & 0x7FFF7FFFu, cb);
   return bf16x2_min(bf16x2_add<true>(t, cb), k.maxv2) | (w & 0x80008000u);
 }
+// Two fp32 values (bits a, b) rounded to bf16 by round to odd: truncated, the last bit set when any
+// dropped bit was set; packed a's in the low lane. NaN stays NaN, +-Inf and +-0 are exact. For the
+// MX floats' round to nearest even after it (formats of at most 4 significant bits, in the fast range
+// where every grid point and midpoint is a bf16 with its last bit clear) the result is the direct
+// rounding of a and b: an inexact input lands strictly between the same two such values as itself
+// (fastmath_test: FastBf16Pairs.RoundToOddThenPairsMatchTheFp32Reference).
+MXQ_HD_HOT std::uint32_t rto_bf16x2(std::uint32_t a, std::uint32_t b) {
+  const std::uint32_t sticky = std::uint32_t((a & 0xFFFFu) != 0u) | (std::uint32_t((b & 0xFFFFu) != 0u) << 16);
+  return ((a >> 16) | (b & 0xFFFF0000u)) | sticky;
+}
 // Quantize: the two element codes (sign at bit bits - 1), one per 16-bit lane; the lanes' magnitudes
 // read off t as readoff_mag does (be has no bits below bit 7, so the shift keeps the lanes apart).
 template <ElemType ET, bool CLAMP_HI>
