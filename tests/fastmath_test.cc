@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -23,6 +24,28 @@
 using namespace mxq;
 using th::HostTensor;
 using th::Quantized;
+
+namespace {
+// check(std::integral_constant<ElemType, ET>{}) for each MX float element type (E2M1, E2M3, E3M2,
+// E4M3, E5M2: not INT8).
+template <class F>
+void for_each_mx_float(F&& check) {
+  using mxq::ElemType;
+  check(std::integral_constant<ElemType, ElemType::e2m1>{});
+  check(std::integral_constant<ElemType, ElemType::e2m3>{});
+  check(std::integral_constant<ElemType, ElemType::e3m2>{});
+  check(std::integral_constant<ElemType, ElemType::e4m3>{});
+  check(std::integral_constant<ElemType, ElemType::e5m2>{});
+}
+// The bf16 pair path's (code, QDQ bits) of one lane of w, with or without the upper clamp.
+template <mxq::ElemType ET>
+std::pair<std::uint32_t, std::uint32_t> pair_lane(std::uint32_t w, const mxq::core::MxPair& k, bool clamp, int lane) {
+  using namespace mxq::core;
+  const std::uint32_t c = clamp ? mx_codes_bf16x2<ET, true>(w, k) : mx_codes_bf16x2<ET, false>(w, k);
+  const std::uint32_t q = clamp ? mx_qdq_bf16x2<ET, true>(w, k) : mx_qdq_bf16x2<ET, false>(w, k);
+  return {c >> (16 * lane) & 0xFFFFu, q >> (16 * lane) & 0xFFFFu};
+}
+}  // namespace
 
 // sr_round_unscaled and sr_round_dither (the kernels' stochastic-rounding forms for 32 and for 16 or 8
 // random bits, in the unscaled domain) against the scalar codec: every finite bf16 pattern, at every scale of the fast range that puts it near the
@@ -82,11 +105,7 @@ TEST(FastStochastic, UnscaledRoundingMatchesTheCodecForEveryBf16) {
     }
     EXPECT_EQ(bad, 0) << to_string(ET) << ": " << bad << " of " << n;
   };
-  check(std::integral_constant<ElemType, ElemType::e2m1>{});
-  check(std::integral_constant<ElemType, ElemType::e2m3>{});
-  check(std::integral_constant<ElemType, ElemType::e3m2>{});
-  check(std::integral_constant<ElemType, ElemType::e4m3>{});
-  check(std::integral_constant<ElemType, ElemType::e5m2>{});
+  for_each_mx_float(check);
 }
 
 // The NVFP4 stochastic rounding of the kernels: x * m rounded once in fp32, then sr_round_unscaled /
@@ -255,8 +274,7 @@ TEST(FastBf16Pairs, CodesAndQdqMatchTheReferenceForEveryBf16AndScale) {
             if (!clamp && !in_range) continue;
             const std::uint32_t other = clamp ? p2 : p2_in;
             const std::uint32_t w = lane ? (h << 16) | other : (other << 16) | h;
-            const std::uint32_t gc = (clamp ? mx_codes_bf16x2<ET, true>(w, k) : mx_codes_bf16x2<ET, false>(w, k)) >> (16 * lane) & 0xFFFFu;
-            const std::uint32_t gq = (clamp ? mx_qdq_bf16x2<ET, true>(w, k) : mx_qdq_bf16x2<ET, false>(w, k)) >> (16 * lane) & 0xFFFFu;
+            const auto [gc, gq] = pair_lane<ET>(w, k, clamp, lane);
             ++n;
             if (gc != code || gq != q) {
 #pragma omp critical
@@ -270,11 +288,7 @@ TEST(FastBf16Pairs, CodesAndQdqMatchTheReferenceForEveryBf16AndScale) {
       }
     }
   };
-  check(std::integral_constant<ElemType, ElemType::e2m1>{});
-  check(std::integral_constant<ElemType, ElemType::e2m3>{});
-  check(std::integral_constant<ElemType, ElemType::e3m2>{});
-  check(std::integral_constant<ElemType, ElemType::e4m3>{});
-  check(std::integral_constant<ElemType, ElemType::e5m2>{});
+  for_each_mx_float(check);
   EXPECT_EQ(bad, 0) << bad << " of " << n;
 }
 
@@ -310,8 +324,7 @@ TEST(FastBf16Pairs, RoundToOddThenPairsMatchTheFp32Reference) {
           const std::uint32_t w = rto_bf16x2(x, other << 16);
           for (int clamp = 0; clamp < 2; ++clamp) {
             if (!clamp && !in_range) continue;
-            const std::uint32_t gc = (clamp ? mx_codes_bf16x2<ET, true>(w, k) : mx_codes_bf16x2<ET, false>(w, k)) & 0xFFFFu;
-            const std::uint32_t gq = (clamp ? mx_qdq_bf16x2<ET, true>(w, k) : mx_qdq_bf16x2<ET, false>(w, k)) & 0xFFFFu;
+            const auto [gc, gq] = pair_lane<ET>(w, k, clamp, 0);
             ++n;
             if (gc != code || gq != q) {
 #pragma omp critical
@@ -325,11 +338,7 @@ TEST(FastBf16Pairs, RoundToOddThenPairsMatchTheFp32Reference) {
       }
     }
   };
-  check(std::integral_constant<ElemType, ElemType::e2m1>{});
-  check(std::integral_constant<ElemType, ElemType::e2m3>{});
-  check(std::integral_constant<ElemType, ElemType::e3m2>{});
-  check(std::integral_constant<ElemType, ElemType::e4m3>{});
-  check(std::integral_constant<ElemType, ElemType::e5m2>{});
+  for_each_mx_float(check);
   EXPECT_EQ(bad, 0) << bad << " of " << n;
   // round to odd itself: exact halves kept, dropped bits leave the last bit set, NaN stays NaN
   EXPECT_EQ(rto_bf16x2(0x3F800000u, 0xBF800000u), 0xBF803F80u);
