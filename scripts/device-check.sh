@@ -54,7 +54,15 @@ if ! skipped gpu-tests; then
     failed=$((failed + $(grep -oE '^\[  FAILED  \] [0-9]+ test' "$LOG/$t.log" | grep -oE '[0-9]+' || echo 0)))
     grep -q 'Failure' "$LOG/$t.log" && grep -B2 -A12 'Failure' "$LOG/$t.log" | head -40
   done
-  status "GPU suites (CUDA vs reference)" "$passed passed, $failed failed rc=$rc ($((SECONDS - t0)) s)"
+  # Small QDQ launches take 8-element chunks (small_qdq_plan): the QDQ suites again with the plan's
+  # 16-element chunks forced, so the small cases cover both widths.
+  for t in qdq_test rotation_test; do
+    MXQ_CUDA_QDQ_CHUNK=16 "$BUILD/tests/$t" --gtest_filter="$GPU_FILTER" --gtest_brief=1 > "$LOG/$t-c16.log" 2>&1 || rc=1
+    passed=$((passed + $(grep -oE '^\[  PASSED  \] [0-9]+' "$LOG/$t-c16.log" | grep -oE '[0-9]+$' || echo 0)))
+    failed=$((failed + $(grep -oE '^\[  FAILED  \] [0-9]+ test' "$LOG/$t-c16.log" | grep -oE '[0-9]+' || echo 0)))
+    grep -q 'Failure' "$LOG/$t-c16.log" && grep -B2 -A12 'Failure' "$LOG/$t-c16.log" | head -40
+  done
+  status "GPU suites (CUDA vs reference)" "$passed passed, $failed failed rc=$rc ($((SECONDS - t0)) s; qdq and rotation twice)"
 fi
 
 if ! skipped cli && [ -x "$BUILD/tools/mxq/mxq" ]; then  # the tool's self-test on this GPU
@@ -85,6 +93,14 @@ if ! skipped sanitizer; then
       errors=$((errors + ${n:-0}))
       [ "${n:-0}" != 0 ] && grep -m 3 -A 12 -E '^========= (Invalid|Race|Barrier|Uninitialized|Program hit|Error)' "$LOG/sanitizer-$tool-$t.log"
     done
+    if [ $tool = memcheck ]; then  # small QDQ cases at the 16-element chunks the rule passes over
+      for t in qdq_test rotation_test; do
+        MXQ_CUDA_QDQ_CHUNK=16 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/$t" --gtest_filter="$FILTER" --gtest_brief=1 > "$LOG/sanitizer-$tool-$t-c16.log" 2>&1 || rc=$?
+        n=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$LOG/sanitizer-$tool-$t-c16.log" | grep -oE '[0-9]+$' || echo 0)
+        errors=$((errors + ${n:-0}))
+        [ "${n:-0}" != 0 ] && grep -m 3 -A 12 -E '^========= (Invalid|Race|Barrier|Uninitialized|Program hit|Error)' "$LOG/sanitizer-$tool-$t-c16.log"
+      done
+    fi
     status "compute-sanitizer $tool" "ERROR SUMMARY: $errors errors over $GPU_TESTS rc=$rc"
   done
 fi

@@ -3,6 +3,9 @@
 // a problem, and the grid of a wave-limited launch.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "core/problem.hpp"
 #include "cuda/common/device.hpp"
@@ -23,6 +26,33 @@ inline Plan make_plan(const core::Problem& p, int dtype_bytes, bool dense_views)
   pl.flat = dense_views && pl.C == 8 && p.K % p.g == 0 && p.rows * p.K / 8 < (i64(1) << 31) &&
             p.scale_rows_padded * p.scale_cols_padded < (i64(1) << 32);  // swizzled_offset32
   if (pl.flat && dtype_bytes == 2 && p.g % 16 == 0) pl.C = 16;
+  return pl;
+}
+// MXQ_CUDA_QDQ_CHUNK=8 or 16: the QDQ launches' chunk width forced where the plan has 16 (a test and
+// benchmark switch, read once per process); 0 when unset. Any other value is refused at each call.
+inline int qdq_chunk_override(const char* fn) {
+  static const int n = [] {
+    const char* v = std::getenv("MXQ_CUDA_QDQ_CHUNK");
+    if (!v || !*v) return 0;
+    return std::strcmp(v, "8") == 0 ? 8 : std::strcmp(v, "16") == 0 ? 16 : -1;
+  }();
+  if (n < 0) throw Error(Error::Code::invalid_argument, std::string(fn) + ": MXQ_CUDA_QDQ_CHUNK must be 8 or 16 (or unset)");
+  return n;
+}
+// QDQ launches too small to give every SM a block at 16-element chunks (decode: a few rows) take 8:
+// twice the threads, each with half the dependent work, which is what such a launch waits on. Only
+// where it measured faster (H100, 2026-12-06, 16x8192 bf16 in a CUDA graph): the rotated launches
+// (this rule: NVFP4 given S had128 3.43 -> 2.89 us, MXFP4 had128 2.63 -> 2.26 us) and NVFP4 with a
+// given S (2.53 -> 2.43 us); with 8 forced, the plain MX ones were slower (1.82 -> 1.90 us), as were
+// a computed S (it loses the fused amax) and 256 rows; NVFP4 quest (S = 1) not measured.
+inline Plan small_qdq_plan(const char* fn, const core::Problem& p, Plan pl, bool rotated) {
+  if (pl.C != 16) return pl;
+  if (const int forced = qdq_chunk_override(fn)) {
+    pl.C = forced;
+    return pl;
+  }
+  const bool nv_given = p.opt.format == Format::nvfp4 && !p.amax_acc && p.opt.rule != ScaleRule::quest;
+  if ((rotated || nv_given) && p.rows * p.K / 16 < i64(sm_count(fn)) * kThreads) pl.C = 8;
   return pl;
 }
 // The chunk width whose kernels are compiled with every choice static (the flat launches of 2-byte

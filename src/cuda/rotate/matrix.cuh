@@ -116,17 +116,8 @@ __device__ __forceinline__ void matrix_product(const MatrixArgs m, int rs, const
   }
 }
 
-// Chunk c of the input as fp32 bits; zeros past the end and in a row's padding.
-template <DType DT>
-__device__ __forceinline__ void matrix_load(const Params& p, const Coord& c, u32 (&v)[kMatrixChunk]) {
-  if (c.active && c.k0 < p.K) {
-    load_chunk<DT, kMatrixChunk>(p, c.row, c.k0, c.full, v);
-  } else {
-#pragma unroll
-    for (int e = 0; e < kMatrixChunk; ++e) v[e] = 0;
-  }
-}
-// The same chunk as raw input words (the bf16 tensor-core path converts nothing); zeros likewise.
+// Chunk c of the input as raw input words (the bf16 tensor-core path converts nothing); zeros past the
+// end and in a row's padding.
 template <DType DT>
 __device__ __forceinline__ void matrix_load_words(const Params& p, const Coord& c, u32 (&w)[vec_words<DT, kMatrixChunk>()]) {
   if (c.active && c.k0 < p.K) {
@@ -135,6 +126,14 @@ __device__ __forceinline__ void matrix_load_words(const Params& p, const Coord& 
 #pragma unroll
     for (int e = 0; e < vec_words<DT, kMatrixChunk>(); ++e) w[e] = 0;
   }
+}
+// The same chunk as fp32 bits (zero words are +0 in every dtype).
+template <DType DT>
+__device__ __forceinline__ void matrix_load(const Params& p, const Coord& c, u32 (&v)[kMatrixChunk]) {
+  constexpr int W = vec_words<DT, kMatrixChunk>();
+  u32 w[W];
+  matrix_load_words<DT>(p, c, w);
+  unpack_words<DT, kMatrixChunk, W>(w, v);
 }
 __device__ __forceinline__ void matrix_load(const Params& p, const MatrixArgs& m, const Coord& c, u32 (&v)[kMatrixChunk]) {
   if (m.dt == DType::bf16) matrix_load<DType::bf16>(p, c, v);

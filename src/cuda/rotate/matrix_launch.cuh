@@ -36,13 +36,22 @@ inline int matrix_bf16_warps(const char* fn, int rs, bool nvfp4) {
   const char* v = std::getenv("MXQ_CUDA_MATRIX_BF16_WARPS");
   if (v && (std::string(v) == "4" || std::string(v) == "8")) return v[0] - '0';
   if (rs < 128 || nvfp4) return 4;
-  int dev = 0, per_sm = 0, per_block = 0;
+  // The fit depends only on the device: asked once per device (0: not asked yet), as
+  // launch_matrix_kernel caches its occupancy; the variable above is read on every call.
+  static std::atomic<int> fit[64] = {};
+  int dev = 0;
   check(cudaGetDevice(&dev), fn, "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), fn, "cudaDeviceGetAttribute");
-  check(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), fn, "cudaDeviceGetAttribute");
-  // + 4 KB a block: NVFP4's static tables (3 KB) and the 1 KB the runtime reserves per block
-  const int need = matrix_bf16_smem_bytes(128, 8) + 4096;
-  return need <= per_block && 2 * need <= per_sm ? 8 : 4;
+  int w = fit[dev & 63].load(std::memory_order_relaxed);
+  if (w == 0) {
+    int per_sm = 0, per_block = 0;
+    check(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), fn, "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), fn, "cudaDeviceGetAttribute");
+    // + 4 KB a block: NVFP4's static tables (3 KB) and the 1 KB the runtime reserves per block
+    const int need = matrix_bf16_smem_bytes(128, 8) + 4096;
+    w = need <= per_block && 2 * need <= per_sm ? 8 : 4;
+    fit[dev & 63].store(w, std::memory_order_relaxed);
+  }
+  return w;
 }
 
 // Kernel<<<grid, threads, smem, s>>>(k, m): a warp per tile of rotation groups, at most the resident

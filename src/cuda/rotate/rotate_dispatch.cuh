@@ -1,8 +1,8 @@
 #pragma once
 // The dispatch of the rotated block_kernel launches (rotate_quantize_launch.cu, rotate_qdq_launch.cu).
 // To bound the kernels compiled, only the most used choice (an amax rule, round to nearest even) is
-// static, at the fast chunk width; every other rule and rounding, and the 8-element chunks of 2-byte
-// dtypes, take the runtime choices.
+// static, at the fast chunk width (and for QDQ at 8 too, small_qdq_plan's width); every other rule
+// and rounding, and quantize's 8-element chunks of 2-byte dtypes, take the runtime choices.
 #include "cuda/quantize/dispatch.cuh"
 #include "cuda/rotate/rotate.hpp"
 
@@ -24,7 +24,8 @@ void launch_rotated(const char* fn, const core::Problem& p, DType dt, const Plan
         k.blocks = wave_grid<kernel>(fn, k.total, cap);
         kernel<<<k.blocks, kThreads, 0, s>>>(k);
       };
-      if constexpr (C == fast_chunk<DT>())
+      // QDQ also at 8-element chunks of 2-byte dtypes: the width small launches take (small_qdq_plan).
+      if constexpr (C == fast_chunk<DT>() || (QDQ && C == 8))
         if (!p.stochastic && scale_choice(p.opt.rule) == ScaleChoice::amax) return launch(Choices<ScaleChoice::amax, RoundChoice::rne>{});
       launch(Choices<ScaleChoice::runtime, RoundChoice::runtime>{});
     } else {
