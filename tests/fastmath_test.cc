@@ -16,6 +16,7 @@
 #include <omp.h>
 #endif
 
+#include "core/e2m1_pack.hpp"
 #include "core/fastmath.hpp"
 #include "core/format_traits.hpp"
 #include "core/problem.hpp"
@@ -350,6 +351,63 @@ TEST(FastBf16Pairs, RoundToOddThenPairsMatchTheFp32Reference) {
 // nvfp4_bf16_table (the kernels' NVFP4 bf16 outputs from two divisions) against the reference
 // decode: every E4M3 block scale that is not NaN (0 and the subnormals included) under S at the ends
 // of recip_div's range and at random significands across it.
+// e2m1_push (core/e2m1_pack.hpp) against the codec's encode_scaled, at every scale of the fast range:
+// every bf16 magnitude pattern from 2^(e-6) up, each with six kinds of dropped low half (exact, just
+// above, just below and at a bf16 midpoint, the largest, a mix: every E2M1 tie and its neighbours are
+// among them), both signs, infinities, zeros and fp32 subnormals; then, at three scales, every fp32
+// with |x| in [2^(e-5), 2^(e+3)) (the amax rules' range), pushed eight at a time so that the words'
+// nibble order is checked too.
+TEST(FastE2m1Pack, PushedCodesMatchTheCodec) {
+  using namespace mxq::core;
+  constexpr FloatSpec f = Elem<ElemType::e2m1>::spec;
+  constexpr int lo_e = MxFastRange<ElemType::e2m1>::lo, hi_e = MxFastRange<ElemType::e2m1>::hi;
+  static_assert(lo_e == -125 && hi_e == 102);
+  long bad = 0, n = 0;
+  auto report = [&](int e, std::uint32_t x, std::uint32_t got, std::uint32_t want) {
+#pragma omp critical
+    if (bad < 5) ADD_FAILURE() << "e=" << e << " x=" << std::hex << x << ": code " << got << " want " << want;
+    ++bad;
+  };
+  const std::uint32_t lows[] = {0x0000u, 0x0001u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu};
+#pragma omp parallel for reduction(+ : bad, n) schedule(dynamic)
+  for (int e = lo_e; e <= hi_e; ++e) {
+    const E2m1Pack k = e2m1_pack_consts(e);
+    auto one = [&](std::uint32_t x) {
+      const std::uint32_t got = e2m1_push(0x12345678u, x, k) >> 28, want = encode_scaled(x, e, f);
+      ++n;
+      if (got != want) report(e, x, got, want);
+    };
+    const std::uint32_t from = std::uint32_t(std::max(e + 127 - 6, 1)) << 23;
+    for (std::uint32_t h = from >> 16; h <= 0x7F80u; ++h)
+      for (std::uint32_t low : lows) {
+        if (h == 0x7F80u && low) continue;  // NaN
+        for (std::uint32_t sign : {0u, 0x80000000u}) one(sign | (h << 16) | low);
+      }
+    for (std::uint32_t x : {0u, 1u, 0x3FFFFFu, 0x7FFFFFu, 0x800000u, 0x1234567u}) {
+      one(x);
+      one(x | 0x80000000u);
+    }
+  }
+  // Every fp32 in the amax rules' range at three scales, eight codes to a word.
+  for (int e : {lo_e, 0, hi_e}) {
+    const E2m1Pack k = e2m1_pack_consts(e);
+    const std::uint32_t b0 = std::uint32_t(std::max(e + 127 - 5, 0)) << 23, b1 = std::uint32_t(e + 127 + 3) << 23;
+#pragma omp parallel for reduction(+ : bad, n) schedule(static)
+    for (long long w0 = 0; w0 < 2LL * (b1 - b0); w0 += 8) {
+      std::uint32_t w = 0, want = 0, xs[8];
+      for (int i = 0; i < 8; ++i) {
+        const long long j = w0 + i;
+        xs[i] = (j & 1 ? 0x80000000u : 0u) | (b0 + std::uint32_t(j >> 1));
+        w = e2m1_push(w, xs[i], k);
+        want |= encode_scaled(xs[i], e, f) << (4 * i);
+      }
+      n += 8;
+      if (w != want) report(e, xs[0], w, want);
+    }
+  }
+  EXPECT_EQ(bad, 0) << bad << " of " << n;
+}
+
 TEST(FastNvfp4, Bf16TableFromTwoDivisionsMatchesTheDecode) {
   using namespace mxq::core;
   std::mt19937 rng(7);
