@@ -408,6 +408,34 @@ TEST(FastE2m1Pack, PushedCodesMatchTheCodec) {
   EXPECT_EQ(bad, 0) << bad << " of " << n;
 }
 
+// NVFP4's element codes by e2m1_push at scale 1 on the product nvfp4_product(x, m) (the kernels'
+// nvfp4_push_codes) against nvfp4_encode_rne(x, m): every finite bf16 pattern with four kinds of low
+// half (a NaN/Inf x makes a NaN/Inf block, whose codes are zeroed), under multipliers from 0 and the smallest subnormal to FLT_MAX and +Inf.
+TEST(FastE2m1Pack, Nvfp4ProductCodesMatchTheEncoder) {
+  using namespace mxq::core;
+  const E2m1Pack k = e2m1_pack_consts(0);
+  const float ms[] = {0.0f, u2f(1u), 1e-30f, 0x1p-20f, 0.013392857f, 0.7f, 1.0f, 1.5f, 1.0f / 3.0f, 1234.5f, 3.3e5f, 1e30f,
+                      u2f(0x7F7FFFFFu), u2f(0x7F800000u)};
+  long bad = 0, n = 0;
+#pragma omp parallel for reduction(+ : bad, n) schedule(dynamic)
+  for (int h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7F80) == 0x7F80) continue;  // NaN and +-Inf: their blocks' codes are zeroed
+    for (std::uint32_t low : {0x0000u, 0x0001u, 0x8000u, 0xFFFFu}) {
+      const std::uint32_t x = (std::uint32_t(h) << 16) | low;
+      for (float m : ms) {
+        const std::uint32_t got = e2m1_push(0u, f2u(nvfp4_product(x, m)), k) >> 28, want = nvfp4_encode_rne(x, m);
+        ++n;
+        if (got != want) {
+#pragma omp critical
+          if (bad < 5) ADD_FAILURE() << "x=" << std::hex << x << " m=" << m << ": code " << got << " want " << want;
+          ++bad;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << bad << " of " << n;
+}
+
 TEST(FastNvfp4, Bf16TableFromTwoDivisionsMatchesTheDecode) {
   using namespace mxq::core;
   std::mt19937 rng(7);
