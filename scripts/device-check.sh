@@ -48,20 +48,18 @@ GPU_TESTS="quantize_test dequantize_test qdq_test layout_test fused_test rotatio
 GPU_FILTER='*cuda*:Cuda*'
 if ! skipped gpu-tests; then
   t0=$SECONDS; passed=0; failed=0; rc=0
-  for t in $GPU_TESTS; do
-    "$BUILD/tests/$t" --gtest_filter="$GPU_FILTER" --gtest_brief=1 > "$LOG/$t.log" 2>&1 || rc=1
-    passed=$((passed + $(grep -oE '^\[  PASSED  \] [0-9]+' "$LOG/$t.log" | grep -oE '[0-9]+$' || echo 0)))
-    failed=$((failed + $(grep -oE '^\[  FAILED  \] [0-9]+ test' "$LOG/$t.log" | grep -oE '[0-9]+' || echo 0)))
-    grep -q 'Failure' "$LOG/$t.log" && grep -B2 -A12 'Failure' "$LOG/$t.log" | head -40
-  done
+  # run_suite TEST LOGNAME [ENV=VALUE...]: one suite's CUDA cases; adds to passed/failed/rc
+  run_suite() {
+    local t=$1 log=$LOG/$2.log; shift 2
+    env "$@" "$BUILD/tests/$t" --gtest_filter="$GPU_FILTER" --gtest_brief=1 > "$log" 2>&1 || rc=1
+    passed=$((passed + $(grep -oE '^\[  PASSED  \] [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)))
+    failed=$((failed + $(grep -oE '^\[  FAILED  \] [0-9]+ test' "$log" | grep -oE '[0-9]+' || echo 0)))
+    grep -q 'Failure' "$log" && grep -B2 -A12 'Failure' "$log" | head -40
+  }
+  for t in $GPU_TESTS; do run_suite $t $t; done
   # Small QDQ launches take 8-element chunks (small_qdq_plan): the QDQ suites again with the plan's
   # 16-element chunks forced, so the small cases cover both widths.
-  for t in qdq_test rotation_test; do
-    MXQ_CUDA_QDQ_CHUNK=16 "$BUILD/tests/$t" --gtest_filter="$GPU_FILTER" --gtest_brief=1 > "$LOG/$t-c16.log" 2>&1 || rc=1
-    passed=$((passed + $(grep -oE '^\[  PASSED  \] [0-9]+' "$LOG/$t-c16.log" | grep -oE '[0-9]+$' || echo 0)))
-    failed=$((failed + $(grep -oE '^\[  FAILED  \] [0-9]+ test' "$LOG/$t-c16.log" | grep -oE '[0-9]+' || echo 0)))
-    grep -q 'Failure' "$LOG/$t-c16.log" && grep -B2 -A12 'Failure' "$LOG/$t-c16.log" | head -40
-  done
+  for t in qdq_test rotation_test; do run_suite $t $t-c16 MXQ_CUDA_QDQ_CHUNK=16; done
   status "GPU suites (CUDA vs reference)" "$passed passed, $failed failed rc=$rc ($((SECONDS - t0)) s; qdq and rotation twice)"
 fi
 
@@ -87,19 +85,17 @@ if ! skipped sanitizer; then
   FILTER='*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*:*Fused*cuda_rms_norm:CudaRotation.SpecialValuesAndInPlace'
   for tool in memcheck racecheck synccheck initcheck; do
     errors=0; rc=0
-    for t in $GPU_TESTS; do
-      compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/$t" --gtest_filter="$FILTER" --gtest_brief=1 > "$LOG/sanitizer-$tool-$t.log" 2>&1 || rc=$?
-      n=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$LOG/sanitizer-$tool-$t.log" | grep -oE '[0-9]+$' || echo 0)
+    # sanitize TEST LOGNAME [ENV=VALUE...]: one suite's subset under the tool; adds to errors/rc
+    sanitize() {
+      local t=$1 log=$LOG/sanitizer-$tool-$2.log n; shift 2
+      env "$@" compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/$t" --gtest_filter="$FILTER" --gtest_brief=1 > "$log" 2>&1 || rc=$?
+      n=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)
       errors=$((errors + ${n:-0}))
-      [ "${n:-0}" != 0 ] && grep -m 3 -A 12 -E '^========= (Invalid|Race|Barrier|Uninitialized|Program hit|Error)' "$LOG/sanitizer-$tool-$t.log"
-    done
+      [ "${n:-0}" != 0 ] && grep -m 3 -A 12 -E '^========= (Invalid|Race|Barrier|Uninitialized|Program hit|Error)' "$log"
+    }
+    for t in $GPU_TESTS; do sanitize $t $t; done
     if [ $tool = memcheck ]; then  # small QDQ cases at the 16-element chunks the rule passes over
-      for t in qdq_test rotation_test; do
-        MXQ_CUDA_QDQ_CHUNK=16 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/$t" --gtest_filter="$FILTER" --gtest_brief=1 > "$LOG/sanitizer-$tool-$t-c16.log" 2>&1 || rc=$?
-        n=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$LOG/sanitizer-$tool-$t-c16.log" | grep -oE '[0-9]+$' || echo 0)
-        errors=$((errors + ${n:-0}))
-        [ "${n:-0}" != 0 ] && grep -m 3 -A 12 -E '^========= (Invalid|Race|Barrier|Uninitialized|Program hit|Error)' "$LOG/sanitizer-$tool-$t-c16.log"
-      done
+      for t in qdq_test rotation_test; do sanitize $t $t-c16 MXQ_CUDA_QDQ_CHUNK=16; done
     fi
     status "compute-sanitizer $tool" "ERROR SUMMARY: $errors errors over $GPU_TESTS rc=$rc"
   done

@@ -45,13 +45,14 @@ inline int qdq_chunk_override(const char* fn) {
 // (this rule: NVFP4 given S had128 3.43 -> 2.89 us, MXFP4 had128 2.63 -> 2.26 us) and NVFP4 with a
 // given S (2.53 -> 2.43 us); with 8 forced, the plain MX ones were slower (1.82 -> 1.90 us), as were
 // a computed S (it loses the fused amax) and 256 rows; NVFP4 quest (S = 1) not measured.
-inline Plan small_qdq_plan(const char* fn, const core::Problem& p, Plan pl, bool rotated) {
+inline Plan small_qdq_plan(const char* fn, const core::Problem& p, Plan pl) {
   if (pl.C != 16) return pl;
   if (const int forced = qdq_chunk_override(fn)) {
     pl.C = forced;
     return pl;
   }
   const bool nv_given = p.opt.format == Format::nvfp4 && !p.amax_acc && p.opt.rule != ScaleRule::quest;
+  const bool rotated = p.opt.rotation != Rotation::none;
   if ((rotated || nv_given) && p.rows * p.K / 16 < i64(sm_count(fn)) * kThreads) pl.C = 8;
   return pl;
 }

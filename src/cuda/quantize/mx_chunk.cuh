@@ -3,6 +3,7 @@
 //
 // Per element the same arithmetic as the CPU backends: the branch-free helpers of core/fastmath.hpp for
 // round-to-nearest-even, the scalar codec (core/codec.hpp) for stochastic rounding and special cases.
+#include "core/e2m1_pack.hpp"
 #include "core/fastmath.hpp"
 #include "cuda/common/params.cuh"
 #include "cuda/common/reductions.cuh"
@@ -70,7 +71,7 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
   const u32 lo = u32(f.emin + e + 127) << 23, hi = u32(f.emax + 1 + e + 127) << 23;
   constexpr u32 kC = rne_const_bits<f.mbits>();
 
-  u32 pw[code_words<Fmt, C>()];  // quantize: codes already packed by the bf16 pair path
+  u32 pw[code_words<Fmt, C>()];  // quantize: the packed codes (the bf16 pair path; MXFP4: every path)
   bool paired = false;
   // bf16 input, round to nearest even, a scale of the fast range: two elements per instruction on the
   // input words (mx_qdq_bf16x2, mx_codes_bf16x2). Not for FP8 quantize where the conversion
@@ -118,6 +119,10 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
   }
 
   u32 codes[C];  // element codes (quantize, and QDQ with the scalar codec)
+  // MXFP4 quantize packs its codes into pw in each branch, so that only the packed words are live
+  // after them (with e2m1_push below, codes and pw were both live: more registers); the other formats
+  // pack once at the end (packing in the branches raised MXINT8's registers past a block per SM).
+  constexpr bool kPackInBranch = ET == ElemType::e2m1;
   u32 out[C];    // QDQ output bits (hi16 form)
   u32 keep = 0;  // clip-mask bits, element i at bit i
   if (!paired) {
@@ -158,8 +163,24 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
         if (QDQ) out[i] = hi16<ODT>(mx_dequant_finite<ET, ODT>(codes[i], scale));
       }
     }
+    if constexpr (!QDQ && kPackInBranch) pack_codes<Fmt, C>(codes, pw);
   } else {
-    if (kF8Cvt<ET, QDQ> && fast) {
+    // MXFP4 quantize of a scale in the fast range: e2m1_push rounds and packs in one step per element
+    // (fastmath_test: FastE2m1Pack.PushedCodesMatchTheCodec; it saturates past 6 2^e, so any rule
+    // could take it). Static-choice kernels only: in the runtime-choice ones it raised the rotated
+    // MXFP4 kernels' registers past two blocks per SM (128 -> 131).
+    constexpr bool kE2m1Push = !QDQ && ET == ElemType::e2m1 && C % 8 == 0 && Ch::round == RoundChoice::rne;
+    if (kE2m1Push && fast) {
+      const E2m1Pack k = e2m1_pack_consts(e);
+#pragma unroll
+      for (int q = 0; q < C / 8; ++q) {
+        u32 w = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w = e2m1_push(w, xb[8 * q + i], k);
+        pw[q] = w;
+      }
+      paired = true;
+    } else if (kF8Cvt<ET, QDQ> && fast) {
       // FP8 codes by the hardware conversion (sm_89+): x * 2^-e is exact there (or far below the
       // smallest subnormal, where both round to a signed zero), and cvt.rn.satfinite rounds to
       // nearest even and saturates as the reference does. Two codes per conversion: codes[i] holds
@@ -207,6 +228,9 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
 #pragma unroll
       for (int i = 0; i < C; ++i) codes[i] = code_of<ET>(rne_mag<ET>(u2f(xb[i]), inv), xb[i] >> 31);
     }
+    if constexpr (!QDQ && kPackInBranch) {
+      if (!paired) pack_codes<Fmt, C>(codes, pw);
+    }
   }
 
   if constexpr (QDQ) {
@@ -217,14 +241,18 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
 #pragma unroll
       for (int i = 0; i < C; ++i) keep |= u32(!nonfinite && fabs_bits(u2f(xb[i])) < limit) << i;
     }
-    u32 cw[code_words<Fmt, C>()];
-    if (paired) {
-#pragma unroll
-      for (int j = 0; j < code_words<Fmt, C>(); ++j) cw[j] = pw[j];
+    if constexpr (kPackInBranch) {
+      store_quantized<Fmt, C>(p, c, nonfinite, sb, pw, keep);  // every branch above packed its codes into pw
     } else {
-      pack_codes<Fmt, C>(codes, cw);
+      u32 cw[code_words<Fmt, C>()];
+      if (paired) {
+#pragma unroll
+        for (int j = 0; j < code_words<Fmt, C>(); ++j) cw[j] = pw[j];
+      } else {
+        pack_codes<Fmt, C>(codes, cw);
+      }
+      store_quantized<Fmt, C>(p, c, nonfinite, sb, cw, keep);
     }
-    store_quantized<Fmt, C>(p, c, nonfinite, sb, cw, keep);
   }
 }
 

@@ -9,8 +9,7 @@ namespace mxq::cuda {
 void qdq(const core::Problem& p, const Tensor& x, const Tensor& y) {
   const cudaStream_t s = stream_of(p);
   const bool matrix = p.opt.rotation == Rotation::matrix;
-  const bool rotated = p.opt.rotation != Rotation::none;
-  const Plan pl = matrix ? matrix_plan() : small_qdq_plan(p.fn, p, make_plan(p, int(dtype_size(x.dtype)), x.stride() == p.K && y.stride() == p.K), rotated);
+  const Plan pl = matrix ? matrix_plan() : small_qdq_plan(p.fn, p, make_plan(p, int(dtype_size(x.dtype)), x.stride() == p.K && y.stride() == p.K));
   Params k = base_params(p, pl);
   k.x = static_cast<const std::uint8_t*>(x.data);
   k.x_stride = x.stride() * dtype_size(x.dtype);
