@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Next session, call A (about 300 s cold): with branch nvfp4-div6 (or nvfp4-div6 + nvfp4-rot-push)
+# checked out, device-check's GPU suites and sanitizers on it, then three prebuilt cuda_bench binaries
+# (sm_90a): new = main f8d9759, div6 = + nvfp4_scale_code_fast, div6push = + the NVFP4 push for
+# rotated QDQ chunks; NVFP4 and had rows, two passes; then Nsight Compute raw metrics (pipes, stall
+# reasons) of the quantize had128 kernels. run(command="bash build-cuda/exp/run6.sh", carry=["build-cuda/exp"])
+set -uo pipefail
+[ "${SKIP_CHECK:-0}" = 1 ] || MXQ_CHECK_SKIP="cpu-tests cli peers python bench" bash scripts/device-check.sh | tail -8
+cd build-cuda/exp
+for v in new div6 div6push; do gunzip -c $v.gz > cuda_bench.$v && chmod +x cuda_bench.$v; done
+nvidia-smi --query-gpu=name --format=csv,noheader
+for pass in 1 2; do for v in new div6 div6push; do for o in nvfp4 "mxfp4 even, had" "mxfp4 even, swizzled, had"; do
+  timeout 90 ./cuda_bench.$v --reps 30 --only "$o" > "cmp-$v-$pass-${o//[ ,]/_}.txt" 2>&1 || echo "$v $pass $o rc=$?"
+done; done; done
+for row in "quantize mxfp4 even, swizzled, had128" "quantize nvfp4 given S, swizzled, had128" "qdq mxfp4 even, had128"; do
+  timeout 90 ncu --clock-control none -k regex:block_kernel -s 2 -c 1 --section ComputeWorkloadAnalysis --section WarpStateStats \
+    --section SpeedOfLight --section InstructionStats --page raw --csv ./cuda_bench.new --quick --reps 1 --only "$row" > "ncu-${row//[ ,]/_}.csv" 2>> ncu.err || echo "ncu $row rc=$?"
+done
+tar czf $OUT/run6.tgz cmp-*.txt ncu-*.csv ncu.err
+python3 - <<'PY'
+import glob, re, collections
+d = collections.defaultdict(dict)
+for f in sorted(glob.glob('cmp-*.txt')):
+    v, p = f.split('-')[1], f.split('-')[2]
+    for line in open(f).read().splitlines()[2:]:
+        parts = re.split(r'\s{2,}', line.strip())
+        if len(parts) >= 7: d[tuple(parts[:4])].setdefault(v, []).append(float(parts[6].rstrip('%')))
+for k, vs in d.items():
+    print(f"{' '.join(k):70s}" + ''.join(f" {v}={sum(x)/len(x):5.1f}%" for v, x in vs.items()))
+PY
