@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Next session, call A (about 300 s cold): with branch nvfp4-div6 (or nvfp4-div6 + nvfp4-rot-push)
-# checked out, device-check's GPU suites and sanitizers on it, then three prebuilt cuda_bench binaries
+# Next session, call A (about 300 s cold): with pending/nvfp4-div6.patch (and nvfp4-rot-push.patch)
+# applied to main in the working tree, device-check's GPU suites and sanitizers on it, then three prebuilt cuda_bench binaries
 # (sm_90a): new = main f8d9759, div6 = + nvfp4_scale_code_fast, div6push = + the NVFP4 push for
 # rotated QDQ chunks; NVFP4 and had rows, two passes; then Nsight Compute raw metrics (pipes, stall
 # reasons) of the quantize had128 kernels. run(command="bash build-cuda/exp/run6.sh", carry=["build-cuda/exp"])
