@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Next session: with pending/nvfp4-div6.patch, nvfp4-rot-push.patch and
-# dequant-cvt.patch applied to main in the working tree (in that order), device-check's GPU suites and
+# Next session: with pending/nvfp4-div6.patch, nvfp4-rot-push.patch, dequant-cvt.patch and
+# nvfp4-finite-m.patch applied to main in the working tree (in that order), device-check's GPU suites and
 # sanitizers on it, then three prebuilt cuda_bench binaries (sm_90a): new = main's GPU code (f8d9759),
 # div6 = + nvfp4_scale_code_fast, all = + the NVFP4 push for rotated QDQ chunks + the rotated
-# dequantize's hardware conversion (the last two touch disjoint rows); the NVFP4, Hadamard and
+# dequantize's hardware conversion + NVFP4 quantize's finite-multiplier codes (disjoint rows); the NVFP4, Hadamard and
 # dequantize rows, one pass per call (a summary table at the end); then Nsight Compute raw metrics (pipes, stall
 # reasons) of the quantize had128 kernels. Two calls (the first about 500 s cold):
 #   run(command="bash build-cuda/exp/run6.sh", carry=["build-cuda/exp"], timeout_s=600)        # check + pass 1
