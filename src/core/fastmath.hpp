@@ -206,17 +206,13 @@ MXQ_HD_HOT std::uint32_t e4m3_code_rne_sat(float y) {
   return readoff_mag<3>(f2u(add_rn(a, u2f(cb))), be, cb, lo);
 }
 
-// RN(v / 6) without a division (the NVFP4 block scale's argument amax * S / 6): q = RN(v * RN(1/6)),
-// then one fma correction, as recip_div does. Correctly rounded for every v >= 0 whose quotient is a
+// RN(v / 6) without a division (the NVFP4 block scale's argument amax * S / 6): recip_div with S = 6,
+// q = RN(v * RN(1/6)) and one fma correction. Correctly rounded for every v >= 0 whose quotient is a
 // normal number; below that (v < 6 * 2^-126) at most one subnormal ulp off, where e4m3_code_rne_sat
 // gives 0 either way; +Inf gives NaN, which e4m3_code_rne_sat saturates as it does +Inf. Hence
 // nvfp4_scale_code_fast(v) == e4m3_code_rne_sat(div_rn(v, 6)) for every v in [0, +Inf]: fastmath_test
 // checks each one. Three instructions where the division takes about twelve and a branch.
-MXQ_HD_HOT float div6_rn_normal(float v) {
-  constexpr float c = 0x1.555556p-3f;  // RN(1/6)
-  const float q = mul_rn(v, c);
-  return fma_rn(fma_rn(-q, 6.0f, v), c, q);
-}
+MXQ_HD_HOT float div6_rn_normal(float v) { return recip_div(v, 6.0f, 0x1.555556p-3f); }  // RN(1/6)
 // The NVFP4 block-scale code E4M3_RN_satfinite(v / 6) of v = amax * S (v >= 0, finite or +Inf; the
 // reference's nvfp4_block_scale_code).
 MXQ_HD_HOT std::uint32_t nvfp4_scale_code_fast(float v) { return e4m3_code_rne_sat(div6_rn_normal(v)); }
