@@ -2,16 +2,20 @@
 // against float64 x @ H, an independent transcription of the documented order against the library's
 // bytes, the fast CPU path against the reference, the inverse, the SQNR it buys on outlier data, and
 // the refusals; the CUDA backend's bytes against the reference.
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "backends.hpp"
+#include "core/codec.hpp"
 #include "core/rotation.hpp"
 #include "grid.hpp"
 
@@ -552,6 +556,92 @@ TEST(CudaRotation, SpecialValuesAndInPlace) {
       dequantize(QuantizedIn{cd.view(), sd.view()}, zd.view(), dco);
       th::expect_same_bytes(zr, zd.get(), "dequantize with a NaN scale");
     }
+}
+
+// Dequantize + un-rotate into bf16 and f16 at the edges of the output dtype (the kernel rounds a
+// chunk of 2-byte outputs by the hardware conversion only where no value in it can round past the
+// largest finite one). Random codes (NaN codes included) under one scale exponent per rotation group,
+// chosen so that the group's outputs reach the largest finite output and beyond, f16's and bf16's
+// subnormals and underflow, or the ordinary range; then groups of 16 built so that one output is
+// exactly at, just below or past the midpoint between the largest finite value and the next power of
+// two (where the reference saturates and a plain round-to-nearest-even would give the infinity). The
+// same bytes as the reference.
+TEST(CudaRotation, DequantizeRoundsAtTheEdgesOfTheOutputDtype) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  const std::int64_t R = 6, K = 1024;
+  std::mt19937 rng(2026);
+  th::Scalar ws(Backend::cuda);
+  auto check = [&](const QuantOptions& o, DType dt, const th::Quantized& q, const std::string& what) {
+    QuantOptions ro = o;
+    ro.backend = Backend::reference;
+    th::HostTensor zr(dt, q.rows, q.K);
+    dequantize(q.in(), zr.view(), ro);
+    const QuantOptions co = th::on(Backend::cuda, o, ws);
+    th::Placed cd(Backend::cuda, q.codes), sd(Backend::cuda, q.scales), zd(Backend::cuda, zr);
+    dequantize(QuantizedIn{cd.view(), sd.view()}, zd.view(), co);
+    th::expect_same_bytes(zr, zd.get(), "dequantize " + what);
+  };
+  for (const QuantOptions& base : {QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::even), QuantOptions::mx(Format::mxfp4, ScaleRule::even)})
+    for (DType dt : {DType::bf16, DType::f16})
+      for (int rs : {16, 128, 256}) {
+        const QuantOptions o = rotated(base, Rotation::hadamard, rs, 1);
+        const int top = base.format == Format::mxfp8_e4m3 ? 8 : 2;  // the largest binade: 448 = 1.75 * 2^8, 6 = 1.5 * 2^2
+        const int emax = (dt == DType::f16 ? 16 : 128) - top;        // outputs up to about the dtype's largest
+        const int esub = (dt == DType::f16 ? -14 : -126) - top;      // outputs at the dtype's subnormals
+        const std::vector<int> exps = {emax - 2, emax - 1, emax, esub, esub - 5, esub - 11, 0, -3};
+        th::Quantized q(o, R, K);
+        for (std::size_t i = 0; i < q.codes.bytes.size(); ++i) {
+          std::uint8_t b = std::uint8_t(rng());
+          // E4M3's NaN codes (0x7F, 0xFF) in the first row only: elsewhere a NaN would fill its group
+          if (top == 8 && i >= std::size_t(q.codes.cols) && (b & 0x7F) == 0x7F) b ^= 1;
+          q.codes.bytes[i] = b;
+        }
+        const std::int64_t per_row = q.scales.cols, blocks = std::max<std::int64_t>(1, rs / 32);
+        for (std::int64_t r = 0; r < R; ++r)
+          for (std::int64_t b = 0; b < per_row; b += blocks) {
+            const int e = std::clamp(exps[rng() % exps.size()], -127, 127);
+            for (std::int64_t j = b; j < b + blocks; ++j) q.scales.bytes[std::size_t(r * per_row + j)] = std::uint8_t(127 + e);
+          }
+        check(o, dt, q, std::string(th::name_of(base)) + " " + std::string(to_string(dt)) + " RS " + std::to_string(rs));
+        if (testing::Test::HasFailure()) return;
+      }
+  // The Hadamard butterfly cannot reach the top of bf16 (its unnormalised sums overflow first), so the
+  // last cases take a runtime matrix: the inverse diag(c) times E4M3's 448 under 2^7 (f16) or 2^119
+  // (bf16) puts outputs just below the midpoint past the largest finite value (rounding down onto it),
+  // at the largest (f16: 65504), exactly at the midpoint (c = 585/512 for f16, 73/64 for bf16) and past
+  // it (both saturate). Outputs 8-9 share a chunk of their own (no value past the midpoint there).
+  for (DType dt : {DType::f16, DType::bf16}) {
+    const bool f16 = dt == DType::f16;
+    std::vector<float> diag(16, 1.0f);
+    const double y = f16 ? 57344.0 : std::ldexp(1.75, 127), top = f16 ? 65504.0 : std::ldexp(255.0 / 128.0, 127);
+    const double mid = f16 ? 65520.0 : std::ldexp(511.0 / 256.0, 127), past = f16 ? 65534.0 : std::ldexp(1.9990234375, 127);
+    diag[0] = float(mid / y);
+    diag[1] = float(past / y);
+    diag[2] = float((top + mid) / 2 / y);
+    diag[8] = float((2 * top + mid) / 3 / y);  // below the midpoint: rounds onto the largest finite value
+    diag[9] = float(top / y);
+    std::vector<float> inv(256, 0.0f);
+    for (int i = 0; i < 16; ++i) inv[std::size_t(i) * 17] = diag[std::size_t(i)];
+    const th::HostTensor invt = matrix_tensor(inv, 16, DType::f32);
+    QuantOptions o = QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::even);
+    o.rotation = Rotation::matrix;
+    o.rotation_size = 16;
+    o.rotation_inverse = invt.view();
+    th::Quantized q(o, 1, 32);
+    std::fill(q.codes.bytes.begin(), q.codes.bytes.end(), std::uint8_t(0x7E));  // 448
+    std::fill(q.scales.bytes.begin(), q.scales.bytes.end(), std::uint8_t(127 + (f16 ? 7 : 119)));
+    QuantOptions ro = o;
+    ro.backend = Backend::reference;
+    th::HostTensor zr(dt, 1, 32);
+    dequantize(q.in(), zr.view(), ro);
+    th::Placed invd(Backend::cuda, invt), cd(Backend::cuda, q.codes), sd(Backend::cuda, q.scales), zd(Backend::cuda, zr);
+    QuantOptions co = th::on(Backend::cuda, o, ws);
+    co.rotation_inverse = invd.view();
+    dequantize(QuantizedIn{cd.view(), sd.view()}, zd.view(), co);
+    th::expect_same_bytes(zr, zd.get(), std::string("dequantize with a diagonal inverse to ") + std::string(to_string(dt)));
+    const std::uint16_t want_top = f16 ? 0x7BFF : 0x7F7F;
+    for (int j : {0, 1, 2, 8, 9}) EXPECT_EQ(zr.bits(0, j), want_top) << "output " << j << " of the reference (" << to_string(dt) << ")";
+  }
 }
 
 // Signed zeros through the butterfly's shuffle stages (on the GPU each one fma(+-1, v, w): RN(w - v)

@@ -169,10 +169,40 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const Params p) {
   else mx_dequant_chunk<Fmt, DT, C>(p, c, codes, sb, cw);
 }
 
+// Two fp32 values rounded to nearest even onto bf16 or f16 by the hardware conversion (sm_80+), lo in
+// the low half: IEEE rounding with subnormals, so for magnitudes below kNoOverflow<DT> (where no value
+// can round past the largest finite one) the same bits as to_dtype_bits_nonnan.
+template <DType DT>
+__device__ __forceinline__ u32 cvt_rn_x2(float lo, float hi) {
+  static_assert(DT == DType::bf16 || DT == DType::f16);
+  u32 d;
+  if constexpr (DT == DType::bf16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+// The fp32 magnitude bits below which rounding onto DT stays finite: the midpoint between DT's largest
+// finite value and the next power of two (a tie there rounds to even, which is the infinity).
+template <DType DT>
+inline constexpr u32 kNoOverflow = DT == DType::bf16 ? 0x7F7F8000u : 0x477FF000u;  // 65520 for f16
+
 // C fp32 values (bits) rounded once to DT (a NaN: DT's canonical NaN; = f32_to_dtype_bits) and stored at
-// chunk c of the output: the last step of the rotated dequantize kernels.
+// chunk c of the output: the last step of the rotated dequantize kernels. A chunk of 2-byte outputs
+// whose magnitudes all stay below kNoOverflow (no NaN, infinity or saturation) takes the hardware
+// conversion, two values per instruction; any other chunk the reference's rounding per element.
 template <DType DT, int C>
 __device__ __forceinline__ void store_rounded_chunk(const Params& p, const Coord& c, const u32 (&v)[C]) {
+  if constexpr (DT != DType::f32) {
+    u32 mx = 0;
+#pragma unroll
+    for (int e = 0; e < C; ++e) mx = umax(mx, v[e] & 0x7FFFFFFFu);
+    if (mx < kNoOverflow<DT>) {
+      u32 w[C / 2];
+#pragma unroll
+      for (int j = 0; j < C / 2; ++j) w[j] = cvt_rn_x2<DT>(u2f(v[2 * j]), u2f(v[2 * j + 1]));
+      store_packed<DT, C>(p, c.row, c.k0, c.full, w, false);
+      return;
+    }
+  }
   u32 out[C];
 #pragma unroll
   for (int e = 0; e < C; ++e) {

@@ -56,7 +56,7 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
   u32 rnd[C];
   if (sr) chunk_sr_words<C>(p, c, rnd);
   unpack();
-  // nvfp4_block_scale_code (amax * S / 6 is finite or +Inf, never NaN), or under rule quest
+  // nvfp4_block_scale_code (nvfp4_scale_code_fast: amax * S is finite or +Inf, never NaN), or under rule quest
   // nvfp4_quest_scale_code of the group's quest statistic (S = 1: the tables' multipliers are RN(1/s);
   // every lane takes the statistic's shuffles), then the scale's value and multiplier from the tables
   // (a NaN/Inf block: 0 and 0).
@@ -66,7 +66,7 @@ __device__ __forceinline__ void nvfp4_chunk(const Params& p, const Coord& c, con
     sc = nonfinite ? u32(kE4M3NaN) : nvfp4_quest_scale_code(t);
     nonfinite = sc == kE4M3NaN;  // a NaN statistic (sums overflowing to both infinities): as a NaN/Inf block
   } else {
-    sc = nonfinite ? u32(kE4M3NaN) : e4m3_code_rne_sat(div_rn(mul_rn(u2f(am), nv.S), 6.0f));
+    sc = nonfinite ? u32(kE4M3NaN) : nvfp4_scale_code_fast(mul_rn(u2f(am), nv.S));
   }
   const float sval = nvt.sval[sc], m = nvt.m[sc];
   const std::uint8_t sb = static_cast<std::uint8_t>(sc);
