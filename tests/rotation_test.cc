@@ -3,7 +3,6 @@
 // bytes, the fast CPU path against the reference, the inverse, the SQNR it buys on outlier data, and
 // the refusals; the CUDA backend's bytes against the reference.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
