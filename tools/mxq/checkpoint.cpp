@@ -3,7 +3,9 @@
 // (docs/cli.md lists what is written). Inputs are memory-mapped and processed tensor by tensor:
 // peak memory is about one tensor, its fp32 copy and its outputs. Every output file is written to a
 // temporary name and renamed into place, so a failure leaves no partial checkpoint file.
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -563,7 +565,7 @@ void write_finish(const Checkpoint& c, const fs::path& out, const Finish& fin, c
     json idx = *fin.index;
     idx["weight_map"] = weight_map;
     if (idx.contains("metadata") && idx["metadata"].is_object()) idx["metadata"]["total_size"] = total_size;
-    write_text(out / "model.safetensors.index.json", idx.dump(2) + "\n");
+    write_text(out / "model.safetensors.index.json", dump_json(idx) + "\n");
   }
   if (fin.side_files) {
     std::set<std::string> skip;
@@ -596,7 +598,7 @@ int finish_part(const QuantizeArgs& a, const Part& part, const Checkpoint& c, St
             {"config_name", fin.config_name ? json(*fin.config_name) : json(nullptr)},
             {"config_text", fin.config_text ? json(*fin.config_text) : json(nullptr)},
             {"side_files", fin.side_files}};
-  write_text(stage.dir() / kManifest, m.dump(2) + "\n");
+  write_text(stage.dir() / kManifest, dump_json(m) + "\n");
   stage.publish();
   fmt::print("part {}/{}: converted {} tensors, copied {} unchanged, into {}; `mxq merge {}` once every part is done\n",
              part.i, part.n, n_quant, n_copy, part_dir(fs::path(a.out), part).string(), a.out);
@@ -1174,11 +1176,11 @@ int run_quantize(const QuantizeArgs& a) {
                  "torch_dtype=torch.bfloat16 (docs/cli.md)\n", dt, dt);
     }
     fin.config_name = "config.json";
-    fin.config_text = cfg.dump(2) + "\n";
+    fin.config_text = dump_json(cfg) + "\n";
   } else {
     fin.side_files = false;  // a lone file: only its quantization_config.json beside it
     fin.config_name = "quantization_config.json";
-    fin.config_text = qc.dump(2) + "\n";
+    fin.config_text = dump_json(qc) + "\n";
   }
   if (part.n) return finish_part(a, part, c, stage, fin, weight_map, bytes_out, n_quant, n_copy);
   write_finish(c, out, fin, weight_map, std::uint64_t(bytes_out));
@@ -1194,24 +1196,190 @@ int run_quantize(const QuantizeArgs& a) {
   return 0;
 }
 
+namespace {
+
+// A part directory's name after "OUT.part-": "I-of-N" exactly (digits, no leading zero, N at most
+// kMaxParts), else nullopt.
+constexpr int kMaxParts = 100000;
+std::optional<Part> part_of_name(const std::string& s) {
+  const auto number = [](const std::string& d) -> int {
+    if (d.empty() || d.size() > 6 || d[0] == '0' || !std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return 0;
+    const int v = std::stoi(d);
+    return v <= kMaxParts ? v : 0;
+  };
+  const std::size_t of = s.find("-of-");
+  if (of == std::string::npos) return std::nullopt;
+  const Part p{number(s.substr(0, of)), number(s.substr(of + 4))};
+  if (p.i < 1 || p.n < 1 || p.i > p.n) return std::nullopt;
+  return p;
+}
+
+// A manifest's key of the expected JSON type, or an error naming the manifest and the key.
+enum class Want { string, unsigned_int, boolean, object, array, object_or_null, string_or_null };
+const json& need(const json& m, const fs::path& where, const char* key, Want w) {
+  const auto it = m.find(key);
+  static const char* const what[] = {"a string", "a non-negative integer", "true or false", "an object", "an array",
+                                     "an object or null", "a string or null"};
+  bool ok = it != m.end();
+  if (ok) switch (w) {
+      case Want::string: ok = it->is_string(); break;
+      case Want::unsigned_int: ok = it->is_number_unsigned(); break;
+      case Want::boolean: ok = it->is_boolean(); break;
+      case Want::object: ok = it->is_object(); break;
+      case Want::array: ok = it->is_array(); break;
+      case Want::object_or_null: ok = it->is_object() || it->is_null(); break;
+      case Want::string_or_null: ok = it->is_string() || it->is_null(); break;
+    }
+  if (!ok)
+    fail(where.string() + ": key '" + key + "' " + (it == m.end() ? "missing" : "is not " + std::string(what[int(w)])) +
+         ": expected " + what[int(w)] + " (not the manifest of a finished part of `mxq quantize|qdq --part`)");
+  return *it;
+}
+
+// A part's manifest: a regular file (not a symbolic link, FIFO or device; opened non-blocking) of
+// bounded size and depth, with every key merge reads, of its type.
+json read_manifest(const fs::path& dir, const Part& p) {
+  const fs::path mp = dir / kManifest;
+  std::error_code ec;
+  const fs::file_status s = fs::symlink_status(mp, ec);
+  if (!fs::exists(s)) fail(mp.string() + ": missing (not a finished part of `mxq quantize --part`)");
+  if (fs::is_symlink(s)) fail(mp.string() + ": is a symbolic link; a part's manifest is a regular file of its own");
+  json m = read_json_file(mp, kMaxJsonDepth + 1);  // the input's index sits one level down
+  if (!m.is_object()) fail(mp.string() + ": not a JSON object (not the manifest of a part)");
+  for (const auto& [k, w] : std::initializer_list<std::pair<const char*, Want>>{
+           {"mxq_part", Want::unsigned_int}, {"of", Want::unsigned_int}, {"mxq_version", Want::string},
+           {"input", Want::string}, {"input_dir", Want::string}, {"input_shards", Want::object},
+           {"command", Want::string}, {"format", Want::string}, {"rule", Want::string}, {"include", Want::array},
+           {"exclude", Want::array}, {"rotate", Want::string}, {"rotate_seed", Want::unsigned_int},
+           {"weight_map", Want::object}, {"bytes_out", Want::unsigned_int}, {"index", Want::object_or_null},
+           {"config_name", Want::string_or_null}, {"config_text", Want::string_or_null}, {"side_files", Want::boolean}})
+    need(m, mp, k, w);
+  if (m["mxq_part"].get<std::uint64_t>() != std::uint64_t(p.i) || m["of"].get<std::uint64_t>() != std::uint64_t(p.n))
+    fail(mp.string() + ": not the manifest of part " + std::to_string(p.i) + " of " + std::to_string(p.n) + " (it says part " +
+         m["mxq_part"].dump() + " of " + m["of"].dump() + ")");
+  const std::string cmd = m["command"].get<std::string>();
+  if (cmd != "quantize" && cmd != "qdq") fail(mp.string() + ": key 'command' is '" + cmd + "': expected quantize or qdq");
+  for (const auto& [t, sh] : m["weight_map"].items())
+    if (!sh.is_string()) fail(mp.string() + ": weight_map entry '" + t + "' is not a file name");
+  return m;
+}
+
+// A part's shard, hard-linked (or copied) into the staging directory and checked there against the
+// input shard it was converted from and the part's manifest: the staged file is a regular file of its
+// own whose safetensors header is valid and declares exactly the tensors the manifest's weight map
+// gives this shard, each either the input's tensor (same dtype and shape) or a quantized module of
+// the input's weight (its shape, the manifest's format), or the transform's matrix. Returns the
+// staged file's tensors (name -> data bytes).
+std::map<std::string, std::uint64_t> stage_part_shard(const fs::path& from, const fs::path& to, const fs::path& input_shard,
+                                                      const fs::path& manifest, const json& part_map,
+                                                      const std::string& shard, const json& m0, int& rotation_matrices) {
+  std::error_code ec;
+  const fs::file_status s = fs::symlink_status(from, ec);
+  if (!fs::exists(s)) fail(from.string() + ": missing (the part is incomplete)");
+  if (fs::is_symlink(s)) fail(from.string() + ": is a symbolic link; a part's shard must be a regular file of its own");
+  if (!fs::is_regular_file(s)) fail(from.string() + ": not a regular file");
+  // NOTE: link() does not follow a symbolic link, so what is checked below is the staged name, which
+  // no other process can replace: the part's name swapped after this point does not matter.
+  fs::create_hard_link(from, to, ec);
+  if (ec) {
+    const int fd_in = ::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat sb {};
+    if (fd_in < 0 || ::fstat(fd_in, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+      if (fd_in >= 0) ::close(fd_in);
+      fail(from.string() + ": not a regular file that can be opened");
+    }
+    ::close(fd_in);
+    fs::copy_file(from, to, ec);
+    if (ec) fail(from.string() + ": cannot copy into " + to.string() + ": " + ec.message());
+  }
+  const fs::file_status ss = fs::symlink_status(to, ec);
+  if (!fs::is_regular_file(ss) || fs::is_symlink(ss)) fail(from.string() + ": not a regular file");
+  const st::File out(to.string());
+  const st::View& v = out.view();
+  const st::File in(input_shard.string());
+  const st::View& iv = in.view();
+  const std::string where = from.string();
+  // the manifest's weight map for this shard, both ways
+  std::set<std::string> listed;
+  for (const auto& [t, sh] : part_map.items())
+    if (sh.get<std::string>() == shard) listed.insert(t);
+  std::map<std::string, std::uint64_t> found;
+  for (const st::TensorInfo& t : v.tensors()) {
+    if (!listed.count(t.name))
+      fail(where + ": tensor '" + t.name + "' is not in the weight map of " + manifest.string() + " for " + shard);
+    found[t.name] = t.bytes();
+  }
+  for (const std::string& t : listed)
+    if (!found.count(t)) fail(manifest.string() + ": weight_map lists tensor '" + t + "' in " + shard + ", which " + where + " lacks");
+  // every tensor against the input shard
+  const bool fake = m0.at("command") == "qdq";
+  std::set<std::string> consumed;  // output tensors accounted for
+  std::set<std::string> replaced;  // input tensors quantized
+  if (!fake) {
+    const std::string fmt_name = m0.at("format").get<std::string>();
+    for (const auto& [mod, md] : quantized_modules(v, where)) {
+      const st::TensorInfo* w = iv.find(mod + ".weight");
+      if (!w || w->shape.size() != 2 || w->shape[0] != md.N || w->shape[1] != md.K)
+        fail(where + ": module '" + mod + "' is quantized from a [" + std::to_string(md.N) + ", " + std::to_string(md.K) +
+             "] weight, which " + input_shard.string() + " does not hold");
+      const bool fmt_ok = md.format == Format::nvfp4        ? fmt_name == "nvfp4"
+                          : md.format == Format::mxfp4      ? fmt_name == "mxfp4"
+                                                            : fmt_name == "mxfp8" || fmt_name == "mxfp8_e4m3";
+      if (!fmt_ok)
+        fail(where + ": module '" + mod + "' is " + std::string(to_string(md.format)) + ", the manifest's format is " + fmt_name);
+      consumed.insert(md.codes->name), consumed.insert(md.scale->name);
+      if (md.global) consumed.insert(md.global->name);
+      replaced.insert(mod + ".weight");
+      const st::TensorInfo* r = v.find(mod + "." + kRotationScheme + "_input.weight");
+      if (r) {
+        if (r->dtype != "F32" || r->shape.size() != 2 || r->shape[0] != r->shape[1] || m0.at("rotate") == "")
+          fail(where + ": tensor '" + r->name + "' is not the square F32 matrix of the manifest's rotation");
+        consumed.insert(r->name);
+        ++rotation_matrices;
+      }
+    }
+  }
+  for (const st::TensorInfo& t : v.tensors()) {
+    if (consumed.count(t.name)) continue;
+    const st::TensorInfo* x = iv.find(t.name);
+    if (!x) fail(where + ": tensor '" + t.name + "' is neither in " + input_shard.string() + " nor a quantized module of it");
+    if (x->dtype != t.dtype || x->shape != t.shape)
+      fail(where + ": tensor '" + t.name + "' has dtype " + t.dtype + " and another shape or dtype than in " +
+           input_shard.string() + " (" + x->dtype + ")");
+  }
+  for (const st::TensorInfo& x : iv.tensors())
+    if (!v.find(x.name) && !replaced.count(x.name))
+      fail(where + ": tensor '" + x.name + "' of " + input_shard.string() + " is missing");
+  return found;
+}
+
+}  // namespace
+
 int run_merge(const MergeArgs& a) {
   const fs::path out = normal_out(a.out);
   const fs::path parent = out.parent_path();
   const std::string stem = out.filename().string() + ".part-";
-  // OUT.part-I-of-N directories
+  // OUT.part-I-of-N directories, named exactly so (an ambiguous name is refused, not skipped)
   std::map<int, fs::path> parts;
   int n = 0;
-  if (fs::is_directory(parent))
+  std::error_code ec;
+  if (fs::is_directory(parent, ec))
     for (const auto& e : fs::directory_iterator(parent)) {
+      check_interrupted();
       const std::string name = e.path().filename().string();
-      if (!e.is_directory() || !name.starts_with(stem)) continue;
-      int i = 0, of = 0;
-      char extra = 0;
-      if (std::sscanf(name.c_str() + stem.size(), "%d-of-%d%c", &i, &of, &extra) != 2 || i < 1 || of < 1 || i > of)
-        continue;
-      if (n && of != n) fail(e.path().string() + ": a part of " + std::to_string(of) + " beside parts of " + std::to_string(n));
-      n = of;
-      parts[i] = e.path();
+      if (!name.starts_with(stem)) continue;
+      const std::optional<Part> p = part_of_name(name.substr(stem.size()));
+      if (!p)
+        fail(e.path().string() + ": not a part's name (expected " + stem + "I-of-N, I and N without leading zeros, 1 <= I <= N <= " +
+             std::to_string(kMaxParts) + "); move it away to merge");
+      std::error_code e2;
+      if (e.is_symlink(e2) || !e.is_directory(e2))
+        fail(e.path().string() + ": not a directory of its own (a symbolic link or a file); a part is a directory");
+      if (n && p->n != n)
+        fail(e.path().string() + ": a part of " + std::to_string(p->n) + " beside parts of " + std::to_string(n));
+      n = p->n;
+      parts[p->i] = e.path();
     }
   if (!n) fail(out.string() + ": no parts to merge (expected directories " + out.string() + ".part-I-of-N from `--part I/N`)");
   for (int i = 1; i <= n; ++i)
@@ -1221,64 +1389,95 @@ int run_merge(const MergeArgs& a) {
   // The manifests: one input, one set of options, one finish; every shard converted by exactly one part.
   std::vector<json> man;
   for (const auto& [i, dir] : parts) {
-    std::ifstream f(dir / kManifest);
-    if (!f) fail((dir / kManifest).string() + ": missing (not a finished part of `mxq quantize --part`)");
-    json m;
-    try {
-      m = json::parse(f);
-    } catch (const std::exception& e) {
-      fail((dir / kManifest).string() + ": not valid JSON: " + e.what());
-    }
-    if (!m.is_object() || m.value("mxq_part", 0) != i || m.value("of", 0) != n || !m.contains("weight_map") ||
-        !m["weight_map"].is_object())
-      fail((dir / kManifest).string() + ": not the manifest of part " + std::to_string(i) + " of " + std::to_string(n));
-    man.push_back(std::move(m));
+    check_interrupted();
+    man.push_back(read_manifest(dir, Part{i, n}));
   }
   for (const char* k : {"mxq_version", "input", "input_dir", "input_shards", "command", "format", "rule", "include", "exclude",
                         "rotate", "rotate_seed", "index",
                         "config_name", "config_text", "side_files"})
     for (std::size_t j = 1; j < man.size(); ++j)
-      if (man[j].value(k, json()) != man[0].value(k, json()))
+      if (man[j][k] != man[0][k])
         fail(parts[int(j) + 1].string() + ": '" + k + "' differs from part 1's: the parts come from different inputs or "
              "options");
   const json& m0 = man[0];
-  json weight_map = json::object();
-  std::uint64_t total = 0;
-  for (std::size_t j = 0; j < man.size(); ++j) {
-    total += man[j].value("bytes_out", std::uint64_t(0));
-    for (const auto& [t, sh] : man[j]["weight_map"].items()) {
-      if (weight_map.contains(t)) fail("tensor '" + t + "' is in two parts");
-      weight_map[t] = sh;
-    }
-  }
-  // The input is read again (side files): it must be the one the parts read, shard for shard.
-  const Checkpoint c = open_checkpoint(m0["input"].get<std::string>());
-  if (m0.value("mxq_version", "") != MXQ_VERSION_STRING)
-    fail(parts[1].string() + ": written by mxq " + m0.value("mxq_version", std::string("?")) + ", this is mxq " +
+  const fs::path m0_path = parts[1] / kManifest;
+  if (m0.at("mxq_version") != MXQ_VERSION_STRING)
+    fail(parts[1].string() + ": written by mxq " + m0.at("mxq_version").get<std::string>() + ", this is mxq " +
          MXQ_VERSION_STRING + ": convert the parts and merge them with one version");
-  if (shard_fingerprints(c) != m0["input_shards"])
-    fail(m0["input"].get<std::string>() + ": its shards changed (size or modification time) since the parts were converted");
-  check_output(fs::path(m0["input"].get<std::string>()), out, a.overwrite);
+  // The input is read again: it must be the one the parts read, shard for shard, and what merge
+  // writes besides the shards is what that input implies.
+  const std::string input = m0.at("input").get<std::string>();
+  const Checkpoint c = open_checkpoint(input);
+  if (shard_fingerprints(c) != m0.at("input_shards"))
+    fail(input + ": its shards changed (size or modification time) since the parts were converted");
+  if (m0.at("index") != (c.index ? *c.index : json(nullptr)))
+    fail(m0_path.string() + ": key 'index' is not " + input + "'s model.safetensors.index.json");
+  const bool fake = m0.at("command") == "qdq";
+  const std::optional<json> in_cfg = read_config(c, input);
+  const bool in_dir = fs::is_directory(input, ec);
+  Finish fin;
+  fin.index = c.index;
+  fin.side_files = in_dir && (fake || in_cfg);
+  if (m0.at("side_files") != fin.side_files)
+    fail(m0_path.string() + ": key 'side_files' is " + m0.at("side_files").dump() + ", " + input + " implies " +
+         json(fin.side_files).dump());
+  const json expect_name = fake ? json(nullptr) : json(in_cfg ? "config.json" : "quantization_config.json");
+  if (m0.at("config_name") != expect_name)
+    fail(m0_path.string() + ": key 'config_name' is " + m0.at("config_name").dump() + ", expected " + expect_name.dump() +
+         " (what " + input + " implies; nothing else is written)");
+  if (fake != m0.at("config_text").is_null())
+    fail(m0_path.string() + ": key 'config_text' is " + std::string(fake ? "not null" : "null") + " for " +
+         m0.at("command").get<std::string>());
+  if (!fake) {
+    json cfg = parse_json(m0.at("config_text").get<std::string>(), m0_path.string() + ": key 'config_text'");
+    const json* qc = in_cfg ? (cfg.is_object() && cfg.contains("quantization_config") ? &cfg["quantization_config"] : nullptr)
+                            : &cfg;
+    if (!cfg.is_object() || !qc || !qc->is_object() || qc->value("quant_method", json()) != "compressed-tensors")
+      fail(m0_path.string() + ": key 'config_text' is not a JSON object with a compressed-tensors quantization_config");
+    if (in_cfg) {  // the input's config.json, with its quantization_config and dtype set as quantize sets them
+      json x = *in_cfg, y = cfg;
+      for (const char* k : {"quantization_config", "torch_dtype"}) x.erase(k), y.erase(k);
+      if (x != y)
+        fail(m0_path.string() + ": key 'config_text' is not " + (c.dir / "config.json").string() +
+             " with a quantization_config: its other keys differ");
+    }
+    fin.config_name = expect_name.get<std::string>();
+    fin.config_text = dump_json(cfg) + "\n";
+  }
+  check_output(fs::path(input), out, a.overwrite);
   Staging stage{out, a.overwrite};
   // Shard i was converted by part i % N + 1 (run_quantize's assignment). Hard links: no copy of the
-  // data, and the parts stay intact until OUT is published (a copy where the file system refuses links).
+  // data, and the parts stay intact until OUT is published (a copy where the file system refuses
+  // links). Every shard is checked before anything is published, and the index is rebuilt from
+  // the shards' own headers.
+  json weight_map = json::object();
+  std::uint64_t total = 0;
+  int rotation_matrices = 0;
+  std::vector<std::size_t> listed(man.size(), 0);
   for (std::size_t si = 0; si < c.shards.size(); ++si) {
     check_interrupted();
     const int i = int(si % std::size_t(n)) + 1;
-    const fs::path from = parts[i] / c.shards[si], to = stage.dir() / c.shards[si];
-    if (!fs::is_regular_file(from)) fail(from.string() + ": missing (part " + std::to_string(i) + " is incomplete)");
-    std::error_code ec;
-    fs::create_hard_link(from, to, ec);
-    if (ec) fs::copy_file(from, to);
+    const std::string& shard = c.shards[si];
+    const auto tensors = stage_part_shard(parts[i] / shard, stage.dir() / shard, c.dir / shard, parts[i] / kManifest,
+                                          man[std::size_t(i) - 1]["weight_map"], shard, m0, rotation_matrices);
+    for (const auto& [t, bytes] : tensors) {
+      if (weight_map.contains(t)) fail(parts[i].string() + ": tensor '" + t + "' is in two shards");
+      weight_map[t] = shard;
+      total += bytes;
+    }
+    listed[std::size_t(i) - 1] += tensors.size();
   }
-  Finish fin;
-  if (!m0["index"].is_null()) fin.index = m0["index"];
-  if (!m0["config_name"].is_null()) fin.config_name = m0["config_name"].get<std::string>(), fin.config_text = m0["config_text"].get<std::string>();
-  fin.side_files = m0.value("side_files", false);
+  for (std::size_t j = 0; j < man.size(); ++j)
+    if (man[j]["weight_map"].size() != listed[j])
+      fail((parts[int(j) + 1] / kManifest).string() + ": weight_map lists tensors of shards this part did not convert");
+  if (rotation_matrices > (m0.at("rotate") == "" ? 0 : 1))
+    fail(out.string() + ": the parts hold " + std::to_string(rotation_matrices) + " transform matrices; a rotated checkpoint has one");
+  check_interrupted();
   write_finish(c, stage.dir(), fin, weight_map, total);
+  check_interrupted();
   stage.publish();
   if (!a.keep_parts)
-    for (const auto& [i, dir] : parts) fs::remove_all(dir);
+    for (const auto& [i, dir] : parts) fs::remove_all(dir, ec);
   fmt::print("merged {} parts into {}: {} shards, {} tensors{}\n", n, out.string(), c.shards.size(), weight_map.size(),
              a.keep_parts ? " (parts kept)" : "");
   return 0;
@@ -1350,13 +1549,13 @@ int run_dequantize(const DequantizeArgs& a) {
   if (c.index) {
     json idx = *c.index;
     idx["weight_map"] = weight_map;
-    write_text(out / "model.safetensors.index.json", idx.dump(2) + "\n");
+    write_text(out / "model.safetensors.index.json", dump_json(idx) + "\n");
   }
   if (config) {
     json& cfg = *config;
     cfg.erase("quantization_config");
     copy_side_files(c, out, {"config.json"});
-    write_text(out / "config.json", cfg.dump(2) + "\n");
+    write_text(out / "config.json", dump_json(cfg) + "\n");
   }
   stage.publish();
   fmt::print("dequantized {} modules to {}; peak memory {} MiB\n", n_deq, a.dtype, peak_rss_mib());

@@ -21,7 +21,15 @@ namespace {
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
 }  // namespace
 
-json read_json_file(const fs::path& p) {
+json parse_json(const std::string& text, const std::string& where, std::size_t max_depth) {
+  if (json_depth(text.begin(), text.end(), max_depth) > max_depth)
+    fail(where + ": JSON nested more than " + std::to_string(max_depth) + " levels deep (the limit; real files nest fewer than 10)");
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) fail(where + ": not valid JSON");
+  return j;
+}
+
+json read_json_file(const fs::path& p, std::size_t max_depth) {
   // NOTE: O_NONBLOCK so that a FIFO without a writer is refused below instead of blocking in open.
   const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(p.string() + ": cannot open: " + std::strerror(errno));
@@ -45,9 +53,7 @@ json read_json_file(const fs::path& p) {
   }
   ::close(fd);
   text.resize(got);
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded()) fail(p.string() + ": not valid JSON");
-  return j;
+  return parse_json(text, p.string(), max_depth);
 }
 
 Checkpoint open_checkpoint(const std::string& in) {

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_limits.hpp"
+
 namespace mxq::cli {
 
 // Largest model.safetensors.index.json or config.json read (real ones are under 10 MB).
@@ -30,7 +32,11 @@ Checkpoint open_checkpoint(const std::string& in);
 // IN's config.json (directories only): a JSON object, or an error naming the file.
 std::optional<nlohmann::json> read_config(const Checkpoint& c, const std::string& in);
 
-// A JSON file: a regular file of at most kMaxJsonFileBytes holding valid JSON, or an error naming it.
-nlohmann::json read_json_file(const std::filesystem::path& p);
+// A JSON file: a regular file of at most kMaxJsonFileBytes holding valid JSON nested at most
+// max_depth levels, or an error naming it. The file is opened non-blocking (a FIFO is refused at once).
+nlohmann::json read_json_file(const std::filesystem::path& p, std::size_t max_depth = kMaxJsonDepth);
+
+// text as JSON nested at most max_depth levels, or an error naming `where`.
+nlohmann::json parse_json(const std::string& text, const std::string& where, std::size_t max_depth = kMaxJsonDepth);
 
 }  // namespace mxq::cli

@@ -78,7 +78,7 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
   // a parser callback on the DOM parse: nlohmann's callback parser rescans the enclosing object at
   // the end of every entry, which made parsing quadratic (20,000 tensors: 6 s).
   struct Counter : nlohmann::json_sax<nlohmann::json> {
-    std::size_t depth = 0, tensors = 0;
+    std::size_t depth = 0, deepest = 0, tensors = 0;
     bool null() override { return true; }
     bool boolean(bool) override { return true; }
     bool number_integer(number_integer_t) override { return true; }
@@ -86,14 +86,19 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
     bool number_float(number_float_t, const string_t&) override { return true; }
     bool string(string_t&) override { return true; }
     bool binary(binary_t&) override { return true; }
-    bool start_object(std::size_t) override { return ++depth, true; }
+    // A header nests 3 levels ({"t": {"shape": [...]}}); deeper is refused before the DOM parse
+    // (whose copies recurse once per level).
+    bool open() { return deepest = std::max(deepest, ++depth), depth <= kMaxHeaderDepth; }
+    bool start_object(std::size_t) override { return open(); }
     bool end_object() override { return --depth, true; }
-    bool start_array(std::size_t) override { return ++depth, true; }
+    bool start_array(std::size_t) override { return open(); }
     bool end_array() override { return --depth, true; }
     bool key(string_t& k) override { return depth != 1 || k == "__metadata__" || ++tensors <= kMaxTensors; }
     bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
   } counter;
   nlohmann::json::sax_parse(bytes.begin() + 8, bytes.begin() + 8 + std::ptrdiff_t(n), &counter);
+  if (counter.deepest > kMaxHeaderDepth)
+    fail(name_, "header nests JSON more than " + std::to_string(kMaxHeaderDepth) + " levels deep (a header has 3)");
   if (counter.tensors > kMaxTensors)
     fail(name_, "the header declares more than " + std::to_string(kMaxTensors) + " tensors, the limit per file");
   nlohmann::json h;

@@ -58,6 +58,8 @@ constexpr std::size_t kMaxNameBytes = 1024;
 // tensor afterwards (lookups by name, writing, listing) grows faster than the tensor count.
 constexpr std::size_t kMaxTensors = 200000;
 constexpr std::size_t kMaxRank = 32;
+// Deepest JSON nesting of a header accepted (a valid one has 3 levels).
+constexpr std::size_t kMaxHeaderDepth = 8;
 
 // A parsed header over some bytes (a mapped file, or memory for tests and the fuzzer).
 class View {
