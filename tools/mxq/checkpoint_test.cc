@@ -15,7 +15,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <random>
 #include <sstream>
@@ -1740,4 +1742,364 @@ TEST(CheckpointQdq, RotateIsQuantizeDequantizeWithTheRotation) {
   qa.out = (root / "q2").string();
   qa.rotate = "had100";
   EXPECT_NE(quantize_failure(qa, "--rotate had100").find("--rotate"), std::string::npos);
+}
+
+// ---- hostile part directories and JSON (a part directory sits on shared storage; a checkpoint is
+// downloaded): each refused with one line naming the file and key, nothing written outside OUT ----
+namespace {
+
+constexpr const char* kShard1 = "model-00001-of-00002.safetensors";
+constexpr const char* kShard2 = "model-00002-of-00002.safetensors";
+
+// root/in (make_checkpoint) converted by `quantize --part I/2` (format mxfp4 unless given) into the
+// parts of root/pristine, and the single run root/one.
+void make_parts(const fs::path& root, const std::string& format = "mxfp4", bool fake = false) {
+  make_checkpoint(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.format = format;
+  qa.fake = fake;
+  qa.out = (root / "one").string();
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  qa.out = (root / "pristine").string();
+  for (const char* p : {"1/2", "2/2"}) {
+    qa.part = p;
+    ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  }
+  testing::internal::GetCapturedStdout();
+}
+
+// A fresh copy of the pristine parts as the parts of root/<tag>; returns root/<tag> (OUT).
+fs::path copy_parts(const fs::path& root, const std::string& tag) {
+  for (const char* p : {".part-1-of-2", ".part-2-of-2"}) {
+    fs::remove_all(root / (tag + p));
+    fs::copy(root / (std::string("pristine") + p), root / (tag + p), fs::copy_options::recursive);
+  }
+  return root / tag;
+}
+
+fs::path manifest(const fs::path& out, int i) { return out.string() + ".part-" + std::to_string(i) + "-of-2/mxq-part.json"; }
+
+// Applies edit to every part's manifest (the parts must agree with each other to reach most checks).
+template <class F>
+void edit_manifests(const fs::path& out, F edit) {
+  for (int i : {1, 2}) {
+    json m = json::parse(std::ifstream(manifest(out, i)));
+    edit(m, i);
+    std::ofstream(manifest(out, i), std::ios::trunc) << m.dump();
+  }
+}
+
+// The message merge fails with (and a test failure when it does not fail).
+std::string merge_failure(const fs::path& out, const std::string& what) {
+  mxq::cli::MergeArgs ma;
+  ma.out = out.string();
+  try {
+    testing::internal::CaptureStdout();
+    mxq::cli::run_merge(ma);
+    testing::internal::GetCapturedStdout();
+  } catch (const std::exception& e) {
+    testing::internal::GetCapturedStdout();
+    EXPECT_FALSE(fs::exists(out)) << what << ": a refused merge left " << out;
+    EXPECT_TRUE(fs::exists(manifest(out, 1))) << what << ": a refused merge removed the parts";
+    return e.what();
+  }
+  ADD_FAILURE() << "merge accepted " << what;
+  return "";
+}
+
+std::string nested(std::size_t depth, char open = '[', char close = ']') {
+  return std::string(depth, open) + std::string(depth, close);
+}
+
+}  // namespace
+
+// Issue 35, 1: the config's name comes from the input, not from a manifest: an absolute name, "../",
+// or a shard's name is refused naming the key; nothing is written anywhere.
+TEST(CheckpointMergeHostile, ConfigNameIsTheOneTheInputImplies) {
+  const fs::path root = scratch("merge_cfgname");
+  make_parts(root);
+  const fs::path victim = root / "victim.txt";
+  for (const std::string& name : {victim.string(), std::string("../victim.txt"), std::string(kShard1),
+                                  std::string("quantization_config.json")}) {
+    SCOPED_TRACE(name);
+    const fs::path out = copy_parts(root, "q");
+    edit_manifests(out, [&](json& m, int) { m["config_name"] = name; });
+    const std::string e = merge_failure(out, "config_name " + name);
+    EXPECT_NE(e.find("mxq-part.json: key 'config_name'"), std::string::npos) << e;
+    EXPECT_FALSE(fs::exists(victim));
+  }
+  // the text must be the input's config.json with a quantization_config: a manifest cannot drop it
+  const fs::path out = copy_parts(root, "q");
+  edit_manifests(out, [&](json& m, int) { m["config_text"] = R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 128})"; });
+  EXPECT_NE(merge_failure(out, "config without quantization_config").find("key 'config_text'"), std::string::npos);
+  copy_parts(root, "q");
+  edit_manifests(out, [&](json& m, int) {
+    json c = json::parse(m["config_text"].get<std::string>());
+    c["hidden_size"] = 4096;
+    m["config_text"] = c.dump();
+  });
+  EXPECT_NE(merge_failure(out, "config of another model").find("other keys differ"), std::string::npos);
+  fs::remove_all(root);
+}
+
+// Issue 35, 2: every shard is a regular file whose header matches the manifest and the input before
+// anything is published; the index is rebuilt from the headers (a manifest's weight map or byte count
+// is never copied).
+TEST(CheckpointMergeHostile, ShardsAreCheckedBeforePublishing) {
+  const fs::path root = scratch("merge_shards");
+  make_parts(root);
+  const auto part_shard = [&](const fs::path& out, int i, const char* shard) {
+    return fs::path(out.string() + ".part-" + std::to_string(i) + "-of-2") / shard;
+  };
+  struct Case {
+    std::string what, needle;
+    std::function<void(const fs::path&)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"truncated by 100 bytes", kShard1,
+       [&](const fs::path& o) { fs::resize_file(part_shard(o, 1, kShard1), fs::file_size(part_shard(o, 1, kShard1)) - 100); }},
+      {"a symlink to /etc/passwd", "symbolic link",
+       [&](const fs::path& o) {
+         fs::remove(part_shard(o, 2, kShard2));
+         fs::create_symlink("/etc/passwd", part_shard(o, 2, kShard2));
+       }},
+      {"another shard's bytes", "weight map",
+       [&](const fs::path& o) {
+         fs::remove(part_shard(o, 1, kShard1));
+         fs::copy_file(part_shard(o, 2, kShard2), part_shard(o, 1, kShard1));
+       }},
+      {"a symlink to the unquantized input", "symbolic link",
+       [&](const fs::path& o) {
+         fs::remove(part_shard(o, 1, kShard1));
+         fs::create_symlink(root / "in" / kShard1, part_shard(o, 1, kShard1));
+       }},
+      {"a copy of the unquantized input", "weight map",
+       [&](const fs::path& o) {
+         fs::remove(part_shard(o, 1, kShard1));
+         fs::copy_file(root / "in" / kShard1, part_shard(o, 1, kShard1));
+       }},
+      {"an unquantized shard with a manifest to match", "neither",
+       [&](const fs::path& o) {  // the manifest agrees with the shard, the input does not
+         fs::remove(part_shard(o, 1, kShard1));
+         st::Writer w(part_shard(o, 1, kShard1).string());
+         w.declare("model.layers.0.self_attn.q_proj.weight_packed", "BF16", {64, 64});
+         w.write("model.layers.0.self_attn.q_proj.weight_packed", std::vector<std::uint8_t>(64 * 64 * 2));
+         w.commit();
+         edit_manifests(o, [](json& m, int i) {
+           if (i != 1) return;
+           json wm = json::object();
+           wm["model.layers.0.self_attn.q_proj.weight_packed"] = kShard1;
+           m["weight_map"] = wm;
+         });
+       }},
+      {"a weight map naming /etc/passwd", "weight_map",
+       [&](const fs::path& o) { edit_manifests(o, [](json& m, int) { m["weight_map"]["x.weight"] = "../../../etc/passwd"; }); }},
+      {"a weight map of invented tensors", "weight_map",
+       [&](const fs::path& o) {
+         edit_manifests(o, [](json& m, int) {
+           for (int t = 0; t < 5000; ++t) m["weight_map"]["invented." + std::to_string(t)] = kShard1;
+         });
+       }},
+      {"bytes_out of -1", "key 'bytes_out'", [&](const fs::path& o) { edit_manifests(o, [](json& m, int) { m["bytes_out"] = -1; }); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const fs::path out = copy_parts(root, "q");
+    c.spoil(out);
+    const std::string e = merge_failure(out, c.what);
+    EXPECT_NE(e.find(c.needle), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << "one line: " << e;
+  }
+  // a byte count of 2^64 - 1 in every manifest: ignored, the index's total_size is the shards' own
+  const fs::path out = copy_parts(root, "q");
+  edit_manifests(out, [](json& m, int) { m["bytes_out"] = std::numeric_limits<std::uint64_t>::max(); });
+  mxq::cli::MergeArgs ma;
+  ma.out = out.string();
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(mxq::cli::run_merge(ma), 0);
+  testing::internal::GetCapturedStdout();
+  const auto one = read_tree(root / "one"), merged = read_tree(out);
+  EXPECT_EQ(merged, one) << "the merged checkpoint differs from the single run's";
+  fs::remove_all(root);
+}
+
+// Issue 35, 3: a manifest missing any key merge reads (or holding it with the wrong type) is refused
+// naming the manifest and the key (it used to read past a heap block).
+TEST(CheckpointMergeHostile, EveryManifestKeyIsChecked) {
+  const fs::path root = scratch("merge_keys");
+  make_parts(root);
+  for (const std::string key : {"mxq_part", "of", "mxq_version", "input", "input_dir", "input_shards", "command", "format",
+                                "rule", "include", "exclude", "rotate", "rotate_seed", "weight_map", "bytes_out", "index",
+                                "config_name", "config_text", "side_files"}) {
+    SCOPED_TRACE(key);
+    const fs::path out = copy_parts(root, "q");
+    edit_manifests(out, [&](json& m, int) { m.erase(key); });
+    std::string e = merge_failure(out, "no " + key);
+    EXPECT_NE(e.find("mxq-part.json: key '" + key + "' missing"), std::string::npos) << e;
+    copy_parts(root, "q");
+    edit_manifests(out, [&](json& m, int) { m[key] = m[key].is_array() ? json(true) : json::array({1.5}); });  // present, of another type
+    e = merge_failure(out, "wrong type of " + key);
+    EXPECT_NE(e.find("mxq-part.json: key '" + key + "' is not"), std::string::npos) << e;
+  }
+  fs::remove_all(root);
+}
+
+// Issue 35, 4: a FIFO in place of a manifest is refused at once (merge used to wait on it forever,
+// and a SIGTERM did not end it); a manifest that is a symbolic link or too deep is refused too.
+TEST(CheckpointMergeHostile, ManifestIsReadNonBlockingAndBounded) {
+  const fs::path root = scratch("merge_fifo");
+  make_parts(root);
+  fs::path out = copy_parts(root, "q");
+  fs::remove(manifest(out, 2));
+  ASSERT_EQ(::mkfifo(manifest(out, 2).c_str(), 0600), 0);
+  {
+    ToolRun run({"merge", out.string()}, "merge_fifo");  // in a child: a blocking open must fail the test, not hang it
+    run.wait();
+    EXPECT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 2) << "status " << run.status << ": " << run.err();
+    EXPECT_NE(run.err().find("mxq-part.json: not a regular file"), std::string::npos) << run.err();
+    EXPECT_FALSE(fs::exists(out));
+  }
+  out = copy_parts(root, "q");
+  fs::remove(manifest(out, 2));
+  fs::create_symlink(manifest(root / "pristine", 2), manifest(out, 2));
+  EXPECT_NE(merge_failure(out, "a symlinked manifest").find("symbolic link"), std::string::npos);
+  out = copy_parts(root, "q");
+  std::ofstream(manifest(out, 2), std::ios::trunc) << nested(100000);
+  EXPECT_NE(merge_failure(out, "a deep manifest").find("nested more than"), std::string::npos);
+  fs::remove_all(root);
+}
+
+// Issue 35, 4: SIGTERM during a merge ends it promptly by that signal, leaving nothing published and
+// the parts in place.
+TEST(CheckpointMergeHostile, SignalEndsMergeLeavingNothing) {
+  const fs::path root = scratch("merge_signal");
+  // many small shards: merge checks each one, which gives the test time to stop it mid-way
+  fs::create_directories(root / "in");
+  json wm = json::object();
+  constexpr int kShards = 200;
+  for (int s = 0; s < kShards; ++s) {
+    const std::string file = "model-" + std::to_string(1000 + s) + ".safetensors", name = "w" + std::to_string(s) + ".weight";
+    write_lone_file(root / "in" / file, {{name, {32, 64}}});
+    wm[name] = file;
+  }
+  std::ofstream(root / "in" / "model.safetensors.index.json") << json{{"metadata", json::object()}, {"weight_map", wm}}.dump();
+  std::ofstream(root / "in" / "config.json") << R"({"architectures": ["LlamaForCausalLM"]})";
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  qa.fake = true;
+  qa.format = "mxfp4";
+  testing::internal::CaptureStdout();
+  for (const char* p : {"1/2", "2/2"}) {
+    qa.part = p;
+    ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  }
+  testing::internal::GetCapturedStdout();
+  ToolRun run({"merge", qa.out}, "merge_signal");
+  if (!run.stop_when_exists(fs::path(qa.out) / (".mxq-staging-" + std::to_string(run.pid))))
+    GTEST_SKIP() << "the merge ended before the test could stop it";
+  ::kill(run.pid, SIGTERM);
+  ::kill(run.pid, SIGCONT);
+  run.wait();
+  EXPECT_TRUE(WIFSIGNALED(run.status) && WTERMSIG(run.status) == SIGTERM) << run.status << ": " << run.err();
+  EXPECT_FALSE(fs::exists(qa.out)) << "an interrupted merge published " << qa.out;
+  EXPECT_TRUE(fs::exists(qa.out + ".part-1-of-2/mxq-part.json"));
+  EXPECT_TRUE(fs::exists(qa.out + ".part-2-of-2/mxq-part.json"));
+  fs::remove_all(root);
+}
+
+// Issue 35, 5: JSON nested deeper than the limit (64) is refused before it is parsed into a tree
+// (60,000 levels used to overflow the stack in every converter, leaving a staging directory).
+TEST(CheckpointJsonLimits, DeeplyNestedJsonIsRefusedByEveryConverter) {
+  const fs::path root = scratch("json_deep");
+  make_checkpoint(root / "in");
+  const std::string index = json::parse(std::ifstream(root / "in" / "model.safetensors.index.json")).dump();
+  // {"metadata": {"a": {"a": ... }}, "weight_map": ...}
+  std::string obj;
+  for (int d = 0; d < 60000; ++d) obj += R"({"a": )";
+  obj += "1" + std::string(60000, '}');
+  const std::string wm = json::parse(index)["weight_map"].dump();
+  struct Case {
+    std::string file, text;
+  };
+  const std::vector<Case> cases = {{"model.safetensors.index.json", R"({"metadata": )" + obj + R"(, "weight_map": )" + wm + "}"},
+                                   {"model.safetensors.index.json", R"({"metadata": )" + nested(1000000) + R"(, "weight_map": )" + wm + "}"},
+                                   {"config.json", R"({"architectures": ["LlamaForCausalLM"], "x": )" + nested(100000) + "}"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.file + " of " + std::to_string(c.text.size()) + " bytes");
+    fs::remove_all(root / "bad");
+    fs::copy(root / "in", root / "bad", fs::copy_options::recursive);
+    std::ofstream(root / "bad" / c.file, std::ios::trunc) << c.text;
+    for (const std::vector<std::string> args :
+         {std::vector<std::string>{"quantize", "--format", "nvfp4"}, {"qdq", "--format", "mxfp4"},
+          {"quantize", "--format", "mxfp4", "--part", "1/2"}, {"dequantize"}}) {
+      SCOPED_TRACE(args[0] + (args.size() > 3 ? " --part" : ""));
+      const fs::path out = root / "out";
+      std::vector<std::string> argv = args;
+      argv.insert(argv.begin() + 1, {(root / "bad").string(), "-o", out.string()});
+      ToolRun run(argv, "json_deep");
+      run.wait();
+      EXPECT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 2) << "status " << run.status << ": " << run.err();
+      EXPECT_NE(run.err().find(c.file + ": JSON nested more than 64 levels"), std::string::npos) << run.err();
+      EXPECT_FALSE(fs::exists(out)) << "left " << out;
+      EXPECT_FALSE(fs::exists(out.string() + ".part-1-of-2"));
+    }
+  }
+  // a safetensors header nested deeper than a header can be
+  const std::string h = R"({"x": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0], "y": )" + nested(100000) + "}}";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = char((h.size() >> (8 * i)) & 0xff);
+  bytes += h;
+  try {
+    st::View v({reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()}, "deep.safetensors");
+    ADD_FAILURE() << "a deep header was accepted";
+  } catch (const st::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("levels deep"), std::string::npos) << e.what();
+  }
+  fs::remove_all(root);
+}
+
+// Issue 35, 6: nested JSON is written back indented to 10 levels and compact below, so its size stays
+// linear in the input's (indenting every level made 2 * depth^2 bytes); a real config keeps
+// nlohmann's dump(2) form byte for byte.
+TEST(CheckpointJsonLimits, NestedJsonIsNotReserialisedQuadratically) {
+  const fs::path root = scratch("json_quadratic");
+  make_checkpoint(root / "in");
+  json cfg = json::parse(std::ifstream(root / "in" / "config.json"));
+  std::string extra;
+  for (int k = 0; k < 200; ++k) extra += (k ? "," : "") + std::string("\"k") + std::to_string(k) + "\": " + nested(60);
+  std::string text = cfg.dump();
+  text.insert(text.size() - 1, ", " + extra);
+  std::ofstream(root / "in" / "config.json", std::ios::trunc) << text;
+  for (const bool fake : {false, true}) {
+    mxq::cli::QuantizeArgs qa;
+    qa.in = (root / "in").string();
+    qa.out = (root / (fake ? "qdq" : "q")).string();
+    qa.format = "mxfp4";
+    qa.fake = fake;
+    testing::internal::CaptureStdout();
+    ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+    testing::internal::GetCapturedStdout();
+    const auto size = fs::file_size(fs::path(qa.out) / "config.json");
+    EXPECT_LT(size, 10 * text.size()) << "config.json of " << text.size() << " bytes written as " << size;
+    EXPECT_EQ(json::parse(std::ifstream(fs::path(qa.out) / "config.json"))["k7"], json::parse(nested(60)));
+  }
+  // a config and an index of ordinary depth: the same bytes as nlohmann's dump(2)
+  make_checkpoint(root / "plain");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "plain").string();
+  qa.out = (root / "plain_q").string();
+  qa.format = "nvfp4";
+  qa.rotate = "had32";
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  testing::internal::GetCapturedStdout();
+  for (const char* f : {"config.json", "model.safetensors.index.json"}) {
+    std::ifstream in(fs::path(qa.out) / f);
+    const std::string t(std::istreambuf_iterator<char>(in), {});
+    EXPECT_EQ(t, json::parse(t).dump(2) + "\n") << f;
+  }
+  fs::remove_all(root);
 }
