@@ -436,8 +436,18 @@ bool other_weight_format(const std::string& n) {
 void copy_side_files(const Checkpoint& c, const fs::path& out, const std::set<std::string>& skip) {
   for (const auto& e : fs::directory_iterator(c.dir)) {
     check_interrupted();
-    if (!e.is_regular_file()) continue;
     const std::string n = e.path().filename().string();
+    // NOTE: with an error_code: a symbolic link to itself (ELOOP) or a dangling one is not a reason
+    // to fail the conversion, nor to drop the file without a word.
+    std::error_code ec;
+    const bool regular = e.is_regular_file(ec);
+    if (!regular) {
+      std::error_code e2;
+      if (!e.is_directory(e2) && n != "model.safetensors.index.json" && n != "config.json")
+        fmt::print(stderr, "mxq: warning: {} not copied to the output: not a regular file (a FIFO, socket, device, or a "
+                   "symbolic link that leads to none{})\n", e.path().string(), ec ? ": " + ec.message() : "");
+      continue;
+    }
     if (skip.count(n) || n.ends_with(".safetensors") || n == "model.safetensors.index.json" ||
         std::find(c.shards.begin(), c.shards.end(), n) != c.shards.end())
       continue;  // never a converted shard overwritten by its original
@@ -447,7 +457,6 @@ void copy_side_files(const Checkpoint& c, const fs::path& out, const std::set<st
                  e.path().string());
       continue;
     }
-    std::error_code ec;
     fs::copy_file(e.path(), out / n, fs::copy_options::overwrite_existing, ec);
     if (ec) fail(e.path().string() + ": cannot copy to the output: " + ec.message());
   }
@@ -514,12 +523,16 @@ struct Part {
   int i = 0, n = 0;  // 1 <= i <= n; n == 0: the whole checkpoint
 };
 
-Part parse_part(const std::string& s) {
-  if (s.empty()) return {};
+Part parse_part(const std::optional<std::string>& given) {
+  if (!given) return {};
+  const std::string& s = *given;
+  if (s.empty())
+    fail("--part '': expected I/N with 1 <= I <= N (an empty value, as an unset variable gives: leave --part out to "
+         "convert the whole checkpoint)");
   Part p;
   char slash = 0, extra = 0;
   if (std::sscanf(s.c_str(), "%d%c%d%c", &p.i, &slash, &p.n, &extra) != 3 || slash != '/' || p.n < 1 || p.i < 1 ||
-      p.i > p.n || p.n > 100000)
+      p.i > p.n || p.n > kMaxParts)
     fail("--part '" + s + "': expected I/N with 1 <= I <= N (e.g. --part 2/8: the second of eight parts)");
   return p;
 }
@@ -591,7 +604,7 @@ int finish_part(const QuantizeArgs& a, const Part& part, const Checkpoint& c, St
             {"include", a.include},
             {"exclude", a.exclude},
             {"rotate", a.rotate},
-            {"rotate_seed", a.rotate_seed},
+            {"rotate_seed", a.rotate_seed.value_or(0)},
             {"weight_map", weight_map},
             {"bytes_out", std::uint64_t(bytes_out)},
             {"index", fin.index ? *fin.index : json(nullptr)},
@@ -646,6 +659,8 @@ int run_quantize(const QuantizeArgs& a) {
   const Part part = parse_part(a.part);
   const fs::path out_dir = part.n ? part_dir(fs::path(a.out), part) : fs::path(a.out);
   std::pair<Rotation, int> rot{Rotation::none, 0};
+  if (a.rotate_seed && a.rotate.empty())
+    fail("--rotate-seed " + std::to_string(*a.rotate_seed) + ": without --rotate rhad<RS> there are no random signs to seed");
   if (!a.rotate.empty()) {
     try {
       rot = parse_rotation(a.rotate);
@@ -653,6 +668,9 @@ int run_quantize(const QuantizeArgs& a) {
       fail(std::string("--rotate: ") + e.what());
     }
     if (rot.first == Rotation::none) fail("--rotate none: leave --rotate out for no rotation");
+    if (a.rotate_seed && rot.first != Rotation::random_hadamard)
+      fail("--rotate-seed " + std::to_string(*a.rotate_seed) + ": --rotate " + a.rotate +
+           " has no random signs to seed (only rhad<RS> does)");
     // A rotated checkpoint is read through compressed-tensors' transform_config (docs/cli.md): only
     // what vLLM applies online is written.
     if (!a.fake && rot.first == Rotation::random_hadamard)
@@ -761,7 +779,7 @@ int run_quantize(const QuantizeArgs& a) {
       for (const st::TensorInfo& t : f.view().tensors())
         if (plan[shard + "/" + t.name].quantize) {
           check_interrupted();
-          amax[t.name.substr(0, t.name.size() - 7)] = weight_amax(f.view(), t, rot, a.rotate_seed);
+          amax[t.name.substr(0, t.name.size() - 7)] = weight_amax(f.view(), t, rot, a.rotate_seed.value_or(0));
           f.release(t);
         }
     }
@@ -880,7 +898,7 @@ int run_quantize(const QuantizeArgs& a) {
     f.release(t);
     ++n_quant;
     progress.clear_line();
-    fmt::print("[{}/{}] {} [{}, {}] {} -> {}: {}\n", idx, total, t.name, t.shape[0], t.shape[1], t.dtype, to, err.str());
+    fmt::print("[{}/{}] {} [{}, {}] {} -> {}: {}\n", idx, total, printable(t.name), t.shape[0], t.shape[1], t.dtype, to, err.str());
     std::fflush(stdout);
   };
   for (std::size_t si = 0; si < c.shards.size(); ++si) {
@@ -975,7 +993,7 @@ int run_quantize(const QuantizeArgs& a) {
               t.name, *o.tensor_scale, gk.empty() ? "the tensor" : "its fused group " + gk, m));
       }
       // the weight's input rotated: W @ (H / sqrt(RS)) per group of RS (the seed: rhad, qdq only)
-      if (rot.first != Rotation::none) o = with_rotation(o, rot.first, rot.second, a.rotate_seed);
+      if (rot.first != Rotation::none) o = with_rotation(o, rot.first, rot.second, a.rotate_seed.value_or(0));
       const SrcType xty = src_type(t.dtype);
       if (a.fake) {
         auto yq = pool.get(src.size());
@@ -1198,73 +1216,6 @@ int run_quantize(const QuantizeArgs& a) {
 
 namespace {
 
-// A part directory's name after "OUT.part-": "I-of-N" exactly (digits, no leading zero, N at most
-// kMaxParts), else nullopt.
-constexpr int kMaxParts = 100000;
-std::optional<Part> part_of_name(const std::string& s) {
-  const auto number = [](const std::string& d) -> int {
-    if (d.empty() || d.size() > 6 || d[0] == '0' || !std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      return 0;
-    const int v = std::stoi(d);
-    return v <= kMaxParts ? v : 0;
-  };
-  const std::size_t of = s.find("-of-");
-  if (of == std::string::npos) return std::nullopt;
-  const Part p{number(s.substr(0, of)), number(s.substr(of + 4))};
-  if (p.i < 1 || p.n < 1 || p.i > p.n) return std::nullopt;
-  return p;
-}
-
-// A manifest's key of the expected JSON type, or an error naming the manifest and the key.
-enum class Want { string, unsigned_int, boolean, object, array, object_or_null, string_or_null };
-const json& need(const json& m, const fs::path& where, const char* key, Want w) {
-  const auto it = m.find(key);
-  static const char* const what[] = {"a string", "a non-negative integer", "true or false", "an object", "an array",
-                                     "an object or null", "a string or null"};
-  bool ok = it != m.end();
-  if (ok) switch (w) {
-      case Want::string: ok = it->is_string(); break;
-      case Want::unsigned_int: ok = it->is_number_unsigned(); break;
-      case Want::boolean: ok = it->is_boolean(); break;
-      case Want::object: ok = it->is_object(); break;
-      case Want::array: ok = it->is_array(); break;
-      case Want::object_or_null: ok = it->is_object() || it->is_null(); break;
-      case Want::string_or_null: ok = it->is_string() || it->is_null(); break;
-    }
-  if (!ok)
-    fail(where.string() + ": key '" + key + "' " + (it == m.end() ? "missing" : "is not " + std::string(what[int(w)])) +
-         ": expected " + what[int(w)] + " (not the manifest of a finished part of `mxq quantize|qdq --part`)");
-  return *it;
-}
-
-// A part's manifest: a regular file (not a symbolic link, FIFO or device; opened non-blocking) of
-// bounded size and depth, with every key merge reads, of its type.
-json read_manifest(const fs::path& dir, const Part& p) {
-  const fs::path mp = dir / kManifest;
-  std::error_code ec;
-  const fs::file_status s = fs::symlink_status(mp, ec);
-  if (!fs::exists(s)) fail(mp.string() + ": missing (not a finished part of `mxq quantize --part`)");
-  if (fs::is_symlink(s)) fail(mp.string() + ": is a symbolic link; a part's manifest is a regular file of its own");
-  json m = read_json_file(mp, kMaxJsonDepth + 1);  // the input's index sits one level down
-  if (!m.is_object()) fail(mp.string() + ": not a JSON object (not the manifest of a part)");
-  for (const auto& [k, w] : std::initializer_list<std::pair<const char*, Want>>{
-           {"mxq_part", Want::unsigned_int}, {"of", Want::unsigned_int}, {"mxq_version", Want::string},
-           {"input", Want::string}, {"input_dir", Want::string}, {"input_shards", Want::object},
-           {"command", Want::string}, {"format", Want::string}, {"rule", Want::string}, {"include", Want::array},
-           {"exclude", Want::array}, {"rotate", Want::string}, {"rotate_seed", Want::unsigned_int},
-           {"weight_map", Want::object}, {"bytes_out", Want::unsigned_int}, {"index", Want::object_or_null},
-           {"config_name", Want::string_or_null}, {"config_text", Want::string_or_null}, {"side_files", Want::boolean}})
-    need(m, mp, k, w);
-  if (m["mxq_part"].get<std::uint64_t>() != std::uint64_t(p.i) || m["of"].get<std::uint64_t>() != std::uint64_t(p.n))
-    fail(mp.string() + ": not the manifest of part " + std::to_string(p.i) + " of " + std::to_string(p.n) + " (it says part " +
-         m["mxq_part"].dump() + " of " + m["of"].dump() + ")");
-  const std::string cmd = m["command"].get<std::string>();
-  if (cmd != "quantize" && cmd != "qdq") fail(mp.string() + ": key 'command' is '" + cmd + "': expected quantize or qdq");
-  for (const auto& [t, sh] : m["weight_map"].items())
-    if (!sh.is_string()) fail(mp.string() + ": weight_map entry '" + t + "' is not a file name");
-  return m;
-}
-
 // A part's shard, hard-linked (or copied) into the staging directory and checked there against the
 // input shard it was converted from and the part's manifest: the staged file is a regular file of its
 // own whose safetensors header is valid and declares exactly the tensors the manifest's weight map
@@ -1369,7 +1320,8 @@ int run_merge(const MergeArgs& a) {
       check_interrupted();
       const std::string name = e.path().filename().string();
       if (!name.starts_with(stem)) continue;
-      const std::optional<Part> p = part_of_name(name.substr(stem.size()));
+      const std::optional<std::pair<int, int>> in = part_of_name(name.substr(stem.size()));
+      const std::optional<Part> p = in ? std::optional<Part>(Part{in->first, in->second}) : std::nullopt;
       if (!p)
         fail(e.path().string() + ": not a part's name (expected " + stem + "I-of-N, I and N without leading zeros, 1 <= I <= N <= " +
              std::to_string(kMaxParts) + "); move it away to merge");
@@ -1390,7 +1342,7 @@ int run_merge(const MergeArgs& a) {
   std::vector<json> man;
   for (const auto& [i, dir] : parts) {
     check_interrupted();
-    man.push_back(read_manifest(dir, Part{i, n}));
+    man.push_back(read_part_manifest(dir / kManifest, i, n));
   }
   for (const char* k : {"mxq_version", "input", "input_dir", "input_shards", "command", "format", "rule", "include", "exclude",
                         "rotate", "rotate_seed", "index",
@@ -1600,12 +1552,12 @@ int run_inspect_against(const std::string& file, const std::string& original, co
       if (std::isfinite(x[i]) && std::isfinite(y[i])) mx = std::max(mx, std::fabs(double(y[i]) - x[i]));
     }
     if (!err.finite()) {  // never a perfect score from what is left after skipping NaN/Inf
-      fmt::print("{:<60} {:<22} {:>9} {:>10} {:>12}  ({} non-finite in the original, {} more in this file)\n", name, what,
+      fmt::print("{:<60} {:<22} {:>9} {:>10} {:>12}  ({} non-finite in the original, {} more in this file)\n", printable(name), what,
                  "not finite", "not finite", "not finite", err.bad_in, err.bad_out);
       ++not_finite;
       return;
     }
-    fmt::print("{:<60} {:<22} {:>9.2f} {:>10.5f} {:>12.4g}\n", name, what, err.sqnr_db(), err.r == 0 ? 0.0 : std::sqrt(err.e / err.r), mx);
+    fmt::print("{:<60} {:<22} {:>9.2f} {:>10.5f} {:>12.4g}\n", printable(name), what, err.sqnr_db(), err.r == 0 ? 0.0 : std::sqrt(err.e / err.r), mx);
   };
   fmt::print("{:<60} {:<22} {:>9} {:>10} {:>12}\n", "tensor", "kind", "SQNR dB", "rel RMS", "max |err|");
   std::set<std::string> consumed;
@@ -1621,7 +1573,7 @@ int run_inspect_against(const std::string& file, const std::string& original, co
     if (md.global) consumed.insert(md.global->name);
     const auto x = original_f32(m + ".weight", N * K);
     if (!x) {
-      fmt::print("{:<60} no matching {}.weight in {}\n", m, m, original);
+      fmt::print("{:<60} no matching {}.weight in {}\n", printable(m), printable(m), printable(original));
       continue;
     }
     report(m + ".weight", std::string(to_string(md.format)) + " (dequantized)", *x, y);

@@ -5,9 +5,14 @@
 // (what every error of this layer is); anything else (a crash, a json::exception, a hang on a file)
 // is a finding.
 //
-// Input: up to four parts separated by "\n#%#\n": the index JSON, config.json, a.safetensors and
-// b.safetensors. An empty first part means no index (then the first shard is model.safetensors); an
-// empty second part, no config.json.
+// The JSON of a part directory is read too: mxq-part.json, as `mxq merge` reads it
+// (read_part_manifest: every key and its type), its config text parsed as merge parses it. Every
+// JSON value read is written back by dump_json and must read back equal.
+//
+// Input: up to five parts separated by "\n#%#\n": the index JSON, config.json, a.safetensors,
+// mxq-part.json and b.safetensors (last: it takes the rest). An empty first part means no index
+// (then the first shard is model.safetensors); an empty second part, no config.json; an empty
+// fourth, no manifest.
 #include <unistd.h>
 
 #include <cstddef>
@@ -49,27 +54,45 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view in(reinterpret_cast<const char*>(data), size);
   constexpr std::string_view kSep = "\n#%#\n";
   std::vector<std::string_view> parts;
-  for (std::size_t pos = 0; parts.size() < 4;) {
-    const std::size_t next = parts.size() == 3 ? std::string_view::npos : in.find(kSep, pos);
+  for (std::size_t pos = 0; parts.size() < 5;) {
+    const std::size_t next = parts.size() == 4 ? std::string_view::npos : in.find(kSep, pos);
     parts.push_back(in.substr(pos, next == std::string_view::npos ? std::string_view::npos : next - pos));
     if (next == std::string_view::npos) break;
     pos = next + kSep.size();
   }
-  parts.resize(4);
+  parts.resize(5);
 
   const fs::path& dir = scratch();
   std::error_code ec;
-  for (const char* n : {"model.safetensors.index.json", "config.json", "model.safetensors", "a.safetensors", "b.safetensors"})
+  for (const char* n : {"model.safetensors.index.json", "config.json", "model.safetensors", "a.safetensors", "b.safetensors", "mxq-part.json"})
     fs::remove(dir / n, ec);
   if (!parts[0].empty()) put(dir / "model.safetensors.index.json", parts[0]);
   if (!parts[1].empty()) put(dir / "config.json", parts[1]);
   put(dir / (parts[0].empty() ? "model.safetensors" : "a.safetensors"), parts[2]);
-  put(dir / "b.safetensors", parts[3]);
+  put(dir / "b.safetensors", parts[4]);
+  if (!parts[3].empty()) put(dir / "mxq-part.json", parts[3]);
+
+  // dump_json writes what was read so that it reads back equal, at any depth the reader accepts
+  const auto round_trip = [](const nlohmann::json& j) {
+    if (nlohmann::json::parse(mxq::cli::dump_json(j)) != j) std::abort();
+  };
+  if (!parts[3].empty()) try {
+      const nlohmann::json m = mxq::cli::read_part_manifest(dir / "mxq-part.json", 1, 1);
+      for (const char* k : {"input", "weight_map", "bytes_out", "config_name", "config_text", "index", "side_files"})
+        if (!m.contains(k)) std::abort();  // every key merge reads was checked
+      for (const auto& [t, f] : m["weight_map"].items())
+        if (!f.is_string()) std::abort();
+      round_trip(m);
+      if (m["config_text"].is_string()) round_trip(mxq::cli::parse_json(m["config_text"].get<std::string>(), "config_text"));
+    } catch (const std::runtime_error&) {
+    }
 
   try {
     const mxq::cli::Checkpoint c = mxq::cli::open_checkpoint(dir.string());
     const auto config = mxq::cli::read_config(c, dir.string());
     if (config && !config->is_object()) std::abort();
+    if (config) round_trip(*config);
+    if (c.index) round_trip(*c.index);
     if (c.shards.empty()) std::abort();
     std::uint64_t tensors = 0;
     for (const std::string& s : c.shards) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -38,5 +39,23 @@ nlohmann::json read_json_file(const std::filesystem::path& p, std::size_t max_de
 
 // text as JSON nested at most max_depth levels, or an error naming `where`.
 nlohmann::json parse_json(const std::string& text, const std::string& where, std::size_t max_depth = kMaxJsonDepth);
+
+// s for a terminal: control characters (C0, DEL, C1), the Unicode direction marks, embeddings,
+// overrides and isolates (U+061C, U+200E/F, U+202A-U+202E, U+2066-U+2069) and backslashes escaped
+// (\x1b, \u202e, \\); everything else as it is. Names and metadata from a file pass through it
+// before they are printed (a tensor name could otherwise move the cursor, erase lines or reverse text).
+std::string printable(const std::string& s);
+
+// ---- the parts of `--part I/N`, read by `mxq merge` (a part directory is untrusted) ----------------
+constexpr int kMaxParts = 100000;
+
+// A part directory's name after "OUT.part-": exactly "I-of-N" (decimal, no leading zero,
+// 1 <= I <= N <= kMaxParts) gives {I, N}; anything else nullopt.
+std::optional<std::pair<int, int>> part_of_name(const std::string& s);
+
+// Part i of n's manifest (mxq-part.json): a regular file of its own (not a symbolic link; read as
+// read_json_file reads, the embedded index one level deeper) holding every key merge reads with its
+// JSON type, for part i of n, its weight map of file names; or an error naming the file and the key.
+nlohmann::json read_part_manifest(const std::filesystem::path& file, int i, int n);
 
 }  // namespace mxq::cli

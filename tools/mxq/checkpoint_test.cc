@@ -1459,7 +1459,7 @@ TEST(CheckpointParts, SplitAndMergeIsByteIdenticalToOneRun) {
         qa.out = (root / (tag + "_n" + std::to_string(n))).string();
         for (int i = n; i >= 1; --i) {  // any order
           qa.part = std::to_string(i) + "/" + std::to_string(n);
-          ASSERT_EQ(mxq::cli::run_quantize(qa), 0) << tag << " part " << qa.part;
+          ASSERT_EQ(mxq::cli::run_quantize(qa), 0) << tag << " part " << *qa.part;
           EXPECT_TRUE(fs::exists(qa.out + ".part-" + std::to_string(i) + "-of-" + std::to_string(n) + "/mxq-part.json"));
         }
         EXPECT_FALSE(fs::exists(qa.out)) << "a part writes only its own directory";
@@ -1553,7 +1553,7 @@ TEST(CheckpointQuantize, RotateInPartsMergesToTheSingleRun) {
   const json swm = json::parse(std::ifstream(root / "split" / "model.safetensors.index.json"))["weight_map"];
   for (const auto& [k, v] : swm.items()) mats += k.ends_with(".mxq_input.weight");
   EXPECT_EQ(mats, 1);
-  qa.part.clear();
+  qa.part.reset();
   qa.rotate = "none";
   qa.out = (root / "none").string();
   EXPECT_NE(quantize_failure(qa, "--rotate none").find("leave --rotate out"), std::string::npos);

@@ -1,6 +1,7 @@
 #pragma once
 // The subcommands of the mxq tool; each returns the process exit status.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,13 +26,16 @@ struct QuantizeArgs {
   bool overwrite = false;  // replace a non-empty output directory
   // "I/N" (1 <= I <= N): convert only shards i with i % N == I - 1 (in the index's order) into the
   // directory OUT.part-I-of-N, with a manifest; `mxq merge OUT` assembles the parts (docs/cli.md).
-  std::string part;
+  // Not given: the whole checkpoint; given empty (an unset variable in a launcher): refused.
+  std::optional<std::string> part;
   // mxq qdq: "had<RS>" or "rhad<RS>": each weight is rotated, quantized, dequantized and rotated back
   // (the error a rotated quantized weight carries, in the model's own domain). mxq quantize: "had<RS>":
   // each quantized weight stored rotated, with compressed-tensors' transform_config telling the loader
   // to rotate the activations (docs/cli.md).
   std::string rotate;
-  std::uint64_t rotate_seed = 0;
+  // mxq qdq --rotate rhad<RS>: the seed of the random signs (0 when not given); refused with any
+  // other rotation or none.
+  std::optional<std::uint64_t> rotate_seed;
   // With a GPU device: how many of the visible GPUs convert tensors side by side (0: all of them).
   int gpus = 0;
   // With a GPU device the first tensors are converted on the CPU while the GPU is set up (the same

@@ -37,14 +37,16 @@ std::uint64_t inspect_file(const std::string& file) {
   // above its row (padding every row to one 1000-byte name printed 20 GB for a 1.6 MB file).
   constexpr std::size_t kMaxNameColumn = 80;
   std::size_t wname = 6;
-  for (const st::TensorInfo& t : v.tensors()) wname = std::max(wname, std::min(t.name.size(), kMaxNameColumn));
-  fmt::print("{}: {} tensors, header {} bytes\n", file, v.tensors().size(), v.header_bytes());
-  for (const auto& [k, val] : v.metadata()) fmt::print("  metadata {} = {}\n", k, val);
+  // Names and metadata are the file's bytes: printed with control and direction characters escaped.
+  for (const st::TensorInfo& t : v.tensors()) wname = std::max(wname, std::min(printable(t.name).size(), kMaxNameColumn));
+  fmt::print("{}: {} tensors, header {} bytes\n", printable(file), v.tensors().size(), v.header_bytes());
+  for (const auto& [k, val] : v.metadata()) fmt::print("  metadata {} = {}\n", printable(k), printable(val));
   fmt::print("{:<{}}  {:<8} {:<22} {:>12}\n", "tensor", wname, "dtype", "shape", "bytes");
   for (const st::TensorInfo& t : v.tensors()) {
-    const bool long_name = t.name.size() > wname;
-    if (long_name) fmt::print("{}\n", t.name);
-    fmt::print("{:<{}}  {:<8} {:<22} {:>12}\n", long_name ? "" : t.name, wname, t.dtype, shape_str(t.shape), t.bytes());
+    const std::string name = printable(t.name);
+    const bool long_name = name.size() > wname;
+    if (long_name) fmt::print("{}\n", name);
+    fmt::print("{:<{}}  {:<8} {:<22} {:>12}\n", long_name ? "" : name, wname, t.dtype, shape_str(t.shape), t.bytes());
     total += t.bytes();
   }
   fmt::print("total {} ({} bytes)\n", human(double(total)), total);

@@ -1,5 +1,6 @@
 // The mxq command-line tool. One subcommand per task; errors are one line on stderr and a non-zero
 // exit status.
+#include <charconv>
 #include <csignal>
 #include <cstdio>
 #include <exception>
@@ -8,6 +9,7 @@
 
 #include <mxq/mxq.hpp>
 
+#include "checkpoint_read.hpp"
 #include "commands.hpp"
 #include "staging.hpp"
 
@@ -52,7 +54,7 @@ int main(int argc, char** argv) {
                       "had<RS> (RS 16..256): rotate each quantized Linear's input by the normalised "
                       "Hadamard transform per block of RS (the weight here, the activations by the loader: "
                       "compressed-tensors' transform_config, which vLLM applies)");
-  c_quant->add_option("--part", quant.part,
+  c_quant->add_option_function<std::string>("--part", [&](const std::string& s) { quant.part = s; },
                       "I/N: convert only every N-th shard starting at the I-th, into OUTPUT.part-I-of-N; then `mxq merge "
                       "OUTPUT` (spread a large checkpoint over a Slurm array, torchrun or Ray workers)");
 
@@ -76,8 +78,20 @@ int main(int argc, char** argv) {
                     "had<RS> or rhad<RS> (RS 16..256): rotate each weight's groups of RS before quantizing and rotate back "
                     "after (the weights stay in the model's domain); weights whose K is not a multiple of RS are left "
                     "unchanged");
-  c_qdq->add_option("--rotate-seed", fq.rotate_seed, "the seed of rhad's random signs")->capture_default_str();
-  c_qdq->add_option("--part", fq.part, "I/N: one part of the conversion, as for quantize (then `mxq merge OUTPUT`)");
+  c_qdq->add_option_function<std::string>(
+      "--rotate-seed",
+      [&](const std::string& s) {
+        // NOTE: parsed here, not by CLI11's integer conversion, which took -1 and values past 2^64 - 1
+        // without a word
+        std::uint64_t v = 0;
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (s.empty() || ec != std::errc() || end != s.data() + s.size())
+          throw CLI::ValidationError("--rotate-seed", "'" + s + "': expected a decimal integer from 0 to 18446744073709551615");
+        fq.rotate_seed = v;
+      },
+      "the seed of rhad's random signs (with --rotate rhad<RS> only; default 0)");
+  c_qdq->add_option_function<std::string>("--part", [&](const std::string& s) { fq.part = s; },
+                                          "I/N: one part of the conversion, as for quantize (then `mxq merge OUTPUT`)");
 
   mxq::cli::MergeArgs merge;
   CLI::App* c_merge = app.add_subcommand("merge", "assemble OUTPUT from the parts OUTPUT.part-I-of-N of `quantize|qdq --part I/N`");
@@ -127,7 +141,7 @@ int main(int argc, char** argv) {
       std::signal(sig, SIG_DFL);
       std::raise(sig);
     }
-    std::fprintf(stderr, "mxq: %s\n", e.what());
+    std::fprintf(stderr, "mxq: %s\n", mxq::cli::printable(e.what()).c_str());  // names from files, escaped
     return 2;
   }
   return 0;
