@@ -56,6 +56,12 @@ namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
 
+std::string shape_text(const std::vector<std::int64_t>& s) {
+  std::string r = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
 DType mxq_dtype(const std::string& dt) { return dt == "F32" ? DType::f32 : dt == "F16" ? DType::f16 : DType::bf16; }
 
 // A quantized module of a compressed-tensors file: X.weight_scale beside X.weight_packed (FP4; NVFP4
@@ -1466,7 +1472,15 @@ int run_dequantize(const DequantizeArgs& a) {
       if (md.global) consumed.insert(md.global->name);
     }
     for (const st::TensorInfo& t : v.tensors()) {
-      if (rot.is_matrix(t.name)) consumed.insert(t.name);  // the transform's matrix: not part of the model
+      if (rot.is_matrix(t.name)) {  // the transform's matrix: not part of the model
+        consumed.insert(t.name);
+        // ... but what it is: a matrix of another size than head_dim says which transform is wrong
+        if (t.name.ends_with("_input.weight") &&
+            (t.shape.size() != 2 || t.shape[0] != rot.size || t.shape[1] != rot.size))
+          fail(path + ": tensor '" + t.name + "' is the transform's matrix, of shape " + shape_text(t.shape) +
+               ", but transform_config's head_dim is " + std::to_string(rot.size) + " (a [" + std::to_string(rot.size) +
+               ", " + std::to_string(rot.size) + "] matrix): the checkpoint contradicts itself");
+      }
       const std::string module = t.name.ends_with(".weight") ? t.name.substr(0, t.name.size() - 7) : "";
       if (rot.size && !consumed.count(t.name) && t.shape.size() == 2 && !module.empty() && rot.rotates(module) &&
           !mods.count(module))

@@ -30,6 +30,7 @@
 
 #include <mxq/mxq.hpp>
 
+#include "checkpoint_read.hpp"
 #include "commands.hpp"
 #include "convert.hpp"
 #include "engine.hpp"
@@ -2101,5 +2102,213 @@ TEST(CheckpointJsonLimits, NestedJsonIsNotReserialisedQuadratically) {
     const std::string t(std::istreambuf_iterator<char>(in), {});
     EXPECT_EQ(t, json::parse(t).dump(2) + "\n") << f;
   }
+  fs::remove_all(root);
+}
+
+// ---- issue 35, 7: the smaller items ----------------------------------------------------------------
+
+// `--part ""` (an unset variable in a launcher) is refused instead of converting the whole checkpoint.
+TEST(CheckpointPartsOptions, EmptyPartIsRefused) {
+  const fs::path root = scratch("part_empty");
+  make_checkpoint(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  qa.part = "";
+  EXPECT_NE(quantize_failure(qa, "--part ''").find("--part ''"), std::string::npos);
+  ToolRun run({"quantize", qa.in, "-o", qa.out, "--part", ""}, "part_empty");
+  run.wait();
+  EXPECT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 2) << run.status << ": " << run.err();
+  EXPECT_NE(run.err().find("--part ''"), std::string::npos) << run.err();
+  EXPECT_FALSE(fs::exists(qa.out));
+  fs::remove_all(root);
+}
+
+// --rotate-seed: a decimal from 0 to 2^64 - 1 (-1 and 2^64 used to clamp silently), and only with
+// --rotate rhad<RS> (a seed without it used to be ignored without a word).
+TEST(CheckpointPartsOptions, RotateSeedIsCheckedAndNeedsRhad) {
+  const fs::path root = scratch("rotate_seed");
+  make_checkpoint(root / "in");
+  for (const std::string seed : {"-1", "18446744073709551616", "99999999999999999999999", "1e3", "", "0x10"}) {
+    ToolRun run({"qdq", (root / "in").string(), "-o", (root / "q").string(), "--rotate", "rhad32", "--rotate-seed", seed,
+                 "--device", "cpu"},
+                "rotate_seed");
+    run.wait();
+    EXPECT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) != 0) << seed << ": accepted";
+    EXPECT_NE(run.err().find("--rotate-seed"), std::string::npos) << seed << ": " << run.err();
+    EXPECT_FALSE(fs::exists(root / "q")) << seed;
+  }
+  {
+    ToolRun run({"qdq", (root / "in").string(), "-o", (root / "q").string(), "--rotate", "rhad32", "--rotate-seed",
+                 "18446744073709551615", "--device", "cpu"},
+                "rotate_seed");
+    run.wait();
+    EXPECT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 0) << run.err();
+  }
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q2").string();
+  qa.fake = true;
+  qa.rotate_seed = 5;
+  EXPECT_NE(quantize_failure(qa, "a seed without --rotate").find("--rotate-seed 5: without --rotate"), std::string::npos);
+  qa.rotate = "had32";
+  EXPECT_NE(quantize_failure(qa, "a seed with had32").find("no random signs"), std::string::npos);
+  fs::remove_all(root);
+}
+
+// Part directories are named exactly OUT.part-I-of-N: a duplicate spelling or a count past the limit
+// is refused naming it (they were read ambiguously, or overflowed to "part 2 of 1215752191").
+TEST(CheckpointMergeHostile, PartDirectoryNamesAreExact) {
+  const fs::path root = scratch("merge_names");
+  make_parts(root);
+  for (const std::string extra : {".part-01-of-2", ".part-1-of-02", ".part-1-of-99999999999", ".part-2-of-1", ".part-x"}) {
+    SCOPED_TRACE(extra);
+    const fs::path out = copy_parts(root, "q");
+    fs::create_directories(root / ("q" + extra));
+    EXPECT_NE(merge_failure(out, extra).find("q" + extra + ": not a part's name"), std::string::npos);
+    fs::remove_all(root / ("q" + extra));
+  }
+  // a symbolic link as a part directory
+  const fs::path out = copy_parts(root, "q");
+  fs::rename(root / "q.part-2-of-2", root / "elsewhere");
+  fs::create_directory_symlink(root / "elsewhere", root / "q.part-2-of-2");
+  EXPECT_NE(merge_failure(out, "a symlinked part").find("not a directory of its own"), std::string::npos);
+  fs::remove_all(root);
+}
+
+// OUT with a trailing separator is OUT: `-o DIR/ --part 1/2` writes DIR.part-1-of-2 beside DIR (as
+// documented: the parts are OUT's siblings); `-o .` without --part is the current directory, taken
+// when it is empty and not the input's.
+TEST(CheckpointPartsOptions, OutputSpellings) {
+  const fs::path root = scratch("out_spellings");
+  make_checkpoint(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string() + "/";
+  qa.part = "1/2";
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  EXPECT_TRUE(fs::exists(root / "q.part-1-of-2" / "mxq-part.json"));
+  EXPECT_FALSE(fs::exists(root / "q"));
+  const fs::path cwd = fs::current_path();
+  fs::create_directories(root / "empty");
+  fs::current_path(root / "empty");
+  qa.part.reset();
+  qa.in = (root / "in").string();
+  qa.out = ".";
+  const int rc = mxq::cli::run_quantize(qa);
+  fs::current_path(root / "in");
+  std::string refused;
+  try {
+    mxq::cli::run_quantize(qa);
+  } catch (const std::exception& e) {
+    refused = e.what();
+  }
+  fs::current_path(cwd);
+  testing::internal::GetCapturedStdout();
+  EXPECT_EQ(rc, 0);
+  EXPECT_TRUE(fs::exists(root / "empty" / "config.json"));
+  EXPECT_NE(refused.find("is the input's directory"), std::string::npos) << refused;
+  fs::remove_all(root);
+}
+
+// dequantize of a rotated checkpoint whose transform_config's head_dim contradicts its stored matrix
+// is refused (it used to rotate back by head_dim, the wrong size, without a word).
+TEST(CheckpointErrors, DequantizeRefusesAHeadDimThatContradictsTheMatrix) {
+  const fs::path root = scratch("headdim");
+  make_checkpoint(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  qa.format = "mxfp4";
+  qa.rotate = "had32";
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  testing::internal::GetCapturedStdout();
+  json cfg = json::parse(std::ifstream(root / "q" / "config.json"));
+  cfg["quantization_config"]["transform_config"]["config_groups"]["mxq"]["head_dim"] = 64;
+  std::ofstream(root / "q" / "config.json", std::ios::trunc) << cfg.dump();
+  mxq::cli::DequantizeArgs da;
+  da.in = (root / "q").string();
+  da.out = (root / "d").string();
+  da.device = "cpu";
+  std::string e;
+  testing::internal::CaptureStdout();
+  try {
+    mxq::cli::run_dequantize(da);
+  } catch (const std::exception& x) {
+    e = x.what();
+  }
+  testing::internal::GetCapturedStdout();
+  EXPECT_NE(e.find("head_dim is 64"), std::string::npos) << (e.empty() ? "accepted" : e);
+  EXPECT_FALSE(fs::exists(root / "d"));
+  fs::remove_all(root);
+}
+
+// inspect escapes control and direction characters of names and metadata (a tensor name could
+// clear the screen, move the cursor or reverse the text of the lines after it); errors too.
+TEST(CheckpointInspect, NamesAreEscapedForTheTerminal) {
+  const fs::path root = scratch("inspect_escape");
+  const std::string evil = std::string("a\x1b[2J\rb\xE2\x80\xAE") + "txt.weight\x07\xC2\x9B";
+  write_lone_file(root / "model.safetensors", {{evil, {2, 32}}, {"plain.weight", {2, 32}}});
+  mxq::cli::InspectArgs ia;
+  ia.file = (root / "model.safetensors").string();
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(mxq::cli::run_inspect(ia), 0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  for (const std::string bad : {"\x1b", "\r", "\x07", "\xE2\x80\xAE", "\xC2\x9B"})
+    EXPECT_EQ(out.find(bad), std::string::npos) << "printed raw: " << testing::PrintToString(bad);
+  EXPECT_NE(out.find("a\\x1b[2J\\x0db\\u202etxt.weight\\x07\\u009b"), std::string::npos) << out;
+  EXPECT_EQ(mxq::cli::printable("model.layers.0.q_proj.weight \xC3\xA9\xE2\x80\x8B"),
+            "model.layers.0.q_proj.weight \xC3\xA9\xE2\x80\x8B");  // other UTF-8 as it is
+  fs::remove_all(root);
+}
+
+// A symbolic link to itself anywhere in the input directory no longer fails the conversion, and a side
+// file that is not a regular file (a FIFO, a dangling link) is named in a warning, not dropped silently.
+TEST(CheckpointQuantize, SideFilesThatAreNotRegularAreNamed) {
+  const fs::path root = scratch("side_special");
+  make_checkpoint(root / "in");
+  fs::create_symlink("loop", root / "in" / "loop");
+  ASSERT_EQ(::mkfifo((root / "in" / "fifo").c_str(), 0600), 0);
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  int rc = -1;
+  std::string e;
+  try {
+    rc = mxq::cli::run_quantize(qa);
+  } catch (const std::exception& x) {
+    e = x.what();
+  }
+  testing::internal::GetCapturedStdout();
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(rc, 0) << e;
+  EXPECT_NE(err.find((root / "in" / "loop").string() + " not copied"), std::string::npos) << err;
+  EXPECT_NE(err.find((root / "in" / "fifo").string() + " not copied"), std::string::npos) << err;
+  EXPECT_TRUE(fs::exists(root / "q" / "tokenizer.json"));
+  fs::remove_all(root);
+}
+
+// A shard named model..safetensors is a plain file name inside the checkpoint (it was refused as
+// "outside the checkpoint"); a name with a separator or ".." alone still is refused.
+TEST(CheckpointErrors, DoubleDotInsideAShardNameIsLegal) {
+  const fs::path root = scratch("dotdot");
+  write_lone_file(root / "in" / "model..safetensors", {{"proj.weight", {32, 64}}});
+  std::ofstream(root / "in" / "model.safetensors.index.json")
+      << json{{"metadata", json::object()}, {"weight_map", {{"proj.weight", "model..safetensors"}}}}.dump();
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(mxq::cli::run_quantize(qa), 0);
+  testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(fs::exists(root / "q" / "model..safetensors"));
+  std::ofstream(root / "in" / "model.safetensors.index.json", std::ios::trunc)
+      << json{{"metadata", json::object()}, {"weight_map", {{"proj.weight", "../in/model..safetensors"}}}}.dump();
+  qa.out = (root / "q2").string();
+  EXPECT_NE(quantize_failure(qa, "../").find("outside the checkpoint"), std::string::npos);
   fs::remove_all(root);
 }
