@@ -28,11 +28,16 @@ ScaleLike = Union[None, float, int, torch.Tensor]
 
 
 def _u64(v: int, arg: str) -> int:
-    """A uint64 (seed, offset) as the int64 bit pattern the op schema carries."""
+    """A uint64 (seed, offset) as the int64 bit pattern the op schema carries. Any integer type (a
+    numpy integer too, as for sizes); bool is refused."""
     if type(v) is int and 0 <= v < 1 << 63:
         return v
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"mxq: argument '{arg}': expected an int, got {type(v).__name__}")
+    if isinstance(v, bool):
+        raise TypeError(f"mxq: argument '{arg}': expected an int, got bool")
+    try:
+        v = operator.index(v)
+    except TypeError:
+        raise TypeError(f"mxq: argument '{arg}': expected an int, got {type(v).__name__}") from None
     if not 0 <= v < 1 << 64:
         raise ValueError(f"mxq: argument '{arg}': {v}, expected an integer in [0, 2**64)")
     return v - (1 << 64) if v >= 1 << 63 else v
@@ -41,9 +46,15 @@ def _u64(v: int, arg: str) -> int:
 def _group(group_size: Optional[int]) -> int:
     if group_size is None:
         return 0
-    if isinstance(group_size, bool) or not isinstance(group_size, int):
-        raise TypeError(f"mxq: argument 'group_size': expected an int or None, got {type(group_size).__name__}")
-    if group_size <= 0:
+    if isinstance(group_size, bool):
+        raise TypeError("mxq: argument 'group_size': expected an int or None, got bool")
+    try:
+        group_size = operator.index(group_size)  # numpy integers too, as for sizes
+    except TypeError:
+        raise TypeError(f"mxq: argument 'group_size': expected an int or None, got {type(group_size).__name__}") from None
+    # NOTE: the upper bound here too: a value past int64 failed in the op's argument conversion with a
+    # message naming no argument
+    if not 0 < group_size <= 256:
         raise ValueError(f"mxq: argument 'group_size': {group_size}, expected None (the format's default) "
                          "or a power of two in [2, 256]")
     return group_size
@@ -61,7 +72,11 @@ def _scale_value(tensor_scale: ScaleLike) -> Optional[float]:
     if isinstance(tensor_scale, bool) or not isinstance(tensor_scale, (float, int)):
         raise TypeError(f"mxq: argument 'tensor_scale': expected a float, a 1-element tensor or None, "
                         f"got {type(tensor_scale).__name__}")
-    return float(tensor_scale)
+    try:
+        return float(tensor_scale)
+    except OverflowError:  # an int past the float range
+        raise ValueError("mxq: argument 'tensor_scale': an integer too large for a float (the encode scale "
+                         "448*6/amax is a finite float32)") from None
 
 
 def _size(v, arg: str):

@@ -454,3 +454,26 @@ def test_rotated_qdq_refuses_a_gradient_it_would_get_wrong():
     assert y.shape == x.shape
     mxq.qdq(x, "mxfp4").sum().backward()  # without a rotation: straight through
     assert torch.equal(x.grad, torch.ones_like(x))
+
+
+def test_integer_arguments_take_numpy_integers_and_name_the_argument():
+    # Issue 35: numpy integer seeds were refused while numpy sizes were accepted; group_size=2**64
+    # and tensor_scale=2**1024 failed with errors that named no argument.
+    np = pytest.importorskip("numpy")
+    x = torch.randn(4, 64)
+    want = mxq.qdq(x, "mxfp4", stochastic=True, seed=3, offset=5, group_size=32)
+    got = mxq.qdq(x, "mxfp4", stochastic=True, seed=np.int64(3), offset=np.uint64(5), group_size=np.int32(32))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert torch.equal(mxq.qdq(x, "mxfp4", stochastic=True, seed=np.uint64(2**64 - 1)).view(torch.int32),
+                       mxq.qdq(x, "mxfp4", stochastic=True, seed=2**64 - 1).view(torch.int32))
+    q = mxq.quantize(x, "mxfp4", rotation="rhad32", rotation_seed=np.int64(7))
+    assert torch.equal(q.codes, mxq.quantize(x, "mxfp4", rotation="rhad32", rotation_seed=7).codes)
+    for bad, arg in ((dict(seed=np.int64(-1), stochastic=True), "seed"), (dict(seed=True, stochastic=True), "seed"),
+                     (dict(group_size=2**64), "group_size"), (dict(group_size=-2**70), "group_size"),
+                     (dict(group_size=np.float32(32)), "group_size"), (dict(group_size=512), "group_size")):
+        with pytest.raises((ValueError, TypeError), match=f"argument '{arg}'"):
+            mxq.qdq(x, "mxfp4", **bad)
+    with pytest.raises(ValueError, match=r"argument 'tensor_scale'"):
+        mxq.qdq(x, "nvfp4", tensor_scale=2**1024)
+    with pytest.raises(ValueError, match=r"argument 'tensor_scale'"):
+        mxq.quantize(x, "nvfp4", tensor_scale=-2**1100)
