@@ -1222,6 +1222,52 @@ int run_quantize(const QuantizeArgs& a) {
 
 namespace {
 
+// A part's file copied to `to` (a new name) from the descriptor that was checked: a regular file,
+// not a symbolic link, opened non-blocking (a FIFO swapped in is refused, never waited on); every
+// write checked and synced; interruptible between chunks.
+void copy_part_file(const fs::path& from, const fs::path& to) {
+  const int in = ::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  struct stat sb {};
+  if (in < 0 || ::fstat(in, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    const int e = errno;
+    if (in >= 0) ::close(in);
+    fail(from.string() + ": not a regular file that can be opened (" + (in < 0 ? std::strerror(e) : "a FIFO, device or link") + ")");
+  }
+  const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (out < 0) {
+    const int e = errno;
+    ::close(in);
+    fail(to.string() + ": cannot create: " + std::strerror(e));
+  }
+  std::vector<char> buf(1 << 20);
+  std::string error;
+  for (;;) {
+    if (interrupt_signal()) break;  // check_interrupted() below, once the descriptors are closed
+    const ssize_t r = ::read(in, buf.data(), buf.size());
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      error = from.string() + ": cannot read: " + std::strerror(errno);
+      break;
+    }
+    if (r == 0) break;
+    for (ssize_t done = 0; done < r;) {
+      const ssize_t w = ::write(out, buf.data() + done, std::size_t(r - done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        error = to.string() + ": cannot write: " + std::strerror(w < 0 ? errno : ENOSPC);
+        break;
+      }
+      done += w;
+    }
+    if (!error.empty()) break;
+  }
+  if (error.empty() && ::fsync(out) != 0) error = to.string() + ": cannot write: " + std::strerror(errno);
+  if (::close(out) != 0 && error.empty()) error = to.string() + ": cannot write: " + std::strerror(errno);
+  ::close(in);
+  check_interrupted();
+  if (!error.empty()) fail(error);
+}
+
 // A part's shard, hard-linked (or copied) into the staging directory and checked there against the
 // input shard it was converted from and the part's manifest: the staged file is a regular file of its
 // own whose safetensors header is valid and declares exactly the tensors the manifest's weight map
@@ -1239,17 +1285,7 @@ std::map<std::string, std::uint64_t> stage_part_shard(const fs::path& from, cons
   // NOTE: link() does not follow a symbolic link, so what is checked below is the staged name, which
   // no other process can replace: the part's name swapped after this point does not matter.
   fs::create_hard_link(from, to, ec);
-  if (ec) {
-    const int fd_in = ::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    struct stat sb {};
-    if (fd_in < 0 || ::fstat(fd_in, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-      if (fd_in >= 0) ::close(fd_in);
-      fail(from.string() + ": not a regular file that can be opened");
-    }
-    ::close(fd_in);
-    fs::copy_file(from, to, ec);
-    if (ec) fail(from.string() + ": cannot copy into " + to.string() + ": " + ec.message());
-  }
+  if (ec) copy_part_file(from, to);  // another file system: a copy
   const fs::file_status ss = fs::symlink_status(to, ec);
   if (!fs::is_regular_file(ss) || fs::is_symlink(ss)) fail(from.string() + ": not a regular file");
   const st::File out(to.string());

@@ -2312,3 +2312,25 @@ TEST(CheckpointErrors, DoubleDotInsideAShardNameIsLegal) {
   EXPECT_NE(quantize_failure(qa, "../").find("outside the checkpoint"), std::string::npos);
   fs::remove_all(root);
 }
+
+// Where the parts and OUT are on different file systems merge copies each shard (from the descriptor
+// it checked) instead of linking it: the same bytes as the single run.
+TEST(CheckpointMergeHostile, CopiesAcrossFileSystems) {
+  const fs::path root = scratch("merge_copy");
+  make_parts(root);
+  struct stat a {}, b {};
+  const fs::path other = fs::path("/dev/shm") / ("mxq_merge_copy_" + std::to_string(::getpid()));
+  if (::stat(root.c_str(), &a) != 0 || ::stat("/dev/shm", &b) != 0 || a.st_dev == b.st_dev)
+    GTEST_SKIP() << "no second file system (/dev/shm) to merge into";
+  fs::create_directories(other);
+  const fs::path out = copy_parts(root, "q");
+  fs::create_directory_symlink(other, out);  // OUT on the other file system
+  mxq::cli::MergeArgs ma;
+  ma.out = out.string();
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(mxq::cli::run_merge(ma), 0);
+  testing::internal::GetCapturedStdout();
+  EXPECT_EQ(read_tree(other), read_tree(root / "one"));
+  fs::remove_all(other);
+  fs::remove_all(root);
+}

@@ -192,7 +192,11 @@ void install_interrupt_handlers() {
     struct sigaction sa {};
     sa.sa_handler = record_signal;
     ::sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND | SA_RESTART;  // a second signal: the default action, at once
+    // A second signal: the default action, at once. NOTE: no SA_RESTART: a system call blocked when
+    // the signal comes (an open or read that waits) returns EINTR and fails, so the signal is seen;
+    // with SA_RESTART a blocking open restarted and the first SIGTERM did nothing. (Reads and writes
+    // of regular files are not interrupted; merge's copy loop checks interrupt_signal() per chunk.)
+    sa.sa_flags = SA_RESETHAND;
     ::sigaction(sig, &sa, nullptr);
   }
 }
