@@ -1402,6 +1402,8 @@ int run_merge(const MergeArgs& a) {
   // writes besides the shards is what that input implies.
   const std::string input = m0.at("input").get<std::string>();
   const Checkpoint c = open_checkpoint(input);
+  if (m0.at("input_dir") != fs::absolute(c.dir).lexically_normal().string())
+    fail(m0_path.string() + ": key 'input_dir' is not the directory of its 'input' " + input);
   if (shard_fingerprints(c) != m0.at("input_shards"))
     fail(input + ": its shards changed (size or modification time) since the parts were converted");
   if (m0.at("index") != (c.index ? *c.index : json(nullptr)))
