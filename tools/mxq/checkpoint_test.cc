@@ -2074,6 +2074,9 @@ TEST(CheckpointJsonLimits, NestedJsonIsNotReserialisedQuadratically) {
   std::string text = cfg.dump();
   text.insert(text.size() - 1, ", " + extra);
   std::ofstream(root / "in" / "config.json", std::ios::trunc) << text;
+  std::string index = json::parse(std::ifstream(root / "in" / "model.safetensors.index.json")).dump();
+  index.insert(index.find(R"("metadata":{)") + 12, extra + ",");
+  std::ofstream(root / "in" / "model.safetensors.index.json", std::ios::trunc) << index;
   for (const bool fake : {false, true}) {
     mxq::cli::QuantizeArgs qa;
     qa.in = (root / "in").string();
@@ -2085,6 +2088,8 @@ TEST(CheckpointJsonLimits, NestedJsonIsNotReserialisedQuadratically) {
     testing::internal::GetCapturedStdout();
     const auto size = fs::file_size(fs::path(qa.out) / "config.json");
     EXPECT_LT(size, 10 * text.size()) << "config.json of " << text.size() << " bytes written as " << size;
+    const auto isize = fs::file_size(fs::path(qa.out) / "model.safetensors.index.json");
+    EXPECT_LT(isize, 10 * index.size()) << "the index of " << index.size() << " bytes written as " << isize;
     EXPECT_EQ(json::parse(std::ifstream(fs::path(qa.out) / "config.json"))["k7"], json::parse(nested(60)));
   }
   // a config and an index of ordinary depth: the same bytes as nlohmann's dump(2)
