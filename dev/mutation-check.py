@@ -48,6 +48,20 @@ MUTATIONS = {
         "mxq.qdq / qdq_ ignore random_bits",
         [("python/mxq/ops.py", 'args += (int(random_bits), _rotation(rotation), _u64(rotation_seed, "rotation_seed"))',
           'args += (32, _rotation(rotation), _u64(rotation_seed, "rotation_seed"))', 1)]),
+    "quantize-drops-group-size": (
+        "mxq.quantize ignores group_size",
+        [("python/mxq/ops.py", "xin, fmt, r, 0 if group_size is None else _group(group_size), bool(stochastic),",
+          "xin, fmt, r, 0, bool(stochastic),", 1)]),
+    "qdq-drops-tensor-scale": (
+        "mxq.qdq / qdq_ ignore tensor_scale",
+        [("python/mxq/ops.py", "None if tensor_scale is None else _scale_value(tensor_scale))", "None)", 1)]),
+    "dequantize-drops-tensor-scale": (
+        "mxq.dequantize of raw codes ignores a float tensor_scale (uses 1)",
+        [("python/mxq/ops.py", "        ts_f = _scale_value(tensor_scale)\n",
+          "        ts_f = None if tensor_scale is None else 1.0\n", 1)]),
+    "qutlass-nv-drops-global-scale": (
+        "compat.qutlass.fusedQuantizeNv ignores global_scale (uses 6)",
+        [("python/mxq/compat/qutlass.py", '"padded", gs, False)', '"padded", 6.0, False)', 1)]),
     "swizzle-rows-5-6": (
         "rows 5 and 6 of every 32-row stripe of the 128x4 swizzled layout exchanged (swizzled_offset)",
         [("include/mxq/ops.hpp", "(r % 32) * 16", "((r % 32) == 5 ? 6 : (r % 32) == 6 ? 5 : (r % 32)) * 16", 1)]),
@@ -83,10 +97,11 @@ def run(cmd, cwd, env=None, log=None):
 
 
 def copy_tree(dst: Path):
+    """Brings dst up to date with the working tree's tracked and untracked files. A file is rewritten only
+    when its bytes differ, and then gets a new modification time: the scratch build rebuilds what changed
+    (a file restored after a mutation included) and nothing else."""
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                            check=True, capture_output=True).stdout.split(b"\0")
-    if dst.exists():
-        shutil.rmtree(dst)
     for f in files:
         if not f:
             continue
@@ -95,8 +110,12 @@ def copy_tree(dst: Path):
         if not src.is_file():
             continue
         out = dst / rel
+        data = src.read_bytes()
+        if out.is_file() and out.read_bytes() == data:
+            continue
         out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, out)
+        out.write_bytes(data)
+        shutil.copymode(src, out)
 
 
 def apply(src: Path, edits):
