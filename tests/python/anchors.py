@@ -13,6 +13,9 @@ section 6), not from their code:
   float64 statistics, scales 2^floor(log2(...)) (MX) or E4M3(amax + 1e-8) (NV, global scale 6),
   elements by nearest grid value with ties to the even code index, where +0.0 meets the grid's -0.0
   entry first and gets the negative-zero code.
+
+test_upstream.py holds these transcriptions to the upstream code's own outputs, bit for bit
+(tests/known_answers/upstream/: run from those repositories at pinned commits).
 """
 from __future__ import annotations
 
