@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/codec.hpp"
+#include "core/linear_layout.hpp"
 #include "core/linear_plan.hpp"
 #include "core/validate.hpp"
 #if defined(MXQ_HAVE_CUDA)
@@ -39,14 +40,15 @@ void check_dims(const Checker& c, Format f, std::int64_t N, std::int64_t K) {
 
 // Byte offsets inside the packed layout (docs/linear.md). Tile (r, a) covers rows 16r.. and columns 64a..;
 // lane t = 4g + q of a warp holds rows 16r + g and 16r + g + 8, columns 64a + 16q .. 64a + 16q + 15, as
-// four 32-bit words (one per mma k-step j); nibble p of word j is the element
-//   row 16r + g + 8 * (p & 1),  column 64a + 16q + 4j + 2 * ((p >> 1) & 1) + (p >> 2).
+// four 32-bit words (one per mma k-step j); code p = 2 * pair + half of word j (its bits where
+// core::kCodeBit says) is the element
+//   row 16r + g + 8 * (pair & 1),  column 64a + 16q + 4j + 2 * (pair >> 1) + half.
 struct Coord {
   std::int64_t row, col;
 };
 inline Coord code_coord(std::int64_t r, std::int64_t a, int lane, int j, int p) {
-  const int g = lane >> 2, q = lane & 3;
-  return {16 * r + g + 8 * (p & 1), 64 * a + 16 * q + 4 * j + 2 * ((p >> 1) & 1) + (p >> 2)};
+  const int g = lane >> 2, q = lane & 3, pair = p >> 1, half = p & 1;
+  return {16 * r + g + 8 * (pair & 1), 64 * a + 16 * q + 4 * j + 2 * (pair >> 1) + half};
 }
 // Scale byte b (0: row 16r + g, 1: row 16r + g + 8) of slot s of tile (r, a): MXFP4 slot s = 2g + h
 // covers block 2a + h (columns 64a + 32h ..); NVFP4 slot s = 4g + q covers block 4a + q.
@@ -89,12 +91,12 @@ struct WeightDecoder {
     const int kin = int(k % 64), nin = int(n % 16);
     const int q = kin / 16, j = (kin % 16) / 4, c = kin % 4;
     const int g = nin % 8, b = nin / 8;
-    const int lane = 4 * g + q, p = (b) | ((c >> 1) << 1) | ((c & 1) << 2);
+    const int lane = 4 * g + q, pair = b | ((c >> 1) << 1), half = c & 1;
     const std::int64_t tile = r * katoms + a;
     const auto* cw = static_cast<const std::uint8_t*>(w.codes.data) + tile * kTileBytes + lane * 16 + j * 4;
     const std::uint32_t word = std::uint32_t(cw[0]) | std::uint32_t(cw[1]) << 8 | std::uint32_t(cw[2]) << 16 |
                                std::uint32_t(cw[3]) << 24;
-    const std::uint32_t code = (word >> (4 * p)) & 15u;
+    const std::uint32_t code = core::unpack_code_bits(word, pair, half);
     const int slot = nv ? lane : 2 * g + q / 2;
     const std::uint8_t sb = static_cast<const std::uint8_t*>(w.scales.data)[tile * (nv ? 64 : 32) + 2 * slot + b];
     const float e = core::decode_f32(code, core::spec_e2m1());
@@ -195,10 +197,11 @@ void prepack(const QuantizedIn& q, const QuantOptions& opt, PackedWeight& out) {
       for (std::int64_t j = 0; j < G; ++j) {
         const int b = scale_at(n, j);
         if (b == 0xFF || !block_nonzero(n, j)) continue;
-        if (b + 126 - d < 1)
+        // The kernel's operand e2m1 * 2^(b - emax + 1) must lie on bf16's grid (2^-133): b >= emax - 133.
+        if (b < emax - 133)
           c.unsupported("weight block (" + std::to_string(n) + ", " + std::to_string(j) + ") has E8M0 scale " +
                         std::to_string(b) + " while another block's is " + std::to_string(emax) +
-                        ": block scales spanning more than 2^253 have no exact bf16 multiplier");
+                        ": non-zero blocks whose scales span more than 2^133 are not exact in bf16");
         if (b < emax - 24) f16_exact = false;
       }
   }
@@ -217,7 +220,7 @@ void prepack(const QuantizedIn& q, const QuantOptions& opt, PackedWeight& out) {
           std::uint32_t word = 0;
           for (int p = 0; p < 8; ++p) {
             const Coord cc = code_coord(r, a, lane, j, p);
-            if (cc.row < N && cc.col < K) word |= std::uint32_t(get_code(q.codes, cc.row, cc.col)) << (4 * p);
+            if (cc.row < N && cc.col < K) word = core::pack_code_bits(word, p >> 1, p & 1, get_code(q.codes, cc.row, cc.col));
           }
           for (int b = 0; b < 4; ++b) t[lane * 16 + j * 4 + b] = std::uint8_t(word >> (8 * b));
         }
@@ -261,7 +264,9 @@ void unpack(const PackedWeight& w, const QuantizedIn& q) {
           for (int p = 0; p < 8; ++p) {
             const Coord cc = code_coord(r, a, lane, j, p);
             if (cc.row >= w.N || cc.col >= w.K) continue;
-            const std::uint8_t nib = (pc[tile * kTileBytes + lane * 16 + j * 4 + p / 2] >> (4 * (p & 1))) & 15;
+            const std::uint8_t* wb = pc + tile * kTileBytes + lane * 16 + j * 4;
+            const std::uint32_t word = std::uint32_t(wb[0]) | std::uint32_t(wb[1]) << 8 | std::uint32_t(wb[2]) << 16 | std::uint32_t(wb[3]) << 24;
+            const std::uint8_t nib = std::uint8_t(core::unpack_code_bits(word, p >> 1, p & 1));
             std::uint8_t& byte = oc[cc.row * q.codes.stride() + cc.col / 2];
             byte = (cc.col & 1) ? std::uint8_t((byte & 0x0F) | (nib << 4)) : std::uint8_t((byte & 0xF0) | nib);
           }
@@ -273,13 +278,45 @@ void unpack(const PackedWeight& w, const QuantizedIn& q) {
     }
 }
 
+void dequantize_packed(const PackedWeight& w, const Tensor& out, Backend backend, void* stream) {
+  Checker c("dequantize_packed");
+  if (out.dtype != DType::bf16 && out.dtype != DType::f16)
+    c.fail("out: dtype " + std::string(to_string(out.dtype)) + ", expected bf16 or f16");
+  check_packed(c, w, out.device);
+  c.view("out", out, out.dtype, w.N, w.K, true);
+  if (out.dtype == DType::f16 && !w.f16_exact)
+    c.unsupported("out: f16 for an mxfp4 weight whose block scales span more than 2^24; use bf16");
+  c.record("w.codes", w.codes, false);
+  c.record("w.scales", w.scales, false);
+  c.record("out", out, true);
+  c.no_overlap();
+  const BackendChoice bc = choose_backend(backend, out.device);
+#if defined(MXQ_HAVE_CUDA)
+  if (bc.backend == Backend::cuda) {
+    for (auto [arg, ptr] : {std::pair{"out", out.data}, {"w.codes", w.codes.data}, {"w.scales", w.scales.data}})
+      cuda::check_device_pointer("dequantize_packed", arg, ptr);
+    return cuda::dequantize_packed(w, out, stream);
+  }
+#endif
+  (void)bc;
+  (void)stream;
+  const WeightDecoder dec{w, w.format == Format::nvfp4, packed_layout(w.format, w.N, w.K).Kp / 64};
+  auto* o = static_cast<std::uint16_t*>(out.data);
+  for (std::int64_t n = 0; n < w.N; ++n)
+    for (std::int64_t k = 0; k < w.K; ++k) {
+      const float v = std::ldexp(dec.value(n, k), -w.exp_shift);  // exact, in the dtype (prepack's checks)
+      o[n * w.K + k] = out.dtype == DType::bf16 ? bf16_rn(v) : f16_rn(v);
+    }
+}
+
 std::string linear_plan(const PackedWeight& w, std::int64_t M) {
   Checker c("linear_plan");
   check_format(c, w.format);
   check_dims(c, w.format, w.N, w.K);
   if (M < 1) c.fail("M " + std::to_string(M) + ": expected >= 1");
   const core::LinearPlan p = core::plan_linear(w.N, w.K, M);
-  return "tokens per tile " + std::to_string(p.tokens) + ", warps along K " + std::to_string(p.ksplit) + ", grid " +
+  return "tokens per tile " + std::to_string(p.tokens) + ", warps along K " + std::to_string(p.ksplit) + ", tiles in flight " +
+         std::to_string(p.depth) + ", grid " +
          std::to_string(p.grid_n) + " x " + std::to_string(p.grid_m);
 }
 

@@ -13,6 +13,7 @@
 #include <mxq/mxq.hpp>
 
 #include "backends.hpp"
+#include "core/linear_layout.hpp"
 #include "helpers.hpp"
 
 namespace {
@@ -171,8 +172,14 @@ TEST(Linear, PrepackUnpackRoundTripsAndIgnoresScalePadding) {
     }
 }
 
-// The packed layout's first tile, element by element, from the formula docs/linear.md states.
+// The packed layout's tiles, element by element, from the formula docs/linear.md states; the code bit
+// table is a bijection onto the 32 bits of a word.
 TEST(Linear, PackedLayoutMatchesTheDocumentedFormula) {
+  unsigned seen = 0;
+  for (int pair = 0; pair < 4; ++pair)
+    for (int half = 0; half < 2; ++half)
+      for (int b = 0; b < 4; ++b) seen |= 1u << mxq::core::kCodeBit[pair][half][b];
+  EXPECT_EQ(seen, 0xFFFFFFFFu);
   const std::int64_t N = 32, K = 128;
   QWeight q = make_weight(Format::mxfp4, N, K, 5, false);
   const Packed p = pack(q);
@@ -180,14 +187,19 @@ TEST(Linear, PackedLayoutMatchesTheDocumentedFormula) {
   for (std::int64_t r = 0; r < 2; ++r)
     for (std::int64_t a = 0; a < katoms; ++a)
       for (int lane = 0; lane < 32; ++lane)
-        for (int j = 0; j < 4; ++j)
-          for (int nib = 0; nib < 8; ++nib) {
-            const std::int64_t row = 16 * r + lane / 4 + 8 * (nib & 1);
-            const std::int64_t col = 64 * a + 16 * (lane % 4) + 4 * j + 2 * ((nib >> 1) & 1) + (nib >> 2);
-            const std::uint8_t want = (q.codes.bytes[row * (K / 2) + col / 2] >> (4 * (col & 1))) & 15;
-            const std::uint8_t byte = p.codes.bytes[(r * katoms + a) * 512 + lane * 16 + j * 4 + nib / 2];
-            ASSERT_EQ((byte >> (4 * (nib & 1))) & 15, want) << "tile " << r << "," << a << " lane " << lane << " j " << j << " nibble " << nib;
-          }
+        for (int j = 0; j < 4; ++j) {
+          std::uint32_t word = 0;
+          std::memcpy(&word, &p.codes.bytes[(r * katoms + a) * 512 + lane * 16 + j * 4], 4);
+          for (int pair = 0; pair < 4; ++pair)
+            for (int half = 0; half < 2; ++half) {
+              const std::int64_t row = 16 * r + lane / 4 + 8 * (pair & 1);
+              const std::int64_t col = 64 * a + 16 * (lane % 4) + 4 * j + 2 * (pair >> 1) + half;
+              const unsigned want = (q.codes.bytes[row * (K / 2) + col / 2] >> (4 * (col & 1))) & 15;
+              unsigned got = 0;
+              for (int b = 0; b < 4; ++b) got |= ((word >> mxq::core::kCodeBit[pair][half][b]) & 1u) << b;
+              ASSERT_EQ(got, want) << "tile " << r << "," << a << " lane " << lane << " j " << j << " pair " << pair << " half " << half;
+            }
+        }
 }
 
 TEST(Linear, ReferenceMatchesOracleOnExactSums) {
@@ -206,6 +218,20 @@ TEST(Linear, ReferenceMatchesOracleOnExactSums) {
         expect_same(oracle(x, q, S, &bias), run(Backend::reference, x, p, &bias), what + " bias");
         expect_same(oracle(x, q, S, &bias), run(Backend::cpu, x, p, &bias), what + " cpu");
       }
+}
+
+// dequantize_packed: e2m1 * scale * 2^-exp_shift, rounded once (exactly) to the dtype.
+TEST(Linear, DequantizePackedIsTheScaledWeight) {
+  for (Format f : kFormats) {
+    const QWeight q = make_weight(f, 40, 96, 6, false);
+    const Packed p = pack(q);
+    HostTensor wf(DType::f32, q.N, q.K), out(DType::bf16, q.N, q.K);
+    mxq::dequantize({q.codes.view(), q.scales.view()}, wf.view(), opts(q.f));
+    mxq::dequantize_packed(p.w, out.view());
+    for (std::int64_t n = 0; n < q.N; ++n)
+      for (std::int64_t k = 0; k < q.K; ++k)
+        ASSERT_EQ(out.get(n, k), std::ldexp(wf.get(n, k), -p.w.exp_shift)) << mxq::to_string(f) << " (" << n << ", " << k << ")";
+  }
 }
 
 TEST(Linear, NanScaleGivesNanRows) {
@@ -262,7 +288,53 @@ TEST(Linear, RefusesBadArguments) {
   EXPECT_NO_THROW(mxq::linear(x.view(), pw.w, nullptr, y.view()));
 }
 
+// MXFP4 block scales 130 binades apart: the small blocks' kernel operands are bf16 subnormals (exact);
+// 134 apart: refused.
+QWeight wide_scales(int span) {
+  QWeight q = make_weight(Format::mxfp4, 40, 64, 7);
+  for (std::int64_t n = 0; n < q.N; ++n)
+    for (std::int64_t j = 0; j < 2; ++j) q.scales.bytes[n * 2 + j] = n == 3 ? std::uint8_t(140 - span) : std::uint8_t(140);
+  return q;
+}
+HostTensor wide_x() {
+  HostTensor x = make_x(DType::bf16, 3, 64, 8);
+  for (std::int64_t k = 0; k < 64; ++k) x.set(0, k, 32.0f * float(k % 5 - 2));  // products stay normal fp32
+  return x;
+}
+
+TEST(Linear, ScaleSpanLimit) {
+  EXPECT_THROW((void)pack(wide_scales(134)), mxq::Error);
+  const Packed p = pack(wide_scales(130));
+  const HostTensor x = wide_x();
+  const QWeight q = wide_scales(130);
+  expect_same(oracle(x, q, 1.0f, nullptr), run(Backend::reference, x, p, nullptr), "span 2^130");
+}
+
 // ---- CUDA against the reference ---------------------------------------------------------------------
+
+TEST(LinearCuda, SubnormalOperandsAreExact) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  const Packed p = pack(wide_scales(130));
+  const HostTensor x = wide_x();
+  expect_same(run(Backend::reference, x, p, nullptr), run(Backend::cuda, x, p, nullptr), "span 2^130");
+}
+
+TEST(LinearCuda, DequantizePackedMatchesTheReference) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  for (Format f : kFormats)
+    for (DType dt : {DType::bf16, DType::f16}) {
+      const QWeight q = make_weight(f, 100, 2880, 4, false);
+      const Packed p = pack(q);
+      HostTensor want(dt, q.N, q.K), got(dt, q.N, q.K);
+      mxq::dequantize_packed(p.w, want.view(), Backend::reference);
+      th::Placed pc(Backend::cuda, p.codes), ps(Backend::cuda, p.scales), po(Backend::cuda, got);
+      mxq::PackedWeight w = p.w;
+      w.codes = pc.view();
+      w.scales = ps.view();
+      mxq::dequantize_packed(w, po.view(), Backend::cuda);
+      EXPECT_EQ(po.get().bytes, want.bytes) << mxq::to_string(f) << " " << mxq::to_string(dt);
+    }
+}
 
 TEST(LinearCuda, MatchesReferenceOnExactSums) {
   TH_REQUIRE_BACKEND(Backend::cuda);

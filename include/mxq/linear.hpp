@@ -50,8 +50,8 @@ struct PackedWeight {
 // and scale layout): q.codes u8 [N, K/2], q.scales linear [N, K/g] or swizzled. Writes `out`'s codes
 // and scales (host memory, dense, shaped by packed_layout) and its exp_shift / f16_exact; out.format,
 // N and K must be set. Supported: MXFP4 with group 32, NVFP4 with group 16. Throws
-// Error(unsupported) for an MXFP4 weight whose block scales span more than 2^253 (no bf16 multiplier
-// keeps both ends exact).
+// Error(unsupported) for an MXFP4 weight whose non-zero blocks' scales span more than 2^133 (the
+// kernel's bf16 operand could not hold the smallest exactly).
 void prepack(const QuantizedIn& q, const QuantOptions& opt, PackedWeight& out);
 // The inverse: codes u8 [N, K/2] and linear scales u8 [N, K/g] (host memory) from a prepacked weight.
 void unpack(const PackedWeight& w, const QuantizedIn& q);
@@ -62,6 +62,13 @@ void unpack(const PackedWeight& w, const QuantizedIn& q);
 // need sm80 or newer; they allocate nothing and never synchronise (CUDA-graph safe).
 void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Tensor& y,
             Backend backend = Backend::automatic, void* stream = nullptr);
+
+// The weight as the kernel's tensor-core operand: out [N, K] (bf16 or f16, dense) = e2m1 * block scale *
+// 2^-w.exp_shift, exact (fp16: when w.f16_exact). A GEMM of x with it, its fp32 sum times 2^exp_shift
+// (then / S for NVFP4), is linear()'s result up to the order of the sums: the PyTorch op runs large M
+// this way, through cuBLAS (docs/linear.md). Host or device memory (w's); no allocation, no sync.
+void dequantize_packed(const PackedWeight& w, const Tensor& out, Backend backend = Backend::automatic,
+                       void* stream = nullptr);
 
 // The CUDA kernel configuration linear() would launch for M rows of x (docs/linear.md's table):
 // "tokens per tile, warps along K, grid", for printing.

@@ -34,5 +34,6 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
 void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& y, const core::Problem* qdq, void* stream);
 // The W4A16 linear (cuda/gemm/): y = x @ W^T (+ bias); x 16-byte aligned (checked by the entry layer).
 void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Tensor& y, void* stream);
+void dequantize_packed(const PackedWeight& w, const Tensor& out, void* stream);
 
 }  // namespace mxq::cuda

@@ -182,10 +182,11 @@ def test_cuda_error_against_float64_within_torch_matmul(fmt, M):
 
 @cuda
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_cuda_deterministic_graph_and_compile(fmt):
+@pytest.mark.parametrize("M", [16, 300])  # the kernel; cuBLAS on the dequantized operand
+def test_cuda_deterministic_graph_and_compile(fmt, M):
     w = llm_like(1024, 4096, torch.bfloat16, 21)
     pw = mxq.prepack(mxq.quantize(w, fmt)).to("cuda")
-    x = llm_like(16, 4096, torch.bfloat16, 22).cuda()
+    x = llm_like(M, 4096, torch.bfloat16, 22).cuda()
     a, b = mxq.linear(x, pw), mxq.linear(x, pw)
     assert_bytes_equal(a, b, "two runs")
     s = torch.cuda.Stream()

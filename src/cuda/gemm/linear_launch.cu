@@ -1,6 +1,7 @@
 // cuda::linear: the entry layer has validated the views (device pointers, shapes, x 16-byte aligned).
 #include <cmath>
 
+#include "core/validate.hpp"
 #include "cuda/backend.hpp"
 #include "cuda/gemm/linear_launch.cuh"
 
@@ -33,6 +34,25 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Te
     gemm::launch_linear_f16(a, nv, p, s);
   else
     gemm::launch_linear_bf16(a, nv, p, s);
+}
+
+void dequantize_packed(const PackedWeight& w, const Tensor& out, void* stream) {
+  const std::int64_t katoms = (w.K + 63) / 64, tiles = (w.N + 31) / 32 * 2 * katoms;
+  const std::int64_t blocks = (tiles + 7) / 8;
+  if (blocks > 0x7FFFFFFF) core::fail(Error::Code::unsupported, "dequantize_packed", "weight too large for one launch");
+  const auto* c = static_cast<const uint4*>(w.codes.data);
+  const auto* sc = static_cast<const std::uint8_t*>(w.scales.data);
+  auto* o = static_cast<std::uint16_t*>(out.data);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool nv = w.format == Format::nvfp4, f16 = out.dtype == DType::f16;
+  const auto launch = [&](auto kernel) {
+    kernel<<<static_cast<unsigned>(blocks), 256, 0, s>>>(c, sc, o, w.N, w.K, int(katoms), tiles, w.exp_shift);
+  };
+  if (nv)
+    f16 ? launch(gemm::dequantize_packed_kernel<true, true>) : launch(gemm::dequantize_packed_kernel<true, false>);
+  else
+    f16 ? launch(gemm::dequantize_packed_kernel<false, true>) : launch(gemm::dequantize_packed_kernel<false, false>);
+  check_launch("dequantize_packed", "dequantize_packed_kernel");
 }
 
 }  // namespace mxq::cuda

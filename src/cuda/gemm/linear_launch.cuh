@@ -24,9 +24,9 @@ inline bool pdl_supported() {
   return ok;
 }
 
-template <int TOKENS, bool NV, bool F16>
+template <int TOKENS, int DEPTH, bool NV, bool F16>
 void launch_one(const LinearArgs& args, const core::LinearPlan& p, cudaStream_t stream) {
-  auto kernel = w4a16_kernel<TOKENS, NV, F16>;
+  auto kernel = w4a16_kernel<TOKENS, DEPTH, NV, F16>;
   constexpr int smem = reduce_floats<TOKENS>() * 4;
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   check(attr, "linear", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
@@ -46,10 +46,13 @@ void launch_one(const LinearArgs& args, const core::LinearPlan& p, cudaStream_t 
 template <bool F16>
 void launch_linear(const LinearArgs& args, bool nv, const core::LinearPlan& p, cudaStream_t stream) {
   auto go = [&]<bool NV>() {
-    switch (p.tokens) {
-      case 16: return launch_one<16, NV, F16>(args, p, stream);
-      case 32: return launch_one<32, NV, F16>(args, p, stream);
-      default: return launch_one<64, NV, F16>(args, p, stream);
+    switch (p.tokens * 10 + p.depth) {
+      case 84: return launch_one<8, 4, NV, F16>(args, p, stream);
+      case 88: return launch_one<8, 8, NV, F16>(args, p, stream);
+      case 164: return launch_one<16, 4, NV, F16>(args, p, stream);
+      case 168: return launch_one<16, 8, NV, F16>(args, p, stream);
+      case 324: return launch_one<32, 4, NV, F16>(args, p, stream);
+      default: return launch_one<64, 4, NV, F16>(args, p, stream);
     }
   };
   if (nv)

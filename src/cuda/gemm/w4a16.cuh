@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "core/linear_layout.hpp"
+
 namespace mxq::cuda::gemm {
 
 struct LinearArgs {
@@ -33,7 +35,6 @@ struct LinearArgs {
 
 constexpr int kWarps = 8;          // warps per CTA, each a slice of K
 constexpr int kStrips = 2;         // 16-row strips of W per warp (and per CTA)
-constexpr int kDepth = 4;          // 64-column weight tiles in flight per warp
 
 template <bool NV>
 constexpr int scale_bytes() { return NV ? 64 : 32; }
@@ -60,12 +61,20 @@ __device__ std::uint16_t scale_multiplier(int b, int d) {
   }
 }
 
-// Nibbles i and i + 4 of w as a bf16x2 (fp16x2) pair of code * 2^-126 (2^-14): the sign to bit 15, the
-// three magnitude bits to the low exponent bits and the top mantissa bit.
+// Pair i of a packed word (core/linear_layout.hpp) as a bf16x2 (fp16x2) of code * 2^-126 (2^-14): the
+// sign in bit 15 and the magnitude bits e1 e0 m in the low exponent bits and the top mantissa bit of each
+// half. bf16: two operations for pairs 0-2, three for pair 3; fp16 moves the magnitude up by 3 bits.
 template <bool F16, int I>
 __device__ __forceinline__ std::uint32_t upcast_pair(std::uint32_t w) {
-  const std::uint32_t q = w << (12 - 4 * I);
-  return F16 ? (q & 0x80008000u) | ((q >> 3) & 0x0E000E00u) : (q & 0x80008000u) | ((q >> 6) & 0x01C001C0u);
+  constexpr int kRot = I == 0 ? 4 : I == 1 ? 10 : 14;
+  static_assert(I >= 3 || kRot == core::kPairRotation[I < 3 ? I : 0], "the rotations of core/linear_layout.hpp");
+  std::uint32_t r;
+  if (I < 3)
+    r = __funnelshift_r(w, w, kRot) & 0x81C081C0u;
+  else
+    r = (w & 0x81808180u) | ((w >> 8) & 0x00400040u);
+  if (F16) r = (r & 0x80008000u) | ((r << 3) & 0x0E000E00u);
+  return r;
 }
 
 template <bool F16>
@@ -108,15 +117,18 @@ __device__ __forceinline__ std::uint32_t load_stream_u16(const std::uint16_t* p)
 template <int TOKENS>
 constexpr int reduce_floats() { return kWarps * kStrips * (TOKENS / 8) * 4 * 32; }
 
-template <int TOKENS, bool NV, bool F16>
-__global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 ? 2 : 1) w4a16_kernel(const LinearArgs a) {
+// TOKENS: rows of x per CTA (8, 16, 32, 64); DEPTH: 64-column weight tiles each warp keeps in flight
+// (a deeper ring where fewer CTAs share an SM).
+template <int TOKENS, int DEPTH, bool NV, bool F16>
+__global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 1) w4a16_kernel(const LinearArgs a) {
   constexpr int NT = TOKENS / 8;  // n8 fragments of tokens
+  constexpr int kDepth = DEPTH;
   static_assert(TOKENS % 8 == 0 && NT <= 8, "TOKENS is a multiple of 8, at most 64");
-  __shared__ std::uint16_t lut[256];
+  __shared__ std::uint32_t lut[256];  // the multiplier of each scale byte, in both halves
   extern __shared__ float red[];  // (kWarps, kStrips, NT, 4, 32) fp32 partial tiles
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
-  lut[tid] = scale_multiplier<NV, F16>(tid, a.exp_shift);  // 256 threads, one entry each
+  lut[tid] = std::uint32_t(scale_multiplier<NV, F16>(tid, a.exp_shift)) * 0x10001u;  // 256 threads, one entry each
 
   const std::int64_t strip0 = std::int64_t(blockIdx.x) * kStrips;
   const std::int64_t m0 = std::int64_t(blockIdx.y) * TOKENS;
@@ -183,8 +195,8 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 ? 2 : 1) w4a16_kerne
         for (int s = 0; s < kStrips; ++s) {
           w[s] = wq[d][s];
           const std::uint32_t sb = sq[d][s];
-          cm[s][0] = std::uint32_t(lut[sb & 0xFF]) * 0x10001u;
-          cm[s][1] = std::uint32_t(lut[sb >> 8]) * 0x10001u;
+          cm[s][0] = lut[sb & 0xFF];
+          cm[s][1] = lut[sb >> 8];
         }
         if (base + d + kDepth < n_atoms) {
 #pragma unroll
@@ -254,6 +266,48 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 ? 2 : 1) w4a16_kerne
       }
       a.y[m * a.y_stride + n] = F16 ? __half_as_ushort(__float2half_rn(o)) : __bfloat16_as_ushort(__float2bfloat16_rn(o));
     }
+  }
+}
+
+}  // namespace mxq::cuda::gemm
+
+namespace mxq::cuda::gemm {
+
+// dequantize_packed: one warp per tile; each lane writes its 16 columns of rows g and g + 8 as two
+// 32-byte runs (the same upcast and multiplier as the GEMM, so the values are its operand exactly).
+template <bool NV, bool F16>
+__global__ void __launch_bounds__(256) dequantize_packed_kernel(const uint4* codes, const std::uint8_t* scales,
+                                                                std::uint16_t* out, std::int64_t N, std::int64_t K,
+                                                                int katoms, std::int64_t tiles, int exp_shift) {
+  __shared__ std::uint32_t lut[256];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  lut[tid] = std::uint32_t(scale_multiplier<NV, F16>(tid, exp_shift)) * 0x10001u;
+  __syncthreads();
+  const std::int64_t tile = std::int64_t(blockIdx.x) * 8 + warp;
+  if (tile >= tiles) return;
+  const std::int64_t r = tile / katoms, a = tile % katoms;
+  const uint4 w = codes[tile * 32 + lane];
+  const int slot = NV ? lane : 2 * g + (tq >> 1);
+  const std::uint8_t* sb = scales + tile * scale_bytes<NV>() + 2 * slot;
+  const std::uint32_t cm[2] = {lut[sb[0]], lut[sb[1]]};
+  std::uint32_t rows[2][8];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const std::uint32_t word = j == 0 ? w.x : j == 1 ? w.y : j == 2 ? w.z : w.w;
+    rows[0][2 * j] = mul2<F16>(upcast_pair<F16, 0>(word), cm[0]);
+    rows[1][2 * j] = mul2<F16>(upcast_pair<F16, 1>(word), cm[1]);
+    rows[0][2 * j + 1] = mul2<F16>(upcast_pair<F16, 2>(word), cm[0]);
+    rows[1][2 * j + 1] = mul2<F16>(upcast_pair<F16, 3>(word), cm[1]);
+  }
+  const std::int64_t col = 64 * a + 16 * tq;
+  if (col >= K) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const std::int64_t row = 16 * r + g + 8 * h;
+    if (row >= N) continue;
+    uint4* o = reinterpret_cast<uint4*>(out + row * K + col);
+    o[0] = make_uint4(rows[h][0], rows[h][1], rows[h][2], rows[h][3]);
+    o[1] = make_uint4(rows[h][4], rows[h][5], rows[h][6], rows[h][7]);
   }
 }
 
