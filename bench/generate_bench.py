@@ -45,6 +45,9 @@ MODELS = {
     "tiny-moe": ("qwen3_moe", dict(vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
                                    num_experts=8, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, head_dim=32, max_position_embeddings=256)),
+    # Llama-3.1-8B-shaped (random weights): the packed-weights variants (mxq.linear) against bf16
+    "llama-8b": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                               num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192)),
     "tiny": ("llama", dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)),
 }
@@ -69,6 +72,41 @@ def reference_qdq(x: torch.Tensor) -> torch.Tensor:
     return torch_peers.qdq_mxfp4_even(x.reshape(-1, x.shape[-1])).view_as(x)
 
 
+class _Swap:
+    """Every nn.Linear but lm_head replaced by mxq.QuantLinear on random packed weights; restore() undoes it."""
+
+    def __init__(self, model: torch.nn.Module, fmt: str):
+        self.swapped = []
+        g = torch.Generator(device="cuda" if next(model.parameters()).is_cuda else "cpu").manual_seed(0)
+        for name, mod in list(model.named_modules()):
+            if not isinstance(mod, torch.nn.Linear) or name.endswith("lm_head"):
+                continue
+            w = random_packed(mod.out_features, mod.in_features, fmt, mod.weight.device, g)
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, mxq.QuantLinear(w, mod.bias))
+            self.swapped.append((parent, child, mod))
+
+    def restore(self) -> None:
+        for parent, child, mod in self.swapped:
+            setattr(parent, child, mod)
+
+
+def random_packed(N: int, K: int, fmt: str, device, g) -> "mxq.PackedLinearWeight":
+    """A packed weight of random bytes made on the device: the packed layout is a permutation of the codes,
+    so random codes there are random codes in the checkpoint; scales from a narrow range of sane values
+    (MXFP4: E8M0 115..124, so prepack's shift is 124 - 128; NVFP4: E4M3 bytes 0x28..0x57, S = 100). What a
+    kernel reads and how long it takes do not depend on the values."""
+    Np, Kp = (N + 31) // 32 * 32, (K + 63) // 64 * 64
+    tiles = (Np // 16) * (Kp // 64)
+    codes = torch.randint(0, 256, (tiles, 512), dtype=torch.uint8, device=device, generator=g)
+    if fmt == "mxfp4":
+        scales = torch.randint(115, 125, (tiles, 32), dtype=torch.uint8, device=device, generator=g)
+        return mxq.PackedLinearWeight(codes, scales, "mxfp4", N, K, 124 - 128, True, 1.0)
+    scales = torch.randint(0x28, 0x58, (tiles, 64), dtype=torch.uint8, device=device, generator=g)
+    return mxq.PackedLinearWeight(codes, scales, "nvfp4", N, K, 8, True, 100.0)
+
+
 def variants():
     """name -> a function that emulates the variant on a model and returns a handle (restore()), or None."""
     compiled = torch.compile(reference_qdq, dynamic=True)
@@ -87,6 +125,9 @@ def variants():
         # the fair baseline of the fused row: bf16, with mxq's RMSNorm and SiLU-and-multiply kernels
         # (transformers' eager RMSNorm is several kernels)
         "bf16, mxq norm/SiLU": spec(None, fuse=True),
+        # packed 4-bit weights run by mxq.linear (W4A16; every Linear but lm_head)
+        "mxq.linear mxfp4": lambda m: _Swap(m, "mxfp4"),
+        "mxq.linear nvfp4": lambda m: _Swap(m, "nvfp4"),
     }
 
 

@@ -8,6 +8,9 @@
 #                     tokens/s, e.g. "llama-1.3b qwen3-moe"); tables into $OUT/e2e-<model>.md
 #   MXQ_CHECK_E2E_ARGS  extra generate_bench.py arguments, e.g. "--only mxq mxq-fused bf16-mxq-norm-silu --rounds 3"
 #   MXQ_CHECK_PYTEST  the pytest targets (default tests/python)
+#   MXQ_CHECK_GPU_TESTS  the GPU suites (default: every op's test and cuda_test, linear_test)
+#   MXQ_CHECK_LINEAR  linear_bench arguments (e.g. "--quick"): the W4A16 GEMM against cuBLAS, into $OUT/linear_bench.txt;
+#                     with humming-kernels wheels in .whl/, bench/linear_peers.py adds Humming into $OUT/linear_peers.md
 #   MXQ_CHECK_E2E_PROFILE  models whose prefill is profiled per variant (torch.profiler) into $OUT
 #   MXQ_CHECK_NCU     ';'-separated cuda_bench rows to profile with Nsight Compute (summary lines printed);
 #                     'ROW@REGEX' profiles the kernel matching REGEX (default block_kernel / dequant_kernel)
@@ -44,7 +47,7 @@ if ! skipped cpu-tests; then
 fi
 
 # The GPU suites: every op test's CUDA cases (named <op>/<backend>_...) and the CUDA-only tests.
-GPU_TESTS="quantize_test dequantize_test qdq_test layout_test fused_test rotation_test cuda_test"
+GPU_TESTS=${MXQ_CHECK_GPU_TESTS:-"quantize_test dequantize_test qdq_test layout_test fused_test rotation_test cuda_test linear_test"}
 GPU_FILTER='*cuda*:Cuda*'
 if ! skipped gpu-tests; then
   t0=$SECONDS; passed=0; failed=0; rc=0
@@ -82,7 +85,7 @@ fi
 if ! skipped sanitizer; then
   # A representative subset (every kernel: both chunk widths, shuffles up to 32 lanes, atomics,
   # the fused amax, swizzle, graph capture); the full grid is too slow under the tools.
-  FILTER='*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*:*Fused*cuda_rms_norm:CudaRotation.SpecialValuesAndInPlace'
+  FILTER='*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*:*Fused*cuda_rms_norm:CudaRotation.SpecialValuesAndInPlace:LinearCuda.RowStride*'
   for tool in memcheck racecheck synccheck initcheck; do
     errors=0; rc=0
     # sanitize TEST LOGNAME [ENV=VALUE...]: one suite's subset under the tool; adds to errors/rc
@@ -106,6 +109,11 @@ if ! skipped bench; then
   status "cuda_bench" "rc=$? (cuda_bench.txt)"
   OMP_NUM_THREADS=$JOBS "$BUILD/bench/cpu_bench" --quick > "$LOG/cpu_bench.txt" 2>&1
   status "cpu_bench --quick" "rc=$? (cpu_bench.txt)"
+fi
+
+if [ -n "${MXQ_CHECK_LINEAR:-}" ]; then  # the W4A16 linear against cuBLAS (and Humming, from carried wheels)
+  "$BUILD/bench/linear_bench" $MXQ_CHECK_LINEAR > "$OUT/linear_bench.txt" 2>&1
+  status "linear_bench $MXQ_CHECK_LINEAR" "rc=$? (linear_bench.txt)"
 fi
 
 if [ -n "${MXQ_CHECK_NCU:-}" ]; then  # optional: Nsight Compute on chosen benchmark rows (';'-separated)

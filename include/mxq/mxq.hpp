@@ -1,6 +1,7 @@
 #pragma once
 // The whole public C++ API of mxq.
 #include <mxq/convert.hpp>
+#include <mxq/linear.hpp>
 #include <mxq/ops.hpp>
 #include <mxq/presets.hpp>
 #include <mxq/types.hpp>

@@ -12,7 +12,9 @@
 // carrying mxq's message, which names the function, the argument, what it got and what was expected.
 #include <Python.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,6 +30,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <mxq/linear.hpp>
 #include <mxq/ops.hpp>
 #include <mxq/types.hpp>
 
@@ -641,6 +644,150 @@ at::Tensor silu_mul_autograd(c10::DispatchKeySet ks, const at::Tensor& gate, con
   return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, gate, up, format, rule, group_size, tensor_scale);
 }
 
+
+// ---- W4A16 linear -----------------------------------------------------------------------------------
+// prepack: codes u8 [N, K/2] and scales (u8 or float8_e4m3fn) [N, K/g] linear, or the 128x4 swizzled
+// layout, on the CPU -> the packed codes and scales (CPU) and info int64 [2] = (exp_shift, f16_exact).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> prepack(const at::Tensor& codes, const at::Tensor& scales, int64_t N, int64_t K,
+                                                       c10::string_view format, c10::string_view layout) {
+  mxq::Format f{};
+  guarded([&] {
+    f = mxq::parse_format(format);
+    return 0;
+  });
+  TORCH_CHECK_VALUE(layout == "linear" || layout == "swizzled", "mxq.prepack: argument 'layout': '", std::string(layout),
+                    "', expected 'linear' or 'swizzled'");
+  TORCH_CHECK_VALUE(!codes.is_cuda() && !scales.is_cuda(), "mxq.prepack: codes and scales must be CPU tensors (prepack runs once, on the host)");
+  TORCH_CHECK_VALUE(codes.scalar_type() == at::kByte, "mxq.prepack: argument 'codes': dtype ", codes.scalar_type(), ", expected uint8");
+  TORCH_CHECK_VALUE(scales.scalar_type() == at::kByte || scales.scalar_type() == at::kFloat8_e4m3fn, "mxq.prepack: argument 'scales': dtype ",
+                    scales.scalar_type(), ", expected uint8 (or float8_e4m3fn for nvfp4)");
+  TORCH_CHECK_VALUE(codes.dim() == 2 && scales.dim() == 2, "mxq.prepack: codes and scales must be 2-D, got ", shape_str(codes), " and ",
+                    shape_str(scales));
+  const at::Tensor c = codes.contiguous();
+  const at::Tensor sc = (scales.scalar_type() == at::kByte ? scales : scales.view(at::kByte)).contiguous();
+  mxq::QuantOptions o = f == mxq::Format::nvfp4 ? mxq::QuantOptions::nvfp4(1.0f) : mxq::QuantOptions::mx(f, mxq::ScaleRule::floor);
+  o.scale_layout = layout == "swizzled" ? mxq::ScaleLayout::swizzled : mxq::ScaleLayout::linear;
+  mxq::PackedWeight w;
+  w.format = f;
+  w.N = N;
+  w.K = K;
+  at::Tensor pc, ps;
+  guarded([&] {
+    const mxq::PackedLayout L = mxq::packed_layout(f, N, K);
+    pc = at::empty({L.codes.rows, L.codes.cols}, c.options());
+    ps = at::empty({L.scales.rows, L.scales.cols}, c.options());
+    w.codes = mxq::Tensor{pc.data_ptr(), mxq::DType::u8, L.codes.rows, L.codes.cols, 0, mxq::Device::cpu};
+    w.scales = mxq::Tensor{ps.data_ptr(), mxq::DType::u8, L.scales.rows, L.scales.cols, 0, mxq::Device::cpu};
+    mxq::prepack({mxq::Tensor{c.data_ptr(), mxq::DType::u8, c.size(0), c.size(1), 0, mxq::Device::cpu},
+                  mxq::Tensor{sc.data_ptr(), mxq::DType::u8, sc.size(0), sc.size(1), 0, mxq::Device::cpu}},
+                 o, w);
+    return 0;
+  });
+  at::Tensor info = at::empty({2}, c.options().dtype(at::kLong));
+  info[0] = w.exp_shift;
+  info[1] = w.f16_exact ? 1 : 0;
+  return {pc, ps, info};
+}
+
+// unpack: the packed codes and scales (CPU) -> codes u8 [N, K/2] and linear scales u8 [N, K/g].
+std::tuple<at::Tensor, at::Tensor> unpack(const at::Tensor& pc, const at::Tensor& ps, int64_t N, int64_t K, c10::string_view format,
+                                          int64_t exp_shift) {
+  mxq::PackedWeight w;
+  guarded([&] {
+    w.format = mxq::parse_format(format);
+    return 0;
+  });
+  TORCH_CHECK_VALUE(!pc.is_cuda() && !ps.is_cuda() && pc.scalar_type() == at::kByte && ps.scalar_type() == at::kByte,
+                    "mxq.unpack: the packed codes and scales must be uint8 CPU tensors");
+  w.N = N;
+  w.K = K;
+  w.exp_shift = int(exp_shift);
+  const at::Tensor c = pc.contiguous(), s = ps.contiguous();
+  w.codes = mxq::Tensor{c.data_ptr(), mxq::DType::u8, c.dim() == 2 ? c.size(0) : 0, c.dim() == 2 ? c.size(1) : 0, 0, mxq::Device::cpu};
+  w.scales = mxq::Tensor{s.data_ptr(), mxq::DType::u8, s.dim() == 2 ? s.size(0) : 0, s.dim() == 2 ? s.size(1) : 0, 0, mxq::Device::cpu};
+  const int64_t g = w.format == mxq::Format::nvfp4 ? 16 : 32;
+  at::Tensor codes = at::empty({N, (K + 1) / 2}, c.options()), scales = at::empty({N, K / g}, c.options());
+  guarded([&] {
+    mxq::unpack(w, {mxq::Tensor{codes.data_ptr(), mxq::DType::u8, N, (K + 1) / 2, 0, mxq::Device::cpu},
+                    mxq::Tensor{scales.data_ptr(), mxq::DType::u8, N, K / g, 0, mxq::Device::cpu}});
+    return 0;
+  });
+  return {codes, scales};
+}
+
+// From this many rows of x on, the CUDA op multiplies through cuBLAS (dequantize_packed + an fp32-output
+// GEMM) instead of mxq's kernel, which re-reads the weights per 64 rows (docs/linear.md has the measured
+// crossover). MXQ_LINEAR_CUBLAS_M overrides it (benchmarks).
+int64_t linear_cublas_from_m() {
+  static const int64_t m = [] {
+    const char* e = std::getenv("MXQ_LINEAR_CUBLAS_M");
+    return e && *e ? std::max<int64_t>(1, std::atoll(e)) : int64_t(129);
+  }();
+  return m;
+}
+
+// linear: y [..., N] = x [..., K] @ W^T (+ bias), W prepacked (codes, scales on x's device).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& pc, const at::Tensor& ps, const std::optional<at::Tensor>& bias,
+                  c10::string_view format, int64_t N, int64_t K, int64_t exp_shift, bool f16_exact, double tensor_scale) {
+  const mxq::DType dt = dtype_of(x, "linear", "x", false);
+  const Rows xr = as_rows(x, "linear", "x");
+  mxq::PackedWeight w;
+  guarded([&] {
+    w.format = mxq::parse_format(format);
+    return 0;
+  });
+  for (const at::Tensor* t : {&pc, &ps})
+    TORCH_CHECK_VALUE(t->scalar_type() == at::kByte && t->dim() == 2 && t->is_contiguous() && t->device() == x.device(),
+                      "mxq.linear: the packed weight's codes and scales must be contiguous 2-D uint8 tensors on x's device (",
+                      device_name(x), "), got ", t->scalar_type(), " ", shape_str(*t), " on ", device_name(*t));
+  w.N = N;
+  w.K = K;
+  w.exp_shift = int(exp_shift);
+  w.f16_exact = f16_exact;
+  w.tensor_scale = float(tensor_scale);
+  w.codes = mxq::Tensor{pc.data_ptr(), mxq::DType::u8, pc.size(0), pc.size(1), 0, mxq_device(pc)};
+  w.scales = mxq::Tensor{ps.data_ptr(), mxq::DType::u8, ps.size(0), ps.size(1), 0, mxq_device(ps)};
+  at::Tensor b;
+  mxq::Tensor bv;
+  if (bias) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type() && bias->device() == x.device(),
+                      "mxq.linear: argument 'bias': ", bias->scalar_type(), " ", shape_str(*bias), " on ", device_name(*bias),
+                      ", expected x's dtype ", x.scalar_type(), " [", std::to_string(N), "] on ", device_name(x));
+    b = bias->contiguous();
+    bv = mxq::Tensor{b.data_ptr(), dt, 1, N, 0, mxq_device(b)};
+  }
+  at::Tensor y = at::empty(with_last(x.sizes(), N), x.options().memory_format(at::MemoryFormat::Contiguous));
+  mxq::Tensor xv = view(xr, dt);
+  at::Tensor xc;
+  if (x.is_cuda() && (reinterpret_cast<std::uintptr_t>(xv.data) % 16 != 0 || (xv.stride() * 2) % 16 != 0)) {
+    xc = xr.t.reshape({xr.rows, xr.cols}).contiguous();  // the kernel reads x in 16-byte vectors
+    if (reinterpret_cast<std::uintptr_t>(xc.data_ptr()) % 16 != 0) xc = xc.clone();
+    xv = mxq::Tensor{xc.data_ptr(), dt, xr.rows, xr.cols, 0, mxq_device(xc)};
+  }
+  DeviceContext ctx(x);
+  if (x.is_cuda() && xr.rows >= linear_cublas_from_m()) {
+    // Large M: the weight as the kernel's operand (exact) through cuBLAS with fp32 output, then the
+    // kernel's epilogue in fp32: times 2^exp_shift (exact), / S, + bias, rounded once (docs/linear.md).
+    at::Tensor wt = at::empty({N, K}, x.options().memory_format(at::MemoryFormat::Contiguous));
+    guarded([&] {
+      mxq::dequantize_packed(w, mxq::Tensor{wt.data_ptr(), dt, N, K, 0, mxq_device(wt)}, mxq::Backend::automatic, ctx.stream);
+      return 0;
+    });
+    at::Tensor y32 = at::mm(xr.t.reshape({xr.rows, K}), wt.t(), at::kFloat);
+    if (exp_shift != 0) y32.mul_(std::ldexp(1.0, static_cast<int>(exp_shift)));
+    if (w.format == mxq::Format::nvfp4) y32.div_(static_cast<double>(w.tensor_scale));
+    if (bias) y32.add_(b.to(at::kFloat));
+    y.view({xr.rows, N}).copy_(y32);
+    return y;
+  }
+  guarded([&] {
+    mxq::linear(xv, w, bias ? &bv : nullptr, mxq::Tensor{y.data_ptr(), dt, xr.rows, N, 0, mxq_device(y)}, mxq::Backend::automatic,
+                ctx.stream);
+    return 0;
+  });
+  return y;
+}
+
 }  // namespace
 }  // namespace mxq_torch
 
@@ -659,6 +806,10 @@ TORCH_LIBRARY(mxq, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, str? format, str rule, int group_size, float? tensor_scale) -> Tensor");
   m.def("silu_mul(Tensor gate, Tensor up, str? format, str rule, int group_size, float? tensor_scale) -> Tensor");
   m.def("unswizzle_scales(Tensor swizzled, SymInt rows, SymInt cols) -> Tensor");
+  m.def("prepack(Tensor codes, Tensor scales, int N, int K, str format, str layout) -> (Tensor codes, Tensor scales, Tensor info)");
+  m.def("unpack(Tensor codes, Tensor scales, int N, int K, str format, int exp_shift) -> (Tensor codes, Tensor scales)");
+  m.def("linear(Tensor x, Tensor codes, Tensor scales, Tensor? bias, str format, int N, int K, int exp_shift, bool f16_exact, "
+        "float tensor_scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mxq, CPU, m) {
@@ -670,6 +821,9 @@ TORCH_LIBRARY_IMPL(mxq, CPU, m) {
   m.impl("dequantize", &mxq_torch::dequantize);
   m.impl("swizzle_scales", &mxq_torch::swizzle_scales);
   m.impl("unswizzle_scales", &mxq_torch::unswizzle_scales);
+  m.impl("prepack", &mxq_torch::prepack);
+  m.impl("unpack", &mxq_torch::unpack);
+  m.impl("linear", &mxq_torch::linear);
 }
 
 // NOTE: registered even when the library was built without CUDA, so that CUDA tensors get mxq's own
@@ -683,6 +837,7 @@ TORCH_LIBRARY_IMPL(mxq, CUDA, m) {
   m.impl("dequantize", &mxq_torch::dequantize);
   m.impl("swizzle_scales", &mxq_torch::swizzle_scales);
   m.impl("unswizzle_scales", &mxq_torch::unswizzle_scales);
+  m.impl("linear", &mxq_torch::linear);
 }
 
 TORCH_LIBRARY_IMPL(mxq, ADInplaceOrView, m) { m.impl("qdq_", &mxq_torch::qdq_inplace_version); }

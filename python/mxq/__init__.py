@@ -8,6 +8,7 @@
     handle = mxq.emulate(model, weights="mxfp4", activations="mxfp4")   # swap nn.Linear for QDQ layers
     mxq.restore(model)
     h = mxq.rms_norm(x, w, 1e-6, format="mxfp4")            # RMSNorm + QDQ in one kernel (also silu_mul)
+    y = mxq.linear(x, mxq.prepack(mxq.quantize(w, "mxfp4")).to("cuda"))   # the W4A16 GEMM on packed weights
 
 Every operation is a torch.library custom op (torch.ops.mxq.*) with CPU and CUDA kernels and a fake
 implementation: it works under torch.compile(fullgraph=True) and CUDA-graph capture. The numbers are
@@ -22,6 +23,7 @@ from . import _C  # registers torch.ops.mxq.*
 from . import _meta  # noqa: F401  (fake implementations)
 from ._formats import FORMATS, RULES, FormatInfo, format_info
 from .ops import QuantizedTensor, dequantize, qdq, qdq_, quantize, rms_norm, rotate_quantize, silu_mul, swizzle_scales, unswizzle_scales
+from .linear import PackedLinearWeight, QuantLinear, linear, load_quantized, prepack
 from .emulate import EmulationHandle, QDQExperts, QDQLinear, emulate, restore
 
 try:  # the version setup.py took from CMakeLists.txt
@@ -33,7 +35,7 @@ except Exception:  # noqa: BLE001  (not installed as a distribution: running fro
 
 __all__ = [
     "FORMATS", "RULES", "FormatInfo", "format_info", "QuantizedTensor", "quantize", "rotate_quantize", "dequantize", "qdq", "qdq_",
-    "swizzle_scales", "unswizzle_scales", "rms_norm", "silu_mul", "emulate", "restore", "EmulationHandle", "QDQLinear", "QDQExperts", "cuda_compiled",
+    "swizzle_scales", "unswizzle_scales", "rms_norm", "silu_mul", "emulate", "restore", "EmulationHandle", "QDQLinear", "QDQExperts", "PackedLinearWeight", "prepack", "linear", "QuantLinear", "load_quantized", "cuda_compiled",
     "cuda_available",
 ]
 

@@ -9,6 +9,8 @@
 // into mxq::Error(device_error). Compiled only when MXQ_HAVE_CUDA is set.
 #include <string>
 
+#include <mxq/linear.hpp>
+
 #include "core/problem.hpp"
 
 namespace mxq::cuda {
@@ -30,5 +32,8 @@ float tensor_amax(const Tensor& x, void* stream);
 // or NVFP4 with its tensor scale given; round to nearest even).
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const core::Problem* qdq, void* stream);
 void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& y, const core::Problem* qdq, void* stream);
+// The W4A16 linear (cuda/gemm/): y = x @ W^T (+ bias); x 16-byte aligned (checked by the entry layer).
+void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Tensor& y, void* stream);
+void dequantize_packed(const PackedWeight& w, const Tensor& out, void* stream);
 
 }  // namespace mxq::cuda

@@ -83,6 +83,64 @@ std::function<void()> op_function(const std::string& name, const Views& v, const
   return [pv, po] { dequantize(QuantizedIn{pv->q.codes, pv->q.scales}, pv->y, *po); };
 }
 
+// `--op linear`: y [M, N] = x [M, K] @ W^T for a random weight quantized to f (mxfp4, nvfp4) and
+// prepacked; weight GB/s = packed weight bytes / time, % copy of those bytes plus x and y.
+void bench_linear(const BenchArgs& a, Format f, std::int64_t N, std::int64_t K, bool cuda, double host_bw, double dev_bw) {
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  std::vector<std::uint16_t> w(std::size_t(N * K));
+  for (auto& v : w) v = f32_to_bf16(nd(rng));
+  QuantOptions o = f == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(f, ScaleRule::even);
+  const std::int64_t g = f == Format::nvfp4 ? 16 : 32;
+  std::vector<std::uint8_t> codes(std::size_t(N * K / 2)), scales(std::size_t(N * K / g));
+  float S = 1.0f;
+  QuantizedOut q{Tensor::of(codes.data(), DType::u8, N, K / 2), Tensor::of(scales.data(), DType::u8, N, K / g), {}, &S};
+  quantize(Tensor::of(w.data(), DType::bf16, N, K), q, o);
+  const PackedLayout L = packed_layout(f, N, K);
+  std::vector<std::uint8_t> pc(std::size_t(L.codes.rows * L.codes.cols)), ps(std::size_t(L.scales.rows * L.scales.cols));
+  PackedWeight pw;
+  pw.format = f;
+  pw.N = N;
+  pw.K = K;
+  pw.codes = Tensor::of(pc.data(), DType::u8, L.codes.rows, L.codes.cols);
+  pw.scales = Tensor::of(ps.data(), DType::u8, L.scales.rows, L.scales.cols);
+  pw.tensor_scale = S;
+  prepack({q.codes, q.scales}, o, pw);
+  const double wbytes = double(pc.size() + ps.size());
+  for (std::int64_t M : a.tokens) {
+    std::vector<std::uint16_t> x(std::size_t(M * K)), y(std::size_t(M * N));
+    for (auto& v : x) v = f32_to_bf16(nd(rng) * 50);
+    const double bytes = wbytes + double(x.size() + y.size()) * 2;
+    auto print = [&](std::string_view backend, double s, double bw) {
+      fmt::print("{:<11} {:<11} {:<12} {:<10} {:>11.1f} {:>9.2f} {:>8.1f}% {:>8}\n", "linear", to_string(f),
+                 fmt::format("{}x{} M={}", N, K, M), backend, s * 1e6, wbytes / s / 1e9, 100 * bytes / s / bw, "-");
+    };
+    const Tensor xt = Tensor::of(x.data(), DType::bf16, M, K), yt = Tensor::of(y.data(), DType::bf16, M, N);
+    if (a.reference) print("reference", time_host([&] { linear(xt, pw, nullptr, yt, Backend::reference); }, 1), host_bw);
+#if defined(MXQ_TOOL_HAVE_CUDA)
+    if (cuda && a.gpu) {
+      cuda_util::DeviceBuffer xd(x.size() * 2), yd(y.size() * 2), cd(pc.size()), sd(ps.size());
+      xd.upload(x.data(), x.size() * 2);
+      cd.upload(pc.data(), pc.size());
+      sd.upload(ps.data(), ps.size());
+      PackedWeight dw = pw;
+      dw.codes = Tensor::of(cd.get(), DType::u8, L.codes.rows, L.codes.cols, 0, Device::cuda);
+      dw.scales = Tensor::of(sd.get(), DType::u8, L.scales.rows, L.scales.cols, 0, Device::cuda);
+      const Tensor xg = Tensor::of(xd.get(), DType::bf16, M, K, 0, Device::cuda), yg = Tensor::of(yd.get(), DType::bf16, M, N, 0, Device::cuda);
+      const auto fn = [&] { linear(xg, dw, nullptr, yg, Backend::cuda); };
+      cuda_util::EventTimer timer;
+      fn();
+      std::vector<double> t;
+      for (int i = 0; i < std::max(a.reps, 5); ++i) t.push_back(timer.time(fn));
+      print("cuda", median(t), dev_bw);
+    }
+#else
+    (void)cuda;
+    (void)dev_bw;
+#endif
+  }
+}
+
 }  // namespace
 
 int run_bench(const BenchArgs& a) {
@@ -133,6 +191,17 @@ int run_bench(const BenchArgs& a) {
       const std::int64_t cc = code_cols(f, K);
       std::vector<std::uint8_t> codes(rows * cc), scales(ss.rows * ss.cols);
       const double n = double(rows * K), qbytes = double(codes.size() + scales.size());
+      if (std::find(a.ops.begin(), a.ops.end(), "linear") != a.ops.end()) {
+        if (f != Format::mxfp4 && f != Format::nvfp4) {
+          fmt::print("{:<11} {:<11} (the W4A16 linear takes mxfp4 and nvfp4 weights)\n", "linear", to_string(f));
+        } else {
+#if defined(MXQ_TOOL_HAVE_CUDA)
+          bench_linear(a, f, rows, K, cuda, host_bw, dev_bw);
+#else
+          bench_linear(a, f, rows, K, cuda, host_bw, 0);
+#endif
+        }
+      }
       const Op ops[] = {{"qdq", 4 * n}, {"quantize", 2 * n + qbytes}, {"dequantize", qbytes + 2 * n}};
       for (const Op& op : ops) {
         if (!a.ops.empty() && std::find(a.ops.begin(), a.ops.end(), op.name) == a.ops.end()) continue;
@@ -180,7 +249,8 @@ int run_bench(const BenchArgs& a) {
       }
     }
   }
-  fmt::print("bytes: qdq 4 B/element; quantize 2 B in + codes + scales; dequantize the reverse. % copy: of the memcpy\n"
+  fmt::print("bytes: qdq 4 B/element; quantize 2 B in + codes + scales; dequantize the reverse; linear: GB/s of the packed\n"
+             "weight bytes, % copy of weight + x + y bytes (L2 warm: repeated runs). % copy: of the memcpy\n"
              "bandwidth of the same device (host for cpu/reference). x ref: the reference backend's time over this one's.\n");
   return 0;
 }

@@ -60,7 +60,8 @@ int run_dequantize(const DequantizeArgs& args);
 struct BenchArgs {
   std::vector<std::string> shapes{"1024x4096"};
   std::vector<std::string> formats{"mxfp4", "mxfp8_e4m3", "nvfp4"};
-  std::vector<std::string> ops;  // empty: qdq, quantize, dequantize
+  std::vector<std::string> ops;  // empty: qdq, quantize, dequantize; "linear": the W4A16 GEMM (shape = N x K)
+  std::vector<std::int64_t> tokens{1, 16};  // linear: rows of x
   int reps = 10;
   bool reference = true, gpu = true;
 };

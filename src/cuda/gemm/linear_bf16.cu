@@ -1,0 +1,8 @@
+// The bf16-activation kernels of the W4A16 linear (linear_launch.cuh).
+#include "cuda/gemm/linear_launch.cuh"
+
+namespace mxq::cuda::gemm {
+void launch_linear_bf16(const LinearArgs& args, bool nv, const core::LinearPlan& p, cudaStream_t stream) {
+  launch_linear<false>(args, nv, p, stream);
+}
+}  // namespace mxq::cuda::gemm
