@@ -47,7 +47,7 @@ if ! skipped cpu-tests; then
 fi
 
 # The GPU suites: every op test's CUDA cases (named <op>/<backend>_...) and the CUDA-only tests.
-GPU_TESTS=${MXQ_CHECK_GPU_TESTS:-"quantize_test dequantize_test qdq_test layout_test fused_test rotation_test cuda_test linear_test"}
+GPU_TESTS=${MXQ_CHECK_GPU_TESTS:-"quantize_test dequantize_test qdq_test layout_test fused_test rotation_test cuda_test linear_test known_answer_test"}
 GPU_FILTER='*cuda*:Cuda*'
 if ! skipped gpu-tests; then
   t0=$SECONDS; passed=0; failed=0; rc=0
