@@ -9,6 +9,7 @@
 #   MXQ_CHECK_E2E_ARGS  extra generate_bench.py arguments, e.g. "--only mxq mxq-fused bf16-mxq-norm-silu --rounds 3"
 #   MXQ_CHECK_PYTEST  the pytest targets (default tests/python)
 #   MXQ_CHECK_GPU_TESTS  the GPU suites (default: every op's test and cuda_test, linear_test)
+#   MXQ_CHECK_SANITIZE_TESTS  the suites run under compute-sanitizer (default: the GPU suites)
 #   MXQ_CHECK_LINEAR  linear_bench arguments (e.g. "--quick"): the W4A16 GEMM against cuBLAS, into $OUT/linear_bench.txt;
 #                     with humming-kernels wheels in .whl/, bench/linear_peers.py adds Humming into $OUT/linear_peers.md
 #   MXQ_CHECK_E2E_PROFILE  models whose prefill is profiled per variant (torch.profiler) into $OUT
@@ -85,7 +86,7 @@ fi
 if ! skipped sanitizer; then
   # A representative subset (every kernel: both chunk widths, shuffles up to 32 lanes, atomics,
   # the fused amax, swizzle, graph capture); the full grid is too slow under the tools.
-  FILTER='*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*:*Fused*cuda_rms_norm:CudaRotation.SpecialValuesAndInPlace:LinearCuda.RowStride*'
+  FILTER='*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*:*Fused*cuda_rms_norm:CudaRotation.SpecialValuesAndInPlace:LinearCuda.RowStride*:LinearCuda.Dequantize*:*StochasticRoundingBytes/cuda*:*SwizzleLayoutBytes/cuda*'
   for tool in memcheck racecheck synccheck initcheck; do
     errors=0; rc=0
     # sanitize TEST LOGNAME [ENV=VALUE...]: one suite's subset under the tool; adds to errors/rc
@@ -96,11 +97,11 @@ if ! skipped sanitizer; then
       errors=$((errors + ${n:-0}))
       [ "${n:-0}" != 0 ] && grep -m 3 -A 12 -E '^========= (Invalid|Race|Barrier|Uninitialized|Program hit|Error)' "$log"
     }
-    for t in $GPU_TESTS; do sanitize $t $t; done
+    for t in ${MXQ_CHECK_SANITIZE_TESTS:-$GPU_TESTS}; do sanitize $t $t; done
     if [ $tool = memcheck ]; then  # small QDQ cases at the 16-element chunks the rule passes over
       for t in qdq_test rotation_test; do sanitize $t $t-c16 MXQ_CUDA_QDQ_CHUNK=16; done
     fi
-    status "compute-sanitizer $tool" "ERROR SUMMARY: $errors errors over $GPU_TESTS rc=$rc"
+    status "compute-sanitizer $tool" "ERROR SUMMARY: $errors errors over ${MXQ_CHECK_SANITIZE_TESTS:-$GPU_TESTS} rc=$rc"
   done
 fi
 
