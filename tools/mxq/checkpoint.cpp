@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -535,12 +536,30 @@ Part parse_part(const std::optional<std::string>& given) {
   if (s.empty())
     fail("--part '': expected I/N with 1 <= I <= N (an empty value, as an unset variable gives: leave --part out to "
          "convert the whole checkpoint)");
+  // NOTE: std::from_chars over the whole string, not sscanf("%d"): that skipped leading spaces and
+  // wrapped out-of-range numbers (4294967297/4294967298 became 1/2).
   Part p;
-  char slash = 0, extra = 0;
-  if (std::sscanf(s.c_str(), "%d%c%d%c", &p.i, &slash, &p.n, &extra) != 3 || slash != '/' || p.n < 1 || p.i < 1 ||
-      p.i > p.n || p.n > kMaxParts)
-    fail("--part '" + s + "': expected I/N with 1 <= I <= N (e.g. --part 2/8: the second of eight parts)");
+  const char* const end = s.data() + s.size();
+  const auto num = [&](const char* from, int& v) -> const char* {
+    if (from == end || *from < '0' || *from > '9') return nullptr;  // no sign, no space
+    const auto [ptr, ec] = std::from_chars(from, end, v);
+    return ec == std::errc() ? ptr : nullptr;
+  };
+  const char* q = num(s.data(), p.i);
+  if (q && q != end && *q == '/') q = num(q + 1, p.n);
+  else q = nullptr;
+  if (!q || q != end || p.n < 1 || p.i < 1 || p.i > p.n || p.n > kMaxParts)
+    fail("--part '" + s + "': expected I/N with 1 <= I <= N <= " + std::to_string(kMaxParts) +
+         " (e.g. --part 2/8: the second of eight parts)");
   return p;
+}
+
+// A directory as an absolute, normal path without a trailing separator: "." relative to /cwd and
+// /cwd itself give the same string (a lone file named without a directory has the directory ".").
+std::string normal_dir(const fs::path& d) {
+  fs::path p = fs::absolute(d).lexically_normal();
+  if (!p.has_filename() && p != p.root_path()) p = p.parent_path();
+  return p.string();
 }
 
 // OUT as an absolute, normal path without a trailing separator; "." or ".." as its last component is
@@ -602,7 +621,7 @@ int finish_part(const QuantizeArgs& a, const Part& part, const Checkpoint& c, St
             {"mxq_version", MXQ_VERSION_STRING},
             {"of", part.n},
             {"input", fs::absolute(fs::path(a.in)).lexically_normal().string()},
-            {"input_dir", fs::absolute(c.dir).lexically_normal().string()},
+            {"input_dir", normal_dir(c.dir)},
             {"input_shards", shard_fingerprints(c)},
             {"command", a.fake ? "qdq" : "quantize"},
             {"format", a.format},
@@ -1222,27 +1241,16 @@ int run_quantize(const QuantizeArgs& a) {
 
 namespace {
 
-// A part's file copied to `to` (a new name) from the descriptor that was checked: a regular file,
-// not a symbolic link, opened non-blocking (a FIFO swapped in is refused, never waited on); every
-// write checked and synced; interruptible between chunks.
-void copy_part_file(const fs::path& from, const fs::path& to) {
-  const int in = ::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  struct stat sb {};
-  if (in < 0 || ::fstat(in, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    const int e = errno;
-    if (in >= 0) ::close(in);
-    fail(from.string() + ": not a regular file that can be opened (" + (in < 0 ? std::strerror(e) : "a FIFO, device or link") + ")");
-  }
+// A part's file copied to `to` (a new name) from `in`, the descriptor that was checked (a regular
+// file, opened without following a link and non-blocking); every write checked and synced;
+// interruptible between chunks. `in` stays open (the caller's).
+void copy_part_file(int in, const fs::path& from, const fs::path& to) {
   const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (out < 0) {
-    const int e = errno;
-    ::close(in);
-    fail(to.string() + ": cannot create: " + std::strerror(e));
-  }
+  if (out < 0) fail(to.string() + ": cannot create: " + std::strerror(errno));
   std::vector<char> buf(1 << 20);
   std::string error;
   for (;;) {
-    if (interrupt_signal()) break;  // check_interrupted() below, once the descriptors are closed
+    if (interrupt_signal()) break;  // check_interrupted() below, once `out` is closed
     const ssize_t r = ::read(in, buf.data(), buf.size());
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
@@ -1263,12 +1271,11 @@ void copy_part_file(const fs::path& from, const fs::path& to) {
   }
   if (error.empty() && ::fsync(out) != 0) error = to.string() + ": cannot write: " + std::strerror(errno);
   if (::close(out) != 0 && error.empty()) error = to.string() + ": cannot write: " + std::strerror(errno);
-  ::close(in);
   check_interrupted();
   if (!error.empty()) fail(error);
 }
 
-// A part's shard, hard-linked (or copied) into the staging directory and checked there against the
+// A part's shard, hard-linked or copied (see below) into the staging directory and checked there against the
 // input shard it was converted from and the part's manifest: the staged file is a regular file of its
 // own whose safetensors header is valid and declares exactly the tensors the manifest's weight map
 // gives this shard, each either the input's tensor (same dtype and shape) or a quantized module of
@@ -1277,15 +1284,38 @@ void copy_part_file(const fs::path& from, const fs::path& to) {
 std::map<std::string, std::uint64_t> stage_part_shard(const fs::path& from, const fs::path& to, const fs::path& input_shard,
                                                       const fs::path& manifest, const json& part_map,
                                                       const std::string& shard, const json& m0, int& rotation_matrices) {
+  // The part's file, opened once: not through a symbolic link, non-blocking (a FIFO swapped in is
+  // refused, never waited on).
+  const int fd = ::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    if (e == ENOENT) fail(from.string() + ": missing (the part is incomplete)");
+    if (e == ELOOP) fail(from.string() + ": is a symbolic link; a part's shard must be a regular file of its own");
+    fail(from.string() + ": cannot open: " + std::strerror(e));
+  }
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } close_fd{fd};
+  struct stat sb {};
+  if (::fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) fail(from.string() + ": not a regular file");
+  // NOTE: a hard link is the part's file itself (its inode), not a snapshot: whoever can write that
+  // file can rewrite its header or data after the check below (or truncate it under the check's
+  // mmap). So a link only for a file no one else can write: owned by this user, without group or
+  // other write permission (with an ACL, the group bits are its mask); and only when the linked name
+  // turns out to be the inode checked here. Anything else is copied from this descriptor into a file
+  // of merge's own, which is what is checked and published.
   std::error_code ec;
-  const fs::file_status s = fs::symlink_status(from, ec);
-  if (!fs::exists(s)) fail(from.string() + ": missing (the part is incomplete)");
-  if (fs::is_symlink(s)) fail(from.string() + ": is a symbolic link; a part's shard must be a regular file of its own");
-  if (!fs::is_regular_file(s)) fail(from.string() + ": not a regular file");
-  // NOTE: link() does not follow a symbolic link, so what is checked below is the staged name, which
-  // no other process can replace: the part's name swapped after this point does not matter.
-  fs::create_hard_link(from, to, ec);
-  if (ec) copy_part_file(from, to);  // another file system: a copy
+  bool linked = false;
+  if (sb.st_uid == ::geteuid() && !(sb.st_mode & (S_IWGRP | S_IWOTH)) && ::link(from.c_str(), to.c_str()) == 0) {
+    struct stat ts {};
+    if (::lstat(to.c_str(), &ts) != 0 || ts.st_dev != sb.st_dev || ts.st_ino != sb.st_ino) {
+      ::unlink(to.c_str());
+      fail(from.string() + ": replaced while it was merged");
+    }
+    linked = true;
+  }
+  if (!linked) copy_part_file(fd, from, to);  // another owner, writable by others, or another file system
   const fs::file_status ss = fs::symlink_status(to, ec);
   if (!fs::is_regular_file(ss) || fs::is_symlink(ss)) fail(from.string() + ": not a regular file");
   const st::File out(to.string());
@@ -1353,7 +1383,9 @@ int run_merge(const MergeArgs& a) {
   const fs::path out = normal_out(a.out);
   const fs::path parent = out.parent_path();
   const std::string stem = out.filename().string() + ".part-";
-  // OUT.part-I-of-N directories, named exactly so (an ambiguous name is refused, not skipped)
+  // OUT.part-I-of-N directories, named exactly so. A directory or symbolic link whose name starts so
+  // but is not exactly a part's is refused, not skipped (a part misnamed would be left out); any
+  // other entry so named (a log file, q.part-1-of-8.log) is none of merge's business and skipped.
   std::map<int, fs::path> parts;
   int n = 0;
   std::error_code ec;
@@ -1364,10 +1396,11 @@ int run_merge(const MergeArgs& a) {
       if (!name.starts_with(stem)) continue;
       const std::optional<std::pair<int, int>> in = part_of_name(name.substr(stem.size()));
       const std::optional<Part> p = in ? std::optional<Part>(Part{in->first, in->second}) : std::nullopt;
+      std::error_code e2;
+      if (!p && !e.is_symlink(e2) && !e.is_directory(e2)) continue;  // a file: skipped
       if (!p)
         fail(e.path().string() + ": not a part's name (expected " + stem + "I-of-N, I and N without leading zeros, 1 <= I <= N <= " +
              std::to_string(kMaxParts) + "); move it away to merge");
-      std::error_code e2;
       if (e.is_symlink(e2) || !e.is_directory(e2))
         fail(e.path().string() + ": not a directory of its own (a symbolic link or a file); a part is a directory");
       if (n && p->n != n)
@@ -1402,7 +1435,7 @@ int run_merge(const MergeArgs& a) {
   // writes besides the shards is what that input implies.
   const std::string input = m0.at("input").get<std::string>();
   const Checkpoint c = open_checkpoint(input);
-  if (m0.at("input_dir") != fs::absolute(c.dir).lexically_normal().string())
+  if (normal_dir(m0.at("input_dir").get<std::string>()) != normal_dir(c.dir))
     fail(m0_path.string() + ": key 'input_dir' is not the directory of its 'input' " + input);
   if (shard_fingerprints(c) != m0.at("input_shards"))
     fail(input + ": its shards changed (size or modification time) since the parts were converted");
@@ -1442,9 +1475,9 @@ int run_merge(const MergeArgs& a) {
   }
   check_output(fs::path(input), out, a.overwrite);
   Staging stage{out, a.overwrite};
-  // Shard i was converted by part i % N + 1 (run_quantize's assignment). Hard links: no copy of the
-  // data, and the parts stay intact until OUT is published (a copy where the file system refuses
-  // links). Every shard is checked before anything is published, and the index is rebuilt from
+  // Shard i was converted by part i % N + 1 (run_quantize's assignment). Hard links where only this user
+  // can write the part's file (no copy of the data), else a copy (stage_part_shard); the parts stay
+  // intact until OUT is published. Every shard is checked before anything is published, and the index is rebuilt from
   // the shards' own headers.
   json weight_map = json::object();
   std::uint64_t total = 0;
@@ -1473,7 +1506,12 @@ int run_merge(const MergeArgs& a) {
   check_interrupted();
   stage.publish();
   if (!a.keep_parts)
-    for (const auto& [i, dir] : parts) fs::remove_all(dir, ec);
+    for (const auto& [i, dir] : parts) {
+      fs::remove_all(dir, ec);
+      if (ec)  // merged and published: a part left behind is worth a word, not a failure
+        fmt::print(stderr, "mxq: warning: the part directory {} could not be removed after the merge ({}); remove it "
+                   "by hand\n", dir.string(), ec.message());
+    }
   fmt::print("merged {} parts into {}: {} shards, {} tensors{}\n", n, out.string(), c.shards.size(), weight_map.size(),
              a.keep_parts ? " (parts kept)" : "");
   return 0;

@@ -54,9 +54,12 @@ json parse_json(const std::string& text, const std::string& where, std::size_t m
   return j;
 }
 
-json read_json_file(const fs::path& p, std::size_t max_depth) {
+json read_json_file(const fs::path& p, std::size_t max_depth, bool no_follow) {
   // NOTE: O_NONBLOCK so that a FIFO without a writer is refused below instead of blocking in open.
-  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  // O_NOFOLLOW where a link is refused (a part's manifest): a link swapped in after the caller's
+  // check is refused by open itself.
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (no_follow ? O_NOFOLLOW : 0));
+  if (fd < 0 && no_follow && errno == ELOOP) fail(p.string() + ": is a symbolic link; expected a regular file of its own");
   if (fd < 0) fail(p.string() + ": cannot open: " + std::strerror(errno));
   struct stat sb {};
   if (::fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
@@ -207,7 +210,7 @@ json read_part_manifest(const fs::path& mp, int i, int n) {
   const fs::file_status s = fs::symlink_status(mp, ec);
   if (!fs::exists(s)) fail(mp.string() + ": missing (not a finished part of `mxq quantize --part`)");
   if (fs::is_symlink(s)) fail(mp.string() + ": is a symbolic link; a part's manifest is a regular file of its own");
-  json m = read_json_file(mp, kMaxJsonDepth + 1);  // the input's index sits one level down
+  json m = read_json_file(mp, kMaxJsonDepth + 1, /*no_follow=*/true);  // the input's index sits one level down
   if (!m.is_object()) fail(mp.string() + ": not a JSON object (not the manifest of a part)");
   for (const auto& [k, w] : std::initializer_list<std::pair<const char*, Want>>{
            {"mxq_part", Want::unsigned_int}, {"of", Want::unsigned_int}, {"mxq_version", Want::string},

@@ -34,8 +34,10 @@ Checkpoint open_checkpoint(const std::string& in);
 std::optional<nlohmann::json> read_config(const Checkpoint& c, const std::string& in);
 
 // A JSON file: a regular file of at most kMaxJsonFileBytes holding valid JSON nested at most
-// max_depth levels, or an error naming it. The file is opened non-blocking (a FIFO is refused at once).
-nlohmann::json read_json_file(const std::filesystem::path& p, std::size_t max_depth = kMaxJsonDepth);
+// max_depth levels, or an error naming it. The file is opened non-blocking (a FIFO is refused at once);
+// with no_follow, a symbolic link is refused (O_NOFOLLOW).
+nlohmann::json read_json_file(const std::filesystem::path& p, std::size_t max_depth = kMaxJsonDepth,
+                              bool no_follow = false);
 
 // text as JSON nested at most max_depth levels, or an error naming `where`.
 nlohmann::json parse_json(const std::string& text, const std::string& where, std::size_t max_depth = kMaxJsonDepth);
