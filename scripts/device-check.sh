@@ -10,6 +10,7 @@
 #   MXQ_CHECK_PYTEST  the pytest targets (default tests/python)
 #   MXQ_CHECK_GPU_TESTS  the GPU suites (default: every op's test and cuda_test, linear_test)
 #   MXQ_CHECK_SANITIZE_TESTS  the suites run under compute-sanitizer (default: the GPU suites)
+#   MXQ_CHECK_SANITIZERS  the compute-sanitizer tools (default: memcheck racecheck synccheck initcheck)
 #   MXQ_CHECK_LINEAR  linear_bench arguments (e.g. "--quick"): the W4A16 GEMM against cuBLAS, into $OUT/linear_bench.txt;
 #                     with humming-kernels wheels in .whl/, bench/linear_peers.py adds Humming into $OUT/linear_peers.md
 #   MXQ_CHECK_E2E_PROFILE  models whose prefill is profiled per variant (torch.profiler) into $OUT
@@ -87,7 +88,7 @@ if ! skipped sanitizer; then
   # A representative subset (every kernel: both chunk widths, shuffles up to 32 lanes, atomics,
   # the fused amax, swizzle, graph capture); the full grid is too slow under the tools.
   FILTER='*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*:*Fused*cuda_rms_norm:CudaRotation.SpecialValuesAndInPlace:LinearCuda.RowStride*:LinearCuda.Dequantize*:*StochasticRoundingBytes/cuda*:*SwizzleLayoutBytes/cuda*'
-  for tool in memcheck racecheck synccheck initcheck; do
+  for tool in ${MXQ_CHECK_SANITIZERS:-memcheck racecheck synccheck initcheck}; do
     errors=0; rc=0
     # sanitize TEST LOGNAME [ENV=VALUE...]: one suite's subset under the tool; adds to errors/rc
     sanitize() {
