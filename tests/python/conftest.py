@@ -8,6 +8,20 @@ import torch
 import mxq
 
 CUDA = torch.cuda.is_available() and mxq.cuda_available()
+
+# The places an op can run, for tests parametrised with @pytest.mark.parametrize("device", BACKENDS,
+# indirect=True): CPU data on the fast path, CPU data on the reference backend, CUDA data.
+BACKENDS = ["cpu", "reference", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU"))]
+
+
+@pytest.fixture
+def device(request, monkeypatch):
+    """The device of the test data; "reference" is CPU data on mxq's reference backend."""
+    if request.param == "reference":
+        monkeypatch.setenv("MXQ_BACKEND", "reference")
+        return "cpu"
+    monkeypatch.delenv("MXQ_BACKEND", raising=False)
+    return request.param
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and mxq built with CUDA")
 
 

@@ -11,20 +11,8 @@ import torch
 
 import mxq
 import oracle
-from conftest import CUDA, assert_bytes_equal
+from conftest import BACKENDS, CUDA, assert_bytes_equal
 from mxq.compat import qutlass, vllm_qdq
-
-BACKENDS = ["cpu", "reference", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU"))]
-
-
-@pytest.fixture
-def device(request, monkeypatch):
-    if request.param == "reference":
-        monkeypatch.setenv("MXQ_BACKEND", "reference")
-        return "cpu"
-    monkeypatch.delenv("MXQ_BACKEND", raising=False)
-    return request.param
-
 
 def data(rows=16, k=128, dtype=torch.float32, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)

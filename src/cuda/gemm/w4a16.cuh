@@ -148,17 +148,19 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 
   // The weight ring: tiles 0 .. kDepth-1 now, tile i + kDepth when tile i is consumed.
   uint4 wq[kDepth][kStrips];
   std::uint32_t sq[kDepth][kStrips];
+  // The next tile of both strips into ring slot d.
+  const auto load_tile = [&](int d) {
+#pragma unroll
+    for (int s = 0; s < kStrips; ++s) {
+      wq[d][s] = load_stream(cnext[s]);
+      sq[d][s] = load_stream_u16(snext[s]);
+      cnext[s] += 32;
+      snext[s] += kScaleStride;
+    }
+  };
 #pragma unroll
   for (int d = 0; d < kDepth; ++d)
-    if (d < n_atoms) {
-#pragma unroll
-      for (int s = 0; s < kStrips; ++s) {
-        wq[d][s] = load_stream(cnext[s]);
-        sq[d][s] = load_stream_u16(snext[s]);
-        cnext[s] += 32;
-        snext[s] += kScaleStride;
-      }
-    }
+    if (d < n_atoms) load_tile(d);
   __syncthreads();  // the LUT
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Programmatic dependent launch: the weights above are not written by earlier kernels; x is.
@@ -198,15 +200,7 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 
           cm[s][0] = lut[sb & 0xFF];
           cm[s][1] = lut[sb >> 8];
         }
-        if (base + d + kDepth < n_atoms) {
-#pragma unroll
-          for (int s = 0; s < kStrips; ++s) {
-            wq[d][s] = load_stream(cnext[s]);
-            sq[d][s] = load_stream_u16(snext[s]);
-            cnext[s] += 32;
-            snext[s] += kScaleStride;
-          }
-        }
+        if (base + d + kDepth < n_atoms) load_tile(d);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint4 xv[NT];
