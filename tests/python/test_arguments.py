@@ -14,6 +14,7 @@ import oracle
 from conftest import BACKENDS, CUDA, assert_bytes_equal
 from mxq.compat import qutlass, vllm_qdq
 
+
 def data(rows=16, k=128, dtype=torch.float32, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k, generator=g) * torch.exp2(torch.randint(-6, 6, (rows, 1), generator=g).float())
