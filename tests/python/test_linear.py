@@ -182,7 +182,7 @@ def test_cuda_error_against_float64_within_torch_matmul(fmt, M):
 
 @cuda
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("M", [16, 300])  # the kernel; cuBLAS on the dequantized operand
+@pytest.mark.parametrize("M", [16, 300])
 def test_cuda_deterministic_graph_and_compile(fmt, M):
     w = llm_like(1024, 4096, torch.bfloat16, 21)
     pw = mxq.prepack(mxq.quantize(w, fmt)).to("cuda")
