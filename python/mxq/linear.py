@@ -112,25 +112,32 @@ def linear(x: torch.Tensor, w: PackedLinearWeight, bias: Optional[torch.Tensor] 
 
 
 class QuantLinear(torch.nn.Module):
-    """An nn.Linear whose weight is a :class:`PackedLinearWeight` (inference only)."""
+    """An nn.Linear whose weight is a :class:`PackedLinearWeight` (inference only). The packed tensors and
+    the bias are buffers, so ``module.to(device)`` moves them."""
 
     def __init__(self, weight: PackedLinearWeight, bias: Optional[torch.Tensor] = None):
         super().__init__()
-        self.weight_packed = weight
         self.in_features = weight.K
         self.out_features = weight.N
-        # registered buffers, so that module.to(device) moves them
+        self.format = weight.format
+        self.exp_shift = weight.exp_shift
+        self.f16_exact = weight.f16_exact
+        self.tensor_scale = weight.tensor_scale
         self.register_buffer("codes", weight.codes, persistent=False)
         self.register_buffer("scales", weight.scales, persistent=False)
         self.register_buffer("bias", bias, persistent=False)
 
+    @property
+    def weight_packed(self) -> PackedLinearWeight:
+        return PackedLinearWeight(self.codes, self.scales, self.format, self.out_features, self.in_features, self.exp_shift,
+                                  self.f16_exact, self.tensor_scale)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight_packed
-        return torch.ops.mxq.linear(x, self.codes, self.scales, self.bias, w.format, w.N, w.K, w.exp_shift, w.f16_exact,
-                                    w.tensor_scale)
+        return torch.ops.mxq.linear(x, self.codes, self.scales, self.bias, self.format, self.out_features, self.in_features,
+                                    self.exp_shift, self.f16_exact, self.tensor_scale)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.weight_packed.format}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}"
 
 
 def _read_checkpoint(path: str) -> Dict[str, torch.Tensor]:
