@@ -14,21 +14,9 @@ import pytest
 import torch
 
 import mxq
-from conftest import CUDA, assert_bytes_equal
+from conftest import BACKENDS, CUDA, assert_bytes_equal
 
 KA = json.loads((Path(__file__).resolve().parents[1] / "known_answers" / "known_answers.json").read_text())
-
-BACKENDS = ["cpu", "reference", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU"))]
-
-
-@pytest.fixture
-def device(request, monkeypatch):
-    """The device of the test data; "reference" is CPU data on mxq's reference backend."""
-    if request.param == "reference":
-        monkeypatch.setenv("MXQ_BACKEND", "reference")
-        return "cpu"
-    monkeypatch.delenv("MXQ_BACKEND", raising=False)
-    return request.param
 
 
 def f32(bits, shape, device="cpu"):

@@ -22,29 +22,33 @@ constexpr std::size_t kIndentedJsonDepth = 10;
 // goes past `limit` (then returns limit + 1). Invalid JSON returns what was seen up to the error: the
 // parse that follows reports it. NOTE: not a callback on the DOM parse: nlohmann's callback parser
 // rescans the enclosing object at the end of every entry (quadratic; safetensors.cpp says more).
+// A SAX handler that builds nothing and tracks the nesting depth, refusing (stopping the parse) past
+// `limit`; derived handlers override key() to look at names too (safetensors.cpp counts tensors).
+struct DepthSax : nlohmann::json_sax<nlohmann::json> {
+  std::size_t limit, depth = 0, deepest = 0;
+  explicit DepthSax(std::size_t l) : limit(l) {}
+  bool open() {
+    deepest = std::max(deepest, ++depth);
+    return depth <= limit;
+  }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return open(); }
+  bool end_object() override { return --depth, true; }
+  bool start_array(std::size_t) override { return open(); }
+  bool end_array() override { return --depth, true; }
+  bool key(string_t&) override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+};
+
 template <class It>
 std::size_t json_depth(It first, It last, std::size_t limit = kMaxJsonDepth) {
-  struct Depth : nlohmann::json_sax<nlohmann::json> {
-    std::size_t limit, depth = 0, deepest = 0;
-    explicit Depth(std::size_t l) : limit(l) {}
-    bool open() {
-      deepest = std::max(deepest, ++depth);
-      return depth <= limit;
-    }
-    bool null() override { return true; }
-    bool boolean(bool) override { return true; }
-    bool number_integer(number_integer_t) override { return true; }
-    bool number_unsigned(number_unsigned_t) override { return true; }
-    bool number_float(number_float_t, const string_t&) override { return true; }
-    bool string(string_t&) override { return true; }
-    bool binary(binary_t&) override { return true; }
-    bool start_object(std::size_t) override { return open(); }
-    bool end_object() override { return --depth, true; }
-    bool start_array(std::size_t) override { return open(); }
-    bool end_array() override { return --depth, true; }
-    bool key(string_t&) override { return true; }
-    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
-  } d(limit);
+  DepthSax d(limit);
   nlohmann::json::sax_parse(first, last, &d);
   return d.deepest;
 }

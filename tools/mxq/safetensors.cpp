@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_limits.hpp"
+
 namespace mxq::st {
 
 namespace {
@@ -77,24 +79,12 @@ View::View(std::span<const std::uint8_t> bytes, std::string name) : name_(std::m
   // limit: a header of 2 million tiny entries is refused before it is parsed into memory. NOTE: not
   // a parser callback on the DOM parse: nlohmann's callback parser rescans the enclosing object at
   // the end of every entry, which made parsing quadratic (20,000 tensors: 6 s).
-  struct Counter : nlohmann::json_sax<nlohmann::json> {
-    std::size_t depth = 0, deepest = 0, tensors = 0;
-    bool null() override { return true; }
-    bool boolean(bool) override { return true; }
-    bool number_integer(number_integer_t) override { return true; }
-    bool number_unsigned(number_unsigned_t) override { return true; }
-    bool number_float(number_float_t, const string_t&) override { return true; }
-    bool string(string_t&) override { return true; }
-    bool binary(binary_t&) override { return true; }
-    // A header nests 3 levels ({"t": {"shape": [...]}}); deeper is refused before the DOM parse
-    // (whose copies recurse once per level).
-    bool open() { return deepest = std::max(deepest, ++depth), depth <= kMaxHeaderDepth; }
-    bool start_object(std::size_t) override { return open(); }
-    bool end_object() override { return --depth, true; }
-    bool start_array(std::size_t) override { return open(); }
-    bool end_array() override { return --depth, true; }
+  // A header nests 3 levels ({"t": {"shape": [...]}}); deeper is refused before the DOM parse (whose
+  // copies recurse once per level).
+  struct Counter : cli::DepthSax {
+    std::size_t tensors = 0;
+    Counter() : DepthSax(kMaxHeaderDepth) {}
     bool key(string_t& k) override { return depth != 1 || k == "__metadata__" || ++tensors <= kMaxTensors; }
-    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
   } counter;
   nlohmann::json::sax_parse(bytes.begin() + 8, bytes.begin() + 8 + std::ptrdiff_t(n), &counter);
   if (counter.deepest > kMaxHeaderDepth)
