@@ -97,13 +97,12 @@ def random_packed(N: int, K: int, fmt: str, device, g) -> "mxq.PackedLinearWeigh
     so random codes there are random codes in the checkpoint; scales from a narrow range of sane values
     (MXFP4: E8M0 115..124, so prepack's shift is 124 - 128; NVFP4: E4M3 bytes 0x28..0x57, S = 100). What a
     kernel reads and how long it takes do not depend on the values."""
-    Np, Kp = (N + 31) // 32 * 32, (K + 63) // 64 * 64
-    tiles = (Np // 16) * (Kp // 64)
-    codes = torch.randint(0, 256, (tiles, 512), dtype=torch.uint8, device=device, generator=g)
+    cs, ss = mxq.packed_shapes(fmt, N, K)
+    codes = torch.randint(0, 256, cs, dtype=torch.uint8, device=device, generator=g)
     if fmt == "mxfp4":
-        scales = torch.randint(115, 125, (tiles, 32), dtype=torch.uint8, device=device, generator=g)
+        scales = torch.randint(115, 125, ss, dtype=torch.uint8, device=device, generator=g)
         return mxq.PackedLinearWeight(codes, scales, "mxfp4", N, K, 124 - 128, True, 1.0)
-    scales = torch.randint(0x28, 0x58, (tiles, 64), dtype=torch.uint8, device=device, generator=g)
+    scales = torch.randint(0x28, 0x58, ss, dtype=torch.uint8, device=device, generator=g)
     return mxq.PackedLinearWeight(codes, scales, "nvfp4", N, K, 8, True, 100.0)
 
 

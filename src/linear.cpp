@@ -12,6 +12,7 @@
 #include "core/linear_layout.hpp"
 #include "core/linear_plan.hpp"
 #include "core/validate.hpp"
+#include "entry.hpp"
 #if defined(MXQ_HAVE_CUDA)
 #include "cuda/backend.hpp"
 #endif
@@ -22,15 +23,13 @@ namespace {
 
 using core::Checker;
 
-int block_of(Format f) { return f == Format::nvfp4 ? 16 : 32; }
-
 void check_format(const Checker& c, Format f) {
   if (f != Format::mxfp4 && f != Format::nvfp4)
     c.unsupported("format '" + std::string(to_string(f)) + "': the W4A16 linear takes mxfp4 or nvfp4 weights");
 }
 
 void check_dims(const Checker& c, Format f, std::int64_t N, std::int64_t K) {
-  const int g = block_of(f);
+  const int g = format_info(f).default_group;
   if (N < 1 || K < 1 || K % g != 0)
     c.fail("weight shape " + core::shape_str(N, K) + ": expected N >= 1 and K a positive multiple of " +
            std::to_string(g) + " (the " + std::string(to_string(f)) + " block)");
@@ -150,9 +149,9 @@ void prepack(const QuantizedIn& q, const QuantOptions& opt, PackedWeight& out) {
     c.fail("out.format '" + std::string(to_string(out.format)) + "' differs from opt.format '" +
            std::string(to_string(opt.format)) + "'");
   const int g = group_size(opt);
-  if (g != block_of(opt.format))
+  if (g != format_info(opt.format).default_group)
     c.unsupported("group size " + std::to_string(g) + ": the W4A16 linear takes " + std::string(to_string(opt.format)) +
-                  " with its standard block of " + std::to_string(block_of(opt.format)));
+                  " with its standard block of " + std::to_string(format_info(opt.format).default_group));
   if (opt.rotation != Rotation::none)
     c.unsupported("option 'rotation': prepack takes unrotated weights (apply the rotation to x instead)");
   const std::int64_t N = out.N, K = out.K;
@@ -239,7 +238,7 @@ void unpack(const PackedWeight& w, const QuantizedIn& q) {
   Checker c("unpack");
   check_packed(c, w, Device::cpu);
   c.view("q.codes", q.codes, DType::u8, w.N, code_cols(w.format, w.K));
-  const std::int64_t G = w.K / block_of(w.format);
+  const std::int64_t G = w.K / format_info(w.format).default_group;
   c.view("q.scales", q.scales, DType::u8, w.N, G);
   c.same_device("q.codes", q.codes, Device::cpu);
   c.same_device("q.scales", q.scales, Device::cpu);
@@ -290,15 +289,12 @@ void dequantize_packed(const PackedWeight& w, const Tensor& out, Backend backend
   c.record("w.scales", w.scales, false);
   c.record("out", out, true);
   c.no_overlap();
-  const BackendChoice bc = choose_backend(backend, out.device);
+  const Backend b = detail::choose("dequantize_packed", nullptr, out,
+                                   {{"out", out.data}, {"w.codes", w.codes.data}, {"w.scales", w.scales.data}}, backend);
 #if defined(MXQ_HAVE_CUDA)
-  if (bc.backend == Backend::cuda) {
-    for (auto [arg, ptr] : {std::pair{"out", out.data}, {"w.codes", w.codes.data}, {"w.scales", w.scales.data}})
-      cuda::check_device_pointer("dequantize_packed", arg, ptr);
-    return cuda::dequantize_packed(w, out, stream);
-  }
+  if (b == Backend::cuda) return cuda::dequantize_packed(w, out, stream);
 #endif
-  (void)bc;
+  (void)b;
   (void)stream;
   const WeightDecoder dec{w, w.format == Format::nvfp4, packed_layout(w.format, w.N, w.K).Kp / 64};
   auto* o = static_cast<std::uint16_t*>(out.data);
@@ -343,13 +339,13 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Te
   c.record("y", y, true);
   c.no_overlap();
   // Backend::cpu runs the reference: it is the host implementation of this operation.
-  const BackendChoice bc = choose_backend(backend, x.device);
+  const Backend b = detail::choose("linear", nullptr, x,
+                                   {{"x", x.data}, {"y", y.data}, {"w.codes", w.codes.data}, {"w.scales", w.scales.data},
+                                    {"bias", bias ? bias->data : nullptr}},
+                                   backend);
   if (x.rows == 0) return;
 #if defined(MXQ_HAVE_CUDA)
-  if (bc.backend == Backend::cuda) {
-    for (auto [arg, ptr] : {std::pair{"x", x.data}, {"y", y.data}, {"w.codes", w.codes.data}, {"w.scales", w.scales.data},
-                            {"bias", bias ? bias->data : nullptr}})
-      cuda::check_device_pointer("linear", arg, ptr);
+  if (b == Backend::cuda) {
     if (reinterpret_cast<std::uintptr_t>(x.data) % 16 != 0 || (x.stride() * 2) % 16 != 0)
       c.unsupported("x: the CUDA kernel reads x in 16-byte vectors; its data pointer and row stride (" +
                     std::to_string(x.stride()) + " elements) must be 16-byte aligned");
@@ -357,6 +353,7 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Te
   }
 #endif
   // The reference: exact products, fp32 sums in index order, then / S (NVFP4), + bias, rounded once.
+  (void)b;
   (void)stream;
   const bool nv = w.format == Format::nvfp4;
   const WeightDecoder dec{w, nv, packed_layout(w.format, w.N, w.K).Kp / 64};

@@ -13,6 +13,7 @@
 #include <mxq/ops.hpp>
 
 #include "core/validate.hpp"
+#include "entry.hpp"
 #include "cpu/fast.hpp"
 #include "cpu/fused.hpp"
 #include "cpu/rotation.hpp"
@@ -120,9 +121,9 @@ void log_choice(const char* fn, const QuantOptions* opt, const Tensor& t, const 
                bc.reason.c_str());
 }
 
-// The backend for the data's device, logged; on the CUDA backend every non-null view pointer is
-// checked to be device memory of the current device (the last validation step, done once here).
-Backend choose(const char* fn, const QuantOptions* opt, const Tensor& first,
+}  // namespace
+
+Backend detail::choose(const char* fn, const QuantOptions* opt, const Tensor& first,
                std::initializer_list<std::pair<const char*, const void*>> device_ptrs, Backend requested) {
   const BackendChoice bc = choose_backend(requested, first.device);
   log_choice(fn, opt, first, bc);
@@ -134,6 +135,9 @@ Backend choose(const char* fn, const QuantOptions* opt, const Tensor& first,
 #endif
   return bc.backend;
 }
+
+namespace {
+using detail::choose;
 
 // The plan's NVFP4 tensor scale (numerics.md section 3), for every backend alike: given; 1 for an
 // empty tensor (the scale of amax 0); from the host amax for the CPU backends; on the CUDA backend

@@ -23,7 +23,7 @@ from . import _C  # registers torch.ops.mxq.*
 from . import _meta  # noqa: F401  (fake implementations)
 from ._formats import FORMATS, RULES, FormatInfo, format_info
 from .ops import QuantizedTensor, dequantize, qdq, qdq_, quantize, rms_norm, rotate_quantize, silu_mul, swizzle_scales, unswizzle_scales
-from .linear import PackedLinearWeight, QuantLinear, linear, load_quantized, prepack
+from .linear import PackedLinearWeight, QuantLinear, linear, load_quantized, packed_shapes, prepack
 from .emulate import EmulationHandle, QDQExperts, QDQLinear, emulate, restore
 
 try:  # the version setup.py took from CMakeLists.txt
@@ -35,7 +35,7 @@ except Exception:  # noqa: BLE001  (not installed as a distribution: running fro
 
 __all__ = [
     "FORMATS", "RULES", "FormatInfo", "format_info", "QuantizedTensor", "quantize", "rotate_quantize", "dequantize", "qdq", "qdq_",
-    "swizzle_scales", "unswizzle_scales", "rms_norm", "silu_mul", "emulate", "restore", "EmulationHandle", "QDQLinear", "QDQExperts", "PackedLinearWeight", "prepack", "linear", "QuantLinear", "load_quantized", "cuda_compiled",
+    "swizzle_scales", "unswizzle_scales", "rms_norm", "silu_mul", "emulate", "restore", "EmulationHandle", "QDQLinear", "QDQExperts", "PackedLinearWeight", "packed_shapes", "prepack", "linear", "QuantLinear", "load_quantized", "cuda_compiled",
     "cuda_available",
 ]
 

@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from . import _formats as F
+from .linear import packed_shapes
 
 
 def _rows(x: torch.Tensor) -> int:
@@ -165,17 +166,11 @@ def _silu_mul_fake(gate, up, format: Optional[str], rule: str, group_size: int, 
     return gate.new_empty(gate.shape)
 
 
-def _packed_shapes(format: str, N: int, K: int):
-    Np, Kp = (N + 31) // 32 * 32, (K + 63) // 64 * 64
-    tiles = (Np // 16) * (Kp // 64)
-    return (tiles, 512), (tiles, 64 if format == "nvfp4" else 32)
-
-
 @torch.library.register_fake("mxq::prepack")
 def _prepack_fake(codes, scales, N: int, K: int, format: str, layout: str):
     if format not in ("mxfp4", "nvfp4"):
         raise NotImplementedError(f"mxq.prepack: format '{format}': the W4A16 linear takes mxfp4 or nvfp4")
-    cs, ss = _packed_shapes(format, N, K)
+    cs, ss = packed_shapes(format, N, K)
     return codes.new_empty(cs), codes.new_empty(ss), codes.new_empty((2,), dtype=torch.int64)
 
 
@@ -191,7 +186,7 @@ def _linear_fake(x, codes, scales, bias, format: str, N: int, K: int, exp_shift:
         raise ValueError(f"mxq.linear: argument 'x': dtype {x.dtype}, expected bfloat16 or float16")
     if x.dim() < 1 or x.shape[-1] != K:
         raise ValueError(f"mxq.linear: argument 'x': shape {tuple(x.shape)}, expected [..., {K}] (the weight's K)")
-    cs, ss = _packed_shapes(format, N, K)
+    cs, ss = packed_shapes(format, N, K)
     if tuple(codes.shape) != cs or tuple(scales.shape) != ss:
         raise ValueError(f"mxq.linear: packed weight {tuple(codes.shape)} / {tuple(scales.shape)}, expected {cs} / {ss}")
     if bias is not None and (tuple(bias.shape) != (N,) or bias.dtype != x.dtype):

@@ -17,9 +17,19 @@ from typing import Dict, Optional, Union
 
 import torch
 
-__all__ = ["PackedLinearWeight", "prepack", "linear", "QuantLinear", "load_quantized"]
+from . import _formats as F
 
-_BLOCK = {"mxfp4": 32, "nvfp4": 16}
+__all__ = ["PackedLinearWeight", "packed_shapes", "prepack", "linear", "QuantLinear", "load_quantized"]
+
+_FORMATS = ("mxfp4", "nvfp4")
+
+
+def packed_shapes(format: str, N: int, K: int):
+    """The shapes of a packed weight's codes and scales (docs/linear.md): N padded to 32, K to 64, tiles of
+    16 rows x 64 columns, 512 code bytes and 32 (MXFP4) or 64 (NVFP4) scale bytes each."""
+    Np, Kp = (N + 31) // 32 * 32, (K + 63) // 64 * 64
+    tiles = (Np // 16) * (Kp // 64)
+    return (tiles, 512), (tiles, 64 if format == "nvfp4" else 32)
 
 
 @dataclass
@@ -80,16 +90,16 @@ def prepack(q=None, *, codes: Optional[torch.Tensor] = None, scales: Optional[to
             raise NotImplementedError("mxq.prepack: layout 'padded'; quantize with layout 'linear' or 'swizzled'")
         codes, scales, format, layout = q.codes, q.scales, q.format, q.layout
         K = int(q.shape[1])
-        if format not in _BLOCK:
+        if format not in _FORMATS:
             raise NotImplementedError(f"mxq.prepack: format '{format}': the W4A16 linear takes mxfp4 or nvfp4")
-        if q.group_size != _BLOCK.get(q.format, -1):
+        if q.group_size != F.group_of(q.format, None):
             raise NotImplementedError(f"mxq.prepack: {q.format} with group size {q.group_size}; the W4A16 linear takes "
                                       "mxfp4 with 32, nvfp4 with 16")
         if format == "nvfp4":
             tensor_scale = q.tensor_scale_value if q.tensor_scale_value is not None else q.tensor_scale
     if codes is None or scales is None or format is None:
         raise ValueError("mxq.prepack: expected a QuantizedTensor, or codes, scales and format")
-    if format not in _BLOCK:
+    if format not in _FORMATS:
         raise NotImplementedError(f"mxq.prepack: format '{format}': the W4A16 linear takes mxfp4 or nvfp4")
     if codes.dim() != 2:
         raise ValueError(f"mxq.prepack: argument 'codes': shape {tuple(codes.shape)}, expected [N, K/2]")
