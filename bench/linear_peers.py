@@ -29,8 +29,8 @@ A correctness line per peer on the first shape: relative Frobenius error of y ag
 x.float() @ W_ref^T in fp32, W_ref decoded here with torch from the same bytes.
 Every peer fails soft: an exception is caught, its reason printed in the table, the run goes on.
 
-Run (GPU):
-  PYTHONPATH=/tmp/site:$PYTHONPATH python3 bench/linear_peers.py --quick [--formats mxfp4,nvfp4]
+Run (GPU; Humming from the humming-kernels package, importable as `humming`, or skipped with its reason):
+  python3 bench/linear_peers.py --quick [--formats mxfp4,nvfp4]
       [--reps 30] [--out results.jsonl]
   CPU only (no timing, no Humming kernels): python3 bench/linear_peers.py --dry-run
 """

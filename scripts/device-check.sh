@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build from a bare checkout, run every CPU and GPU test, the sanitizers
+# Run on a GPU host: build from a bare checkout, run every CPU and GPU test, the sanitizers
 # and the benchmarks, write logs under $OUT, end with a short table.
 #   MXQ_DEVICE_ARCH   CUDA architectures to build here (default: 90a, the H200; CI builds 80;89;90a)
 #   MXQ_CHECK_SKIP    space-separated stages to skip: cpu-tests gpu-tests cli sanitizer bench peers python
@@ -11,8 +11,8 @@
 #   MXQ_CHECK_GPU_TESTS  the GPU suites (default: every op's test and cuda_test, linear_test)
 #   MXQ_CHECK_SANITIZE_TESTS  the suites run under compute-sanitizer (default: the GPU suites)
 #   MXQ_CHECK_SANITIZERS  the compute-sanitizer tools (default: memcheck racecheck synccheck initcheck)
-#   MXQ_CHECK_LINEAR  linear_bench arguments (e.g. "--quick"): the W4A16 GEMM against cuBLAS, into $OUT/linear_bench.txt;
-#                     with humming-kernels wheels in .whl/, bench/linear_peers.py adds Humming into $OUT/linear_peers.md
+#   MXQ_CHECK_LINEAR  linear_bench arguments (e.g. "--quick"): the W4A16 GEMM against cuBLAS, into $OUT/linear_bench.txt
+#                     (bench/linear_peers.py, run on its own, adds Humming)
 #   MXQ_CHECK_E2E_PROFILE  models whose prefill is profiled per variant (torch.profiler) into $OUT
 #   MXQ_CHECK_NCU     ';'-separated cuda_bench rows to profile with Nsight Compute (summary lines printed);
 #                     'ROW@REGEX' profiles the kernel matching REGEX (default block_kernel / dequant_kernel)
@@ -24,7 +24,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/device-out}
 mkdir -p "$OUT"
 BUILD=$ROOT/build-device
-LOG=$OUT/logs  # packed into $OUT/logs.tgz at the end (the device tool returns few files)
+LOG=$OUT/logs  # packed into $OUT/logs.tgz at the end (one file to copy back)
 mkdir -p "$LOG"
 SKIP=" ${MXQ_CHECK_SKIP:-} "
 JOBS=$(nproc)
@@ -113,7 +113,7 @@ if ! skipped bench; then
   status "cpu_bench --quick" "rc=$? (cpu_bench.txt)"
 fi
 
-if [ -n "${MXQ_CHECK_LINEAR:-}" ]; then  # the W4A16 linear against cuBLAS (and Humming, from carried wheels)
+if [ -n "${MXQ_CHECK_LINEAR:-}" ]; then  # the W4A16 linear against cuBLAS
   "$BUILD/bench/linear_bench" $MXQ_CHECK_LINEAR > "$OUT/linear_bench.txt" 2>&1
   status "linear_bench $MXQ_CHECK_LINEAR" "rc=$? (linear_bench.txt)"
 fi
@@ -143,12 +143,12 @@ if ! skipped peers && [ -s "$OUT/cuda_bench.jsonl" ]; then
   status "torch peers (eager, compile)" "rc=$? ($((SECONDS - t0)) s)"
 fi
 
-if ! skipped python; then  # the PyTorch package against this machine's torch (no network needed)
+if ! skipped python; then  # the PyTorch package against the installed torch (no network needed)
   t0=$SECONDS
   PYV=$BUILD/pyvenv
   if [ ! -x "$PYV/bin/python" ]; then
     python3 -m venv --system-site-packages "$PYV" > "$LOG/pyvenv.log" 2>&1
-    # NOTE: python3 may itself be a venv (the H200 machines: torch lives in /opt/torch/.venv), whose
+    # NOTE: python3 may itself be a venv (e.g. an image whose torch lives in a venv), whose
     # packages --system-site-packages does not reach; a .pth file adds them.
     python3 -c 'import site; print("\n".join(site.getsitepackages()))' > "$("$PYV/bin/python" -c 'import site; print(site.getsitepackages()[0])')/mxq-parent-env.pth"
   fi

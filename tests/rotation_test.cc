@@ -690,7 +690,7 @@ TEST(Rotation, SignedZerosMatchTheReference) {
   }
 }
 
-// The production path (review of the first version): tensors large enough that each thread runs many
+// The production path: tensors large enough that each thread runs many
 // iterations (the cp.async ring, its prefetch and stale slots, in place across iterations; the rotated
 // amax kernel's loop), and rows whose K is not a multiple of the group size (padding chunks under a
 // rotation).

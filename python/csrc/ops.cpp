@@ -195,7 +195,7 @@ Rows as_rows(const at::Tensor& t, const char* op, const char* arg) {
 
 // Shapes and devices in messages as plain strings; every number in a TORCH_CHECK message goes through
 // std::to_string.
-// NOTE: measured on the H200 machine (torch 2.11+cu130, 2026-12-04): a failing TORCH_CHECK whose message
+// NOTE: measured on an H200 (torch 2.11+cu130, 2026-12-04): a failing TORCH_CHECK whose message
 // streams an integer (an int64_t, an IntArrayRef) crashed the process (segmentation fault), for the old
 // ops (qdq's group_size) as for the new; messages of strings and dtypes raised normally, and the CPU-only
 // torch 2.11 and 2.15 wheels raise in every case. Integer formatting through c10::str's ostream is the

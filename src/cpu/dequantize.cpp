@@ -186,7 +186,7 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
         alignas(64) std::uint8_t sb[kTileBlocks * R];
         // the scale bytes by runs (four columns of a swizzled tile), as store_scales writes them
         // NOTE: written out, not a helper beside store_scales: calling one here made GCC compile this
-        // template's MXFP8 instantiation 1.8x slower (measured 2026-12-04, this session's CPU).
+        // template's MXFP8 instantiation 1.8x slower (measured 2026-12-04, GCC, an AMD EPYC core).
         for (std::int64_t j = b; j < full;) {
           const std::int64_t k = (j % 4 == 0 && j + 4 <= full) ? 4 : 1;
           std::memcpy(sb + (j - b), scales + p.scale_offset(r, j, q.scales.stride()), std::size_t(k));

@@ -1,6 +1,6 @@
 """Independent plain-torch transcriptions of the reference arithmetic of the projects mxq's compat
-shims replace, written from their documented recipes (docs/python.md, /work/shared/numerics.md
-section 6), not from their code:
+shims replace, written from their documented recipes (docs/python.md, docs/numerics.md
+"Compatibility presets"), not from their code:
 
 - the vllm-qdq-plugin's MXFP4 reference (vLLM's reference_mxfp4): per 32, amax in the input dtype,
   rounded at E2M1's one mantissa bit (half up, by adding half a unit to its bit pattern and
@@ -124,8 +124,8 @@ def qutlass_nv_ref(x: torch.Tensor):
     """Global scale 6 (as QuTLASS's test): (codes uint8 [..., K/2], scale E4M3 bytes [rows, K/16])."""
     y = x.double().unflatten(-1, (-1, 16))
     # NOTE: the explicit clamp at 448 (E4M3's largest value) is QuTLASS's kernel (cvt.rn.satfinite);
-    # a bare .to(float8_e4m3fn) of a larger value depends on torch's version (torch 2.11 on the H200
-    # gives the NaN code 0x7F, torch 2.15 here saturates), so the transcription does not rely on it.
+    # a bare .to(float8_e4m3fn) of a larger value depends on torch's version (torch 2.11+cu130
+    # gives the NaN code 0x7F, torch 2.15's CPU wheel saturates), so the transcription does not rely on it.
     s = (y.abs().amax(dim=-1) + 1e-8).clamp(max=448.0).to(torch.float8_e4m3fn)
     v = y / s.double()[..., None] * 6.0
     codes = _e2m1_codes_qutlass(v).flatten(-2)

@@ -91,7 +91,7 @@ def test_nd_strided_and_concatenated_halves():
                        "halves of gate_up")
 
 
-# On the H200 machine (torch 2.11+cu130) a failing check whose message streamed an integer once crashed
+# With torch 2.11+cu130 (on an H200) a failing check whose message streamed an integer once crashed
 # the process; the messages format numbers with std::to_string (python/csrc/ops.cpp). Run on every device.
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def test_errors_name_the_argument(device):
