@@ -139,7 +139,7 @@ Backend detail::choose(const char* fn, const QuantOptions* opt, const Tensor& fi
 namespace {
 using detail::choose;
 
-// The plan's NVFP4 tensor scale (numerics.md section 3), for every backend alike: given; 1 for an
+// The plan's NVFP4 tensor scale (docs/numerics.md, "NVFP4"), for every backend alike: given; 1 for an
 // empty tensor (the scale of amax 0); from the host amax for the CPU backends; on the CUDA backend
 // reduced on the device into `acc` (quantize: its tensor-scale output, else the workspace), which the
 // caller must provide. NVFP4 under rule quest: 1.

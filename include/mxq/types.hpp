@@ -22,7 +22,7 @@ enum class Format : std::uint8_t {
   nvfp4,       // E2M1 elements, E4M3 scale per 16, fp32 tensor scale
 };
 
-// How the per-block scale is chosen (docs/numerics.md section 2).
+// How the per-block scale is chosen (docs/numerics.md, "MX block scales").
 enum class ScaleRule : std::uint8_t {
   floor,           // floor(log2 amax) - emax_elem   (OCP MX v1.0)
   ceil,            // ceil(log2 amax) - emax_elem

@@ -474,7 +474,7 @@ MXQ_HD_HOT int mx_scale_exp(ScaleRule rule, float amax, float quest, const Float
 }
 
 // ---- NVFP4 ---------------------------------------------------------------------------------------------------
-// Encode scale S from the tensor amax (numerics.md section 3).
+// Encode scale S from the tensor amax (docs/numerics.md, "NVFP4").
 MXQ_HD float nvfp4_encode_scale(float amax_tensor) {
   const std::uint32_t a = f2u(amax_tensor) & 0x7FFFFFFFu;
   if (a == 0 || !is_finite_bits(a)) return 1.0f;

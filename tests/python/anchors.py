@@ -140,7 +140,7 @@ def pack_bits(mask: torch.Tensor) -> torch.Tensor:
 
 # ---- QuTLASS's fusedQuantizeNv at any global scale ------------------------------------------------
 # Its test reference (tests/nvfp4_test.py) only covers global scale 6, where the global scale cancels
-# out; its kernels take any gs, with this arithmetic (numerics.md section 6.1), transcribed here in
+# out; its kernels take any gs, with this arithmetic (read from their source), transcribed here in
 # IEEE fp32 (the kernels use approximate reciprocals, which nothing can match bit for bit):
 #   SF = RN32(gs * RN32(amax * RN32(1/6)));  s = E4M3_RN_satfinite(SF);  m = RN32(1 / RN32(s / gs));
 #   codes = E2M1_RNE_sat of RN32(y * m), the sign bit kept (the kernel's cvt: +0.0 -> 0x0, -0.0 -> 0x8;

@@ -204,7 +204,7 @@ CheckpointRotation checkpoint_rotation(const Checkpoint& c, const std::optional<
   return r;
 }
 
-// Modules vLLM expects unquantized (checkpoint-formats.md): the LM head, embeddings, MoE routers,
+// Modules vLLM expects unquantized (docs/cli.md): the LM head, embeddings, MoE routers,
 // vision towers. Plain string comparisons, no std::regex: names come from the file.
 bool default_ignored(const std::string& module) {
   const auto has = [&](const char* s) { return module.find(s) != std::string::npos; };
