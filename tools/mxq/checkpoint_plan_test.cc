@@ -1,0 +1,1 @@
+#include "checkpoint_test_util.hpp"
