@@ -7,9 +7,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <optional>
-#include <random>
-#include <sstream>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +14,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,10 +25,10 @@
 
 #include <mxq/mxq.hpp>
 
-#include "commands.hpp"
-#include "safetensors.hpp"
-#include "engine.hpp"
 #include "checkpoint_test_util.hpp"
+#include "commands.hpp"
+#include "engine.hpp"
+#include "safetensors.hpp"
 
 using namespace checkpoint_test;
 

@@ -2,22 +2,22 @@
 // key checked, every shard checked against the input before publishing, FIFOs and links refused,
 // signals ending it leaving nothing; each refused with one line naming the file and key, nothing
 // written outside OUT.
-#include <sys/ioctl.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <functional>
-#include <limits>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -27,9 +27,9 @@
 
 #include <mxq/mxq.hpp>
 
+#include "checkpoint_test_util.hpp"
 #include "commands.hpp"
 #include "safetensors.hpp"
-#include "checkpoint_test_util.hpp"
 
 using namespace checkpoint_test;
 

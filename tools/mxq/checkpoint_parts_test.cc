@@ -6,8 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -22,9 +22,9 @@
 
 #include <mxq/mxq.hpp>
 
+#include "checkpoint_test_util.hpp"
 #include "commands.hpp"
 #include "safetensors.hpp"
-#include "checkpoint_test_util.hpp"
 
 using namespace checkpoint_test;
 

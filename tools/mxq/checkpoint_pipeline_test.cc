@@ -23,9 +23,9 @@
 
 #include <mxq/mxq.hpp>
 
+#include "checkpoint_test_util.hpp"
 #include "commands.hpp"
 #include "safetensors.hpp"
-#include "checkpoint_test_util.hpp"
 
 using namespace checkpoint_test;
 

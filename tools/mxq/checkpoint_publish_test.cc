@@ -1,10 +1,10 @@
 // How a conversion's output is written and published: never over the input, all or nothing (a full
 // disk, a failed rename, a signal), stale staging directories of dead runs removed, side files copied
 // (not weights of other formats, not FIFOs), JSON written back in linear size.
-#include <sys/file.h>
-#include <sys/resource.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,10 +24,10 @@
 
 #include <mxq/mxq.hpp>
 
+#include "checkpoint_test_util.hpp"
 #include "commands.hpp"
 #include "safetensors.hpp"
 #include "staging.hpp"
-#include "checkpoint_test_util.hpp"
 
 using namespace checkpoint_test;
 

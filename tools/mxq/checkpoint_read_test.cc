@@ -8,7 +8,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <random>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -24,9 +24,9 @@
 
 #include <mxq/mxq.hpp>
 
+#include "checkpoint_test_util.hpp"
 #include "commands.hpp"
 #include "safetensors.hpp"
-#include "checkpoint_test_util.hpp"
 
 using namespace checkpoint_test;
 

@@ -8,7 +8,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <tuple>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -24,12 +24,13 @@
 
 #include <mxq/mxq.hpp>
 
-#include "commands.hpp"
-#include "safetensors.hpp"
-#include "compressed_tensors.hpp"
 #include "checkpoint_test_util.hpp"
+#include "commands.hpp"
+#include "compressed_tensors.hpp"
+#include "safetensors.hpp"
 
 using namespace checkpoint_test;
+using mxq::Format;
 
 namespace {
 
@@ -373,4 +374,141 @@ TEST(CheckpointErrors, DequantizeRefusesAHeadDimThatContradictsTheMatrix) {
   EXPECT_NE(e.find("head_dim is 64"), std::string::npos) << (e.empty() ? "accepted" : e);
   EXPECT_FALSE(fs::exists(root / "d"));
   fs::remove_all(root);
+}
+
+// ---- the layout's functions on their own, no files --------------------------------------------------
+namespace {
+
+// Safetensors bytes in memory holding the declared tensors (data zero, but for `fill`'s bytes).
+std::vector<std::uint8_t> safetensors_bytes(const std::vector<mxq::cli::TensorDecl>& ts,
+                                            const std::map<std::string, std::vector<std::uint8_t>>& fill = {}) {
+  json h = json::object();
+  std::vector<std::uint8_t> data;
+  for (const auto& t : ts) {
+    std::size_t n = std::size_t(st::find_dtype(t.dtype)->bytes);
+    for (auto d : t.shape) n *= std::size_t(d);
+    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + n}}};
+    const auto it = fill.find(t.name);
+    if (it != fill.end()) data.insert(data.end(), it->second.begin(), it->second.end());
+    else data.resize(data.size() + n, 0);
+  }
+  std::string hs = h.dump();
+  hs.append((8 - hs.size() % 8) % 8, ' ');
+  std::string b(8, '\0');  // the header's size, little-endian
+  for (int i = 0; i < 8; ++i) b[i] = char((std::uint64_t(hs.size()) >> (8 * i)) & 0xff);
+  b += hs;
+  b.append(data.begin(), data.end());
+  return std::vector<std::uint8_t>(b.begin(), b.end());
+}
+
+}  // namespace
+
+// What a quantized [N, K] weight becomes in each layout, and the reader finding exactly that module
+// again (format, shape, NVFP4's tensor scale) in a file holding those tensors.
+TEST(CompressedTensors, QuantizedTensorsReadBackAsTheirModule) {
+  using mxq::cli::TensorDecl;
+  struct Row {
+    Format format;
+    std::vector<TensorDecl> expect;
+  };
+  const std::vector<Row> rows = {
+      {Format::mxfp4, {{"m.proj.weight_packed", "U8", {8, 32}}, {"m.proj.weight_scale", "U8", {8, 2}}}},
+      {Format::mxfp8_e4m3, {{"m.proj.weight", "F8_E4M3", {8, 64}}, {"m.proj.weight_scale", "U8", {8, 2}}}},
+      {Format::nvfp4,
+       {{"m.proj.weight_packed", "U8", {8, 32}}, {"m.proj.weight_scale", "F8_E4M3", {8, 4}}, {"m.proj.weight_global_scale", "F32", {1}}}},
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(mxq::to_string(r.format));
+    const std::vector<TensorDecl> got = mxq::cli::quantized_tensors(r.format, "m.proj", 8, 64);
+    ASSERT_EQ(got.size(), r.expect.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].name, r.expect[i].name);
+      EXPECT_EQ(got[i].dtype, r.expect[i].dtype) << got[i].name;
+      EXPECT_EQ(got[i].shape, r.expect[i].shape) << got[i].name;
+    }
+    std::vector<TensorDecl> file = got;
+    file.push_back({"m.norm.weight", "BF16", {64}});
+    const float S = 0.375f;
+    std::vector<std::uint8_t> s4(4);
+    std::memcpy(s4.data(), &S, 4);
+    const auto bytes = safetensors_bytes(file, {{"m.proj.weight_global_scale", s4}});
+    const st::View v({bytes.data(), bytes.size()}, "mem.safetensors");
+    const auto mods = mxq::cli::quantized_modules(v, "mem.safetensors");
+    ASSERT_EQ(mods.size(), 1u);
+    const mxq::cli::QuantizedModule& m = mods.at("m.proj");
+    EXPECT_EQ(m.format, r.format);
+    EXPECT_EQ(m.N, 8);
+    EXPECT_EQ(m.K, 64);
+    EXPECT_EQ(m.codes->name, got[0].name);
+    EXPECT_EQ(m.scale->name, "m.proj.weight_scale");
+    EXPECT_EQ(m.global != nullptr, r.format == Format::nvfp4);
+    if (r.format == Format::nvfp4) EXPECT_EQ(m.options.tensor_scale, S);
+    // a scale that does not fit the codes is refused naming it
+    file[1].shape = {8, 3};
+    const auto bad = safetensors_bytes(file);
+    try {
+      mxq::cli::quantized_modules(st::View({bad.data(), bad.size()}, "bad.safetensors"), "bad.safetensors");
+      ADD_FAILURE() << "a scale of the wrong shape accepted";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("bad.safetensors: tensor 'm.proj.weight_scale': shape does not match codes of [8, 64]"),
+                std::string::npos) << e.what();
+    }
+  }
+}
+
+// The quantization_config of each layout, and the transform_config --rotate adds (its ignore list the
+// config's); the +-1 matrix is orthogonal up to n (H H^T = n I).
+TEST(CompressedTensors, QuantizationConfigAndTransform) {
+  const std::vector<std::string> ignore = {"lm_head", "model.embed_tokens"};
+  for (const Format f : {Format::mxfp4, Format::mxfp8_e4m3, Format::nvfp4}) {
+    SCOPED_TRACE(mxq::to_string(f));
+    const json qc = mxq::cli::quantization_config(f, ignore, 0);
+    const json& w = qc["config_groups"]["group_0"]["weights"];
+    EXPECT_EQ(qc["quant_method"], "compressed-tensors");
+    EXPECT_EQ(qc["format"], mxq::cli::compressed_tensors_format(f));
+    EXPECT_EQ(qc["config_groups"]["group_0"]["format"], qc["format"]);
+    EXPECT_EQ(qc["ignore"], json(ignore));
+    EXPECT_EQ(w["num_bits"], f == Format::mxfp8_e4m3 ? 8 : 4);
+    EXPECT_EQ(w["group_size"], f == Format::nvfp4 ? 16 : 32);
+    EXPECT_EQ(w["strategy"], f == Format::nvfp4 ? "tensor_group" : "group");
+    EXPECT_EQ(w["scale_dtype"], f == Format::nvfp4 ? "torch.float8_e4m3fn" : "torch.uint8");
+    EXPECT_EQ(qc["transform_config"], json::object());
+  }
+  EXPECT_STREQ(mxq::cli::compressed_tensors_format(Format::mxfp4), "mxfp4-pack-quantized");
+  EXPECT_STREQ(mxq::cli::compressed_tensors_format(Format::mxfp8_e4m3), "mxfp8-quantized");
+  EXPECT_STREQ(mxq::cli::compressed_tensors_format(Format::nvfp4), "nvfp4-pack-quantized");
+  const json tc = mxq::cli::quantization_config(Format::nvfp4, ignore, 64)["transform_config"]["config_groups"]["mxq"];
+  EXPECT_EQ(tc["head_dim"], 64);
+  EXPECT_EQ(tc["apply"][0]["ignore"], json(ignore));
+  EXPECT_EQ(tc["apply"][1]["location"], "weight_input");
+  EXPECT_EQ(mxq::cli::rotation_matrix_name("m.q_proj"), "m.q_proj.mxq_input.weight");
+  for (const int n : {16, 64}) {
+    const std::vector<float> h = mxq::cli::hadamard_matrix(n);
+    ASSERT_EQ(h.size(), std::size_t(n) * n);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) {
+        float dot = 0;
+        for (int k = 0; k < n; ++k) dot += h[std::size_t(i) * n + k] * h[std::size_t(j) * n + k];
+        ASSERT_EQ(dot, i == j ? float(n) : 0.0f) << n << ": rows " << i << ", " << j;
+      }
+  }
+}
+
+// config.json gets the quantization_config; a config without a dtype gets bfloat16 (said on
+// stdout), an explicit other dtype stays (a note on stderr).
+TEST(CompressedTensors, ConfigDtype) {
+  const json qc = mxq::cli::quantization_config(Format::mxfp4, {"lm_head"}, 0);
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  const json none = json::parse(mxq::cli::config_with_quantization(json::parse(R"({"hidden_size": 8})"), qc));
+  const json bf16 = json::parse(mxq::cli::config_with_quantization(json::parse(R"({"dtype": "bfloat16"})"), qc));
+  const json f16 = json::parse(mxq::cli::config_with_quantization(json::parse(R"({"torch_dtype": "float16"})"), qc));
+  const std::string said = testing::internal::GetCapturedStdout(), noted = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(none["torch_dtype"], "bfloat16");
+  EXPECT_EQ(none["quantization_config"], qc);
+  EXPECT_EQ(none["hidden_size"], 8);
+  EXPECT_FALSE(bf16.contains("torch_dtype"));
+  EXPECT_EQ(f16["torch_dtype"], "float16");
+  EXPECT_NE(said.find("config.json: torch_dtype bfloat16 added"), std::string::npos) << said;
+  EXPECT_NE(noted.find("config.json says dtype float16"), std::string::npos) << noted;
 }

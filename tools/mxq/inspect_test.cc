@@ -15,10 +15,10 @@
 
 #include <mxq/mxq.hpp>
 
-#include "commands.hpp"
-#include "safetensors.hpp"
 #include "checkpoint_read.hpp"
 #include "checkpoint_test_util.hpp"
+#include "commands.hpp"
+#include "safetensors.hpp"
 
 using namespace checkpoint_test;
 
