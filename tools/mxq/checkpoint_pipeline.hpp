@@ -2,8 +2,9 @@
 // The conversion of `mxq quantize` and `mxq qdq`, shard by shard as the plan says: every tensor read
 // from its memory-mapped shard, converted on the engine (the next one staged while the previous one
 // converts), its error statistics taken, and its outputs written behind the conversion, in the order
-// declared, by one writer thread (write_behind.hpp). Peak memory is about a few tensors, their
-// outputs and a band of fp32 rows per thread.
+// declared, by one writer thread (write_behind.hpp). Inputs are memory-mapped and processed tensor by
+// tensor; at most a few writes wait behind the conversion, so memory stays bounded by the outputs of
+// a few tensors.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
