@@ -2,7 +2,7 @@
 // A checkpoint's structure, read and checked before anything is converted: its shards (the index's
 // files, model.safetensors, or one file), the index and config.json. Every file is opened as a
 // regular file of bounded size (a FIFO, device or 10 GB "config.json" is refused, never waited on
-// or read whole). Shared by the converters (checkpoint.cpp) and the checkpoint fuzz target.
+// or read whole). Shared by the commands that read checkpoints and the checkpoint fuzz target.
 #include <cstdint>
 #include <filesystem>
 #include <optional>

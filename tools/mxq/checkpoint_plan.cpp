@@ -1,0 +1,169 @@
+#include "checkpoint_plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "safetensors.hpp"
+
+namespace mxq::cli {
+
+namespace {
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
+}  // namespace
+
+bool default_ignored(const std::string& module) {
+  const auto has = [&](const char* s) { return module.find(s) != std::string::npos; };
+  return module == "lm_head" || module.ends_with(".lm_head") || has("embed") || module.ends_with(".mlp.gate") ||
+         has("router") || module.ends_with("shared_expert_gate") || has("visual") || has("vision");
+}
+
+// libstdc++ matches a pattern with its polynomial executor: memory and stack bounded by the pattern,
+// time by the pattern times the name, whatever the name (the default executor backtracks, recursing
+// per character: a long name overflows the stack).
+std::regex user_pattern(const std::string& flag, const std::string& s) {
+  try {
+#ifdef __GLIBCXX__
+    return std::regex(s, std::regex::ECMAScript | std::regex_constants::__polynomial);
+#else
+    return std::regex(s, std::regex::ECMAScript);
+#endif
+  } catch (const std::regex_error& e) {
+    fail(flag + " '" + s + "': not a usable regular expression (back-references are not supported): " + e.what());
+  }
+}
+
+float group_amax_of(float a, float b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
+
+QuantizePlan plan_quantize(const std::vector<TensorEntry>& tensors, const PlanOptions& o) {
+  QuantizePlan plan;
+  const int g = o.format == Format::nvfp4 ? 16 : 32;
+  const std::pair<Rotation, int>& rot = o.rotation;
+  std::vector<std::string> ignored_modules;
+  std::vector<std::string>& unfit = plan.unfit;
+  for (const TensorEntry& t : tensors) {
+    ++plan.shard_tensors[t.shard];
+    TensorPlan p;
+    const bool is_weight = t.name.ends_with(".weight");
+    const std::string module = is_weight ? t.name.substr(0, t.name.size() - 7) : t.name;
+    const bool floating = t.dtype == "BF16" || t.dtype == "F16" || t.dtype == "F32";
+    if (!is_weight || t.shape.size() != 2 || !floating) {
+      p.why = "not a 2-D floating weight";
+    } else if (default_ignored(module)) {
+      p.why = "left unquantized for vLLM (head, embedding, router, vision)";
+      ignored_modules.push_back(module);
+    } else if (stored_transposed(o.fusion, module)) {
+      p.why = "a Conv1D weight stored transposed ([K, N]) in this model family, not a Linear weight";
+      ignored_modules.push_back(module);
+      unfit.push_back(t.name + " (" + p.why + ")");
+    } else if (!o.include.empty() &&
+               std::none_of(o.include.begin(), o.include.end(), [&](const std::regex& r) { return std::regex_search(t.name, r); })) {
+      p.why = "not matched by --include";
+      ignored_modules.push_back(module);
+    } else if (std::any_of(o.exclude.begin(), o.exclude.end(), [&](const std::regex& r) { return std::regex_search(t.name, r); })) {
+      p.why = "matched by --exclude";
+      ignored_modules.push_back(module);
+    } else if (!o.fake && module.size() + std::strlen(".weight_global_scale") > st::kMaxNameBytes) {
+      // its quantized tensors' names would be longer than a reader accepts
+      p.why = fmt::format("name too long for its quantized tensors (limit {} bytes)", st::kMaxNameBytes);
+      ignored_modules.push_back(module);
+      unfit.push_back(t.name);
+    } else if (rot.second && t.shape[1] % rot.second != 0) {
+      p.why = fmt::format("K = {} is not a multiple of the rotation size {}", t.shape[1], rot.second);
+      ignored_modules.push_back(module);
+      unfit.push_back(t.name);
+    } else if (t.shape[0] == 0 || t.shape[1] == 0) {
+      // Nothing to quantize, and a Linear module without rows or columns has no scales to load:
+      // copied as it is and listed, quantize leaves it in the config's ignore list.
+      p.why = fmt::format("empty weight [{}, {}]", t.shape[0], t.shape[1]);
+      ignored_modules.push_back(module);
+      unfit.push_back(t.name);
+    } else if (!o.fake && t.shape[1] % g != 0) {
+      p.why = fmt::format("K = {} is not a multiple of {} (vLLM could not load it)", t.shape[1], g);
+      ignored_modules.push_back(module);
+      unfit.push_back(t.name);
+    } else {
+      p.quantize = true;
+      const std::int64_t N = t.shape[0], K = t.shape[1];
+      const std::size_t xb = std::size_t(N * K * st::find_dtype(t.dtype)->bytes);
+      Engine::Sizes& largest = plan.largest;
+      largest.x = std::max(largest.x, xb);
+      largest.y = std::max(largest.y, o.fake ? xb : std::size_t(N * code_cols(o.format, K)));
+      largest.scales = std::max(largest.scales, std::size_t(N * ((K + g - 1) / g)));
+      largest.elems = std::max(largest.elems, std::size_t(N * K));
+    }
+    plan.tensors[t.shard + "/" + t.name] = p;
+  }
+  // A fused parameter holds one precision (vLLM refuses a layer with some shards quantized and
+  // others not): a member left unquantized (--exclude, --include, a name too long) leaves the whole
+  // group unquantized, each member saying why.
+  std::map<std::string, std::string> group_unquantized;  // group -> the member that is not quantized
+  for (const auto& [key, p] : plan.tensors) {
+    if (o.fake) break;  // a fake-quantized copy loads as the original model: no fused precision to keep
+    const std::string name = key.substr(key.find('/') + 1);
+    if (p.quantize || !name.ends_with(".weight")) continue;
+    const std::string gk = fused_group(o.fusion, name.substr(0, name.size() - 7));
+    if (!gk.empty() && !group_unquantized.count(gk)) group_unquantized[gk] = name;
+  }
+  for (auto& [key, p] : plan.tensors) {
+    const std::string name = key.substr(key.find('/') + 1);
+    if (!p.quantize) continue;
+    const std::string module = name.substr(0, name.size() - 7);
+    const auto it = group_unquantized.find(fused_group(o.fusion, module));
+    if (it == group_unquantized.end()) continue;
+    p.quantize = false;
+    p.why = "fused into " + it->first + " with " + it->second + ", which is left unquantized";
+    ignored_modules.push_back(module);
+    unfit.push_back(name + " (fused into " + it->first + " with " + it->second + ", which is left unquantized)");
+  }
+  // quantize --rotate: every quantized Linear is rotated (its input, online, by the loader; its weight
+  // here). Refused where vLLM would not rotate the input: MoE experts, Linear layers with a bias.
+  if (rot.first != Rotation::none && !o.fake) {
+    std::set<std::string> names;
+    for (const auto& [key, p] : plan.tensors) names.insert(key.substr(key.find('/') + 1));
+    for (const auto& [key, p] : plan.tensors) {
+      if (!p.quantize) continue;
+      const std::string name = key.substr(key.find('/') + 1), module = name.substr(0, name.size() - 7);
+      if (module.find(".experts.") != std::string::npos)
+        fail("--rotate: " + name + " is an MoE expert weight; vLLM applies no online rotation to MoE experts, so a rotated "
+             "expert would compute the wrong product there: --exclude the experts (e.g. --exclude '\\.experts\\.') or "
+             "drop --rotate");
+      if (names.count(module + ".bias"))
+        fail("--rotate: " + module + " has a bias; vLLM applies online rotations only to Linear layers without one: "
+             "--exclude it or drop --rotate");
+    }
+    for (const TensorEntry& t : tensors)
+      if (plan.quantized(t.shard, t.name)) {
+        plan.rotation_shard = t.shard, plan.rotation_module = t.name.substr(0, t.name.size() - 7);
+        break;
+      }
+  }
+  std::sort(ignored_modules.begin(), ignored_modules.end());
+  ignored_modules.erase(std::unique(ignored_modules.begin(), ignored_modules.end()), ignored_modules.end());
+  if (std::find(ignored_modules.begin(), ignored_modules.end(), "lm_head") == ignored_modules.end())
+    ignored_modules.insert(ignored_modules.begin(), "lm_head");
+  plan.ignore = std::move(ignored_modules);
+  return plan;
+}
+
+std::map<std::string, ScaleAmax> global_scale_amax(const LoaderFusion& fusion, const std::map<std::string, float>& amax) {
+  // the amax of each group: NaN or Inf when a member's is (then S = 1 for every member,
+  // docs/numerics.md, and the summary says so)
+  std::map<std::string, float> group_amax;
+  for (const auto& [m, v] : amax) {
+    const std::string gk = fused_group(fusion, m);
+    if (!gk.empty()) group_amax[gk] = group_amax.count(gk) ? group_amax_of(group_amax[gk], v) : v;
+  }
+  std::map<std::string, ScaleAmax> r;
+  for (const auto& [m, v] : amax) {
+    const std::string gk = fused_group(fusion, m);
+    r[m] = gk.empty() ? ScaleAmax{v, ""} : ScaleAmax{group_amax[gk], gk};
+  }
+  return r;
+}
+
+}  // namespace mxq::cli

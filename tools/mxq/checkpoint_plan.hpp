@@ -1,0 +1,84 @@
+#pragma once
+// What `mxq quantize` and `mxq qdq` make of each tensor of a checkpoint, decided from the shards'
+// headers alone (names, dtypes, shapes) and the options: which weights are quantized and why the
+// others are not, the config's ignore list, which module carries the rotation's matrix, and (given
+// the weights' amax) the fused groups' shared NVFP4 global scales. Nothing here reads a file:
+// checkpoint_plan_test.cc gives it tables.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <regex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <mxq/mxq.hpp>
+
+#include "engine.hpp"
+#include "fusion.hpp"
+
+namespace mxq::cli {
+
+// One tensor of a shard's header; a plan takes them shard by shard in the checkpoint's order, each
+// shard's in its header's order.
+struct TensorEntry {
+  std::string shard, name, dtype;
+  std::vector<std::int64_t> shape;
+};
+
+struct PlanOptions {
+  Format format = Format::mxfp4;
+  bool fake = false;                          // mxq qdq: a fake-quantized copy, no compressed-tensors layout
+  std::vector<std::regex> include, exclude;   // user_pattern's
+  std::pair<Rotation, int> rotation{Rotation::none, 0};
+  LoaderFusion fusion;                        // the loader's fused projections (loader_fusion)
+};
+
+struct TensorPlan {
+  bool quantize = false;
+  std::string why;  // why not
+};
+
+struct QuantizePlan {
+  std::map<std::string, TensorPlan> tensors;          // by "<shard>/<name>"
+  std::map<std::string, std::size_t> shard_tensors;   // tensors per shard
+  // quantization_config's ignore list: the modules left unquantized, sorted, "lm_head" always in it.
+  std::vector<std::string> ignore;
+  // The weights left unquantized for their shape, name or fused group (the summary's last lines).
+  std::vector<std::string> unfit;
+  Engine::Sizes largest;  // of the conversions: the GPU engine's buffers, sized once
+  // quantize --rotate: where the transform's matrix is stored, beside the first rotated module (as
+  // compressed-tensors' save_pretrained does); empty when nothing is rotated.
+  std::string rotation_shard, rotation_module;
+  bool quantized(const std::string& shard, const std::string& name) const { return tensors.at(shard + "/" + name).quantize; }
+};
+
+// The plan of every tensor. A 2-D floating X.weight is quantized unless vLLM expects its module
+// unquantized (default_ignored), the family stores it transposed, --include/--exclude leave it out,
+// its quantized names would be too long, its K does not fit the rotation or the format's group
+// (quantize), or it is empty; a fused parameter holds one precision, so a member left unquantized
+// leaves its whole group unquantized (quantize). quantize --rotate refuses (std::runtime_error,
+// naming the tensor) what vLLM would rotate wrongly: MoE experts and Linear layers with a bias.
+QuantizePlan plan_quantize(const std::vector<TensorEntry>& tensors, const PlanOptions& o);
+
+// Modules vLLM expects unquantized (docs/cli.md): the LM head, embeddings, MoE routers,
+// vision towers. Plain string comparisons, no std::regex: names come from the file.
+bool default_ignored(const std::string& module);
+
+// A --include/--exclude pattern (ECMAScript), or an error naming the flag and the pattern.
+std::regex user_pattern(const std::string& flag, const std::string& s);
+
+// The amax of a fused group as tensor_amax would give it over the members' weights side by side: NaN
+// if any member's is NaN, else the largest (+Inf included).
+float group_amax_of(float a, float b);
+
+// NVFP4: the amax a quantized module's global scale is computed from: its fused group's (every
+// member then shares one scale, as the loader's fused parameter needs) or, fused with nothing, its own.
+struct ScaleAmax {
+  float amax = 0;
+  std::string group;  // the fused group, "" when the module's own
+};
+// amax: each quantized module's tensor amax (of its rotated weight under --rotate).
+std::map<std::string, ScaleAmax> global_scale_amax(const LoaderFusion& fusion, const std::map<std::string, float>& amax);
+
+}  // namespace mxq::cli
