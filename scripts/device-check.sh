@@ -12,7 +12,9 @@
 #   MXQ_CHECK_SANITIZE_TESTS  the suites run under compute-sanitizer (default: the GPU suites)
 #   MXQ_CHECK_SANITIZERS  the compute-sanitizer tools (default: memcheck racecheck synccheck initcheck)
 #   MXQ_CHECK_LINEAR  linear_bench arguments (e.g. "--quick"): the W4A16 GEMM against cuBLAS, into $OUT/linear_bench.txt
-#                     (bench/linear_peers.py, run on its own, adds Humming)
+#   MXQ_CHECK_LINEAR_PEERS  bench/linear_peers.py arguments (e.g. "--quick"): mxq.linear against cuBLAS and
+#                     Humming, into $OUT/linear_peers.md; Humming from humming-kernels wheels in .whl/
+#                     (installed with --no-index), else that column says why it is missing
 #   MXQ_CHECK_E2E_PROFILE  models whose prefill is profiled per variant (torch.profiler) into $OUT
 #   MXQ_CHECK_NCU     ';'-separated cuda_bench rows to profile with Nsight Compute (summary lines printed);
 #                     'ROW@REGEX' profiles the kernel matching REGEX (default block_kernel / dequant_kernel)
@@ -162,6 +164,16 @@ if ! skipped python; then  # the PyTorch package against the installed torch (no
       status "python: pytest tests/python" "$(tail -1 "$OUT/pytest.txt") rc=$rc ($((SECONDS - t0)) s)"
       [ $rc -ne 0 ] && grep -E '^(FAILED|ERROR)' "$OUT/pytest.txt" | head -20
     fi
+    if [ -n "${MXQ_CHECK_LINEAR_PEERS:-}" ]; then
+      PEERS_PATH=""
+      if ls "$ROOT"/.whl/*.whl > /dev/null 2>&1; then
+        "$PYV/bin/python" -m pip install --no-index --no-deps --target "$BUILD/peers-site" "$ROOT"/.whl/*.whl > "$LOG/peers-pip.log" 2>&1
+        PEERS_PATH="$BUILD/peers-site"
+      fi
+      PYTHONPATH="$PEERS_PATH${PYTHONPATH:+:$PYTHONPATH}" "$PYV/bin/python" "$ROOT/bench/linear_peers.py" $MXQ_CHECK_LINEAR_PEERS \
+        > "$OUT/linear_peers.md" 2> "$LOG/linear_peers.txt"
+      status "python: linear_peers $MXQ_CHECK_LINEAR_PEERS" "rc=$? (linear_peers.md)"
+    fi
     for m in ${MXQ_CHECK_E2E_PROFILE:-}; do  # torch.profiler of one prefill per variant
       PYTHONUNBUFFERED=1 "$PYV/bin/python" "$ROOT/bench/generate_bench.py" --model "$m" --profile "$OUT/profile-$m.txt" > "$LOG/profile-$m.txt" 2>&1
       status "python: prefill profile $m" "rc=$? (profile-$m.txt)"
@@ -194,6 +206,8 @@ tar czf "$OUT/logs.tgz" -C "$OUT" logs; cp "$LOG/cuda_bench.txt" "$OUT/" 2>/dev/
 echo; cat "$LOG/machine.txt"; echo; cat "$OUT/summary.txt"; echo
 if [ -s "$OUT/perf_table.md" ]; then cat "$OUT/perf_table.md"; elif [ -s "$OUT/cuda_bench.txt" ]; then cat "$OUT/cuda_bench.txt"; fi
 [ -s "$OUT/torch_ops_bench.md" ] && { echo; cat "$OUT/torch_ops_bench.md"; }
+[ -s "$OUT/linear_bench.txt" ] && { echo; cat "$OUT/linear_bench.txt"; }
+[ -s "$OUT/linear_peers.md" ] && { echo; cat "$OUT/linear_peers.md"; }
 [ -s "$OUT/checkpoint_bench.md" ] && { echo; cat "$OUT/checkpoint_bench.md"; }
 for f in "$OUT"/e2e-*.md; do [ -s "$f" ] && { echo; cat "$f"; }; done
 rm -rf "$LOG"

@@ -305,15 +305,23 @@ void dequantize_packed(const PackedWeight& w, const Tensor& out, Backend backend
     }
 }
 
-std::string linear_plan(const PackedWeight& w, std::int64_t M) {
+namespace {
+int current_device_sm() {
+#if defined(MXQ_HAVE_CUDA)
+  if (cuda::available(nullptr)) return cuda::device_sm();
+#endif
+  return 90;
+}
+}  // namespace
+
+std::string linear_plan(const PackedWeight& w, std::int64_t M, int sm) {
   Checker c("linear_plan");
   check_format(c, w.format);
   check_dims(c, w.format, w.N, w.K);
   if (M < 1) c.fail("M " + std::to_string(M) + ": expected >= 1");
-  const core::LinearPlan p = core::plan_linear(w.N, w.K, M);
-  return "tokens per tile " + std::to_string(p.tokens) + ", warps along K " + std::to_string(p.ksplit) + ", tiles in flight " +
-         std::to_string(p.depth) + ", grid " +
-         std::to_string(p.grid_n) + " x " + std::to_string(p.grid_m);
+  if (sm < 0 || sm > 1000) c.fail("sm " + std::to_string(sm) + ": expected 0 (the current device) or a compute capability such as 90");
+  if (sm == 0) sm = current_device_sm();
+  return core::to_string(core::plan_linear(w.N, w.K, M, sm));
 }
 
 void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Tensor& y, Backend backend, void* stream) {

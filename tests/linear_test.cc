@@ -14,6 +14,7 @@
 
 #include "backends.hpp"
 #include "core/linear_layout.hpp"
+#include "core/linear_plan.hpp"
 #include "helpers.hpp"
 
 namespace {
@@ -302,6 +303,18 @@ HostTensor wide_x() {
   return x;
 }
 
+TEST(Linear, EveryPlanHasAKernel) {
+  for (int sm : {80, 89, 90})
+    for (std::int64_t M : {1, 7, 8, 9, 16, 17, 32, 33, 64, 65, 129, 4096})
+      for (std::int64_t N : {1, 100, 4096, 4097, 8192, 12288, 14336, 28672})
+        for (std::int64_t K : {32, 2880, 4096, 8192, 14336}) {
+          const mxq::core::LinearPlan p = mxq::core::plan_linear(N, K, M, sm);
+          EXPECT_TRUE(mxq::core::has_kernel(p)) << "sm" << sm << " M=" << M << " N=" << N << " K=" << K << ": " << mxq::core::to_string(p);
+          if (sm < 90) EXPECT_EQ(p.cluster, 1) << "clusters need sm90";
+          EXPECT_EQ(p.grid_n, ((N + 31) / 32 + p.groups - 1) / p.groups * p.cluster);
+        }
+}
+
 TEST(Linear, ScaleSpanLimit) {
   EXPECT_THROW((void)pack(wide_scales(134)), mxq::Error);
   const Packed p = pack(wide_scales(130));
@@ -348,6 +361,11 @@ TEST(LinearCuda, MatchesReferenceOnExactSums) {
   cases.push_back({1000, 300, 320});
   cases.push_back({16, 4096, 4096});
   cases.push_back({3, 4100, 1024});
+  // the table's other rows on sm90: two 32-row groups per CTA (an odd last group past N), a 2-CTA cluster
+  cases.push_back({1, 12300, 128});
+  cases.push_back({16, 12300, 192});
+  cases.push_back({1, 100, 8192});
+  cases.push_back({5, 4096, 8192});
   for (Format f : kFormats)
     for (DType dt : {DType::bf16, DType::f16})
       for (const Case& c : cases) {

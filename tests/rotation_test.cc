@@ -557,28 +557,30 @@ TEST(CudaRotation, SpecialValuesAndInPlace) {
     }
 }
 
-// Dequantize + un-rotate into bf16 and f16 at the edges of the output dtype (the kernel rounds a
+// Dequantize + un-rotate into bf16 and f16 at the edges of the output dtype (the CUDA kernel rounds a
 // chunk of 2-byte outputs by the hardware conversion only where no value in it can round past the
-// largest finite one). Random codes (NaN codes included) under one scale exponent per rotation group,
-// chosen so that the group's outputs reach the largest finite output and beyond, f16's and bf16's
-// subnormals and underflow, or the ordinary range; then groups of 16 built so that one output is
-// exactly at, just below or past the midpoint between the largest finite value and the next power of
-// two (where the reference saturates and a plain round-to-nearest-even would give the infinity). The
-// same bytes as the reference.
-TEST(CudaRotation, DequantizeRoundsAtTheEdgesOfTheOutputDtype) {
-  TH_REQUIRE_BACKEND(Backend::cuda);
+// largest finite one), on backend be against the reference, byte for byte. Random codes (NaN codes
+// included) under one scale exponent per rotation group, chosen so that the group's outputs reach the
+// largest finite output and beyond, f16's and bf16's subnormals and underflow, or the ordinary range;
+// then a diagonal inverse matrix placing outputs exactly at, just below and past the midpoint between
+// the largest finite value and the next power of two (where the reference saturates and a plain
+// round-to-nearest-even would give the infinity).
+void dequantize_at_dtype_edges(Backend be) {
   const std::int64_t R = 6, K = 1024;
   std::mt19937 rng(2026);
-  th::Scalar ws(Backend::cuda);
-  auto check = [&](const QuantOptions& o, DType dt, const th::Quantized& q, const std::string& what) {
+  th::Scalar ws(be);
+  auto run = [&](const QuantOptions& o, DType dt, const th::Quantized& q, const th::HostTensor* inv, const std::string& what) {
     QuantOptions ro = o;
     ro.backend = Backend::reference;
     th::HostTensor zr(dt, q.rows, q.K);
     dequantize(q.in(), zr.view(), ro);
-    const QuantOptions co = th::on(Backend::cuda, o, ws);
-    th::Placed cd(Backend::cuda, q.codes), sd(Backend::cuda, q.scales), zd(Backend::cuda, zr);
-    dequantize(QuantizedIn{cd.view(), sd.view()}, zd.view(), co);
+    QuantOptions bo = th::on(be, o, ws);
+    std::optional<th::Placed> invd;
+    if (inv) bo.rotation_inverse = invd.emplace(be, *inv).view();
+    th::Placed cd(be, q.codes), sd(be, q.scales), zd(be, zr);
+    dequantize(QuantizedIn{cd.view(), sd.view()}, zd.view(), bo);
     th::expect_same_bytes(zr, zd.get(), "dequantize " + what);
+    return zr;
   };
   for (const QuantOptions& base : {QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::even), QuantOptions::mx(Format::mxfp4, ScaleRule::even)})
     for (DType dt : {DType::bf16, DType::f16})
@@ -601,46 +603,51 @@ TEST(CudaRotation, DequantizeRoundsAtTheEdgesOfTheOutputDtype) {
             const int e = std::clamp(exps[rng() % exps.size()], -127, 127);
             for (std::int64_t j = b; j < b + blocks; ++j) q.scales.bytes[std::size_t(r * per_row + j)] = std::uint8_t(127 + e);
           }
-        check(o, dt, q, std::string(th::name_of(base)) + " " + std::string(to_string(dt)) + " RS " + std::to_string(rs));
+        run(o, dt, q, nullptr, std::string(th::name_of(base)) + " " + std::string(to_string(dt)) + " RS " + std::to_string(rs));
         if (testing::Test::HasFailure()) return;
       }
   // The Hadamard butterfly cannot reach the top of bf16 (its unnormalised sums overflow first), so the
-  // last cases take a runtime matrix: the inverse diag(c) times E4M3's 448 under 2^7 (f16) or 2^119
-  // (bf16) puts outputs just below the midpoint past the largest finite value (rounding down onto it),
-  // at the largest (f16: 65504), exactly at the midpoint (c = 585/512 for f16, 73/64 for bf16) and past
-  // it (both saturate). Outputs 8-9 share a chunk of their own (no value past the midpoint there).
+  // last cases take a runtime matrix: the inverse diag(d), under E4M3 codes and the scale 2^7 (f16) or
+  // 2^119 (bf16), so that code 448 (0x7E) gives y = 57344 or 1.75 * 2^127 times d. One row, two groups
+  // of 16, four chunks of 8 outputs (the matrix kernels' rounding chunk):
+  //   chunk 0 (outputs 0-7, codes 448): exactly the midpoint as its largest value, halfway between the
+  //     largest finite value and the midpoint, and six ordinary, distinct values (a fast path taken at
+  //     the midpoint would round it to the infinity; both must saturate to the largest finite value);
+  //   chunk 1 (8-15, codes 448): every value below the midpoint (the fast path): one rounding down
+  //     onto the largest finite value, the largest itself, six ordinary, distinct values (swapped halves
+  //     show);
+  //   chunk 2 (16-23, codes 448): as chunk 0 and, at output 19, a value past the midpoint (saturates);
+  //   chunk 3 (24-31): as chunk 1 under smaller codes (0x76 = 224, 0x6E = 112, alternating).
+  // Output 3 of chunk 0 takes code 0x6E (112): d[3] is the past-midpoint factor, an ordinary value there.
   for (DType dt : {DType::f16, DType::bf16}) {
     const bool f16 = dt == DType::f16;
-    std::vector<float> diag(16, 1.0f);
     const double y = f16 ? 57344.0 : std::ldexp(1.75, 127), top = f16 ? 65504.0 : std::ldexp(255.0 / 128.0, 127);
     const double mid = f16 ? 65520.0 : std::ldexp(511.0 / 256.0, 127), past = f16 ? 65534.0 : std::ldexp(1.9990234375, 127);
-    diag[0] = float(mid / y);
-    diag[1] = float(past / y);
-    diag[2] = float((top + mid) / 2 / y);
-    diag[8] = float((2 * top + mid) / 3 / y);  // below the midpoint: rounds onto the largest finite value
-    diag[9] = float(top / y);
+    const std::vector<float> d = {float(mid / y), float((top + mid) / 2 / y), 0.5f, float(past / y), 0.25f, 0.75f, 0.625f, 0.875f,
+                                  float((2 * top + mid) / 3 / y), float(top / y), 0.375f, 0.8125f, 0.5625f, 0.6875f, 0.9375f, 0.3125f};
     std::vector<float> inv(256, 0.0f);
-    for (int i = 0; i < 16; ++i) inv[std::size_t(i) * 17] = diag[std::size_t(i)];
+    for (int i = 0; i < 16; ++i) inv[std::size_t(i) * 17] = d[std::size_t(i)];
     const th::HostTensor invt = matrix_tensor(inv, 16, DType::f32);
     QuantOptions o = QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::even);
     o.rotation = Rotation::matrix;
     o.rotation_size = 16;
     o.rotation_inverse = invt.view();
     th::Quantized q(o, 1, 32);
-    std::fill(q.codes.bytes.begin(), q.codes.bytes.end(), std::uint8_t(0x7E));  // 448
+    for (int j = 0; j < 32; ++j) q.codes.bytes[std::size_t(j)] = j >= 24 ? (j % 2 ? 0x6E : 0x76) : j == 3 ? 0x6E : 0x7E;
     std::fill(q.scales.bytes.begin(), q.scales.bytes.end(), std::uint8_t(127 + (f16 ? 7 : 119)));
-    QuantOptions ro = o;
-    ro.backend = Backend::reference;
-    th::HostTensor zr(dt, 1, 32);
-    dequantize(q.in(), zr.view(), ro);
-    th::Placed invd(Backend::cuda, invt), cd(Backend::cuda, q.codes), sd(Backend::cuda, q.scales), zd(Backend::cuda, zr);
-    QuantOptions co = th::on(Backend::cuda, o, ws);
-    co.rotation_inverse = invd.view();
-    dequantize(QuantizedIn{cd.view(), sd.view()}, zd.view(), co);
-    th::expect_same_bytes(zr, zd.get(), std::string("dequantize with a diagonal inverse to ") + std::string(to_string(dt)));
+    const th::HostTensor zr = run(o, dt, q, &invt, std::string("with a diagonal inverse to ") + std::string(to_string(dt)));
     const std::uint16_t want_top = f16 ? 0x7BFF : 0x7F7F;
-    for (int j : {0, 1, 2, 8, 9}) EXPECT_EQ(zr.bits(0, j), want_top) << "output " << j << " of the reference (" << to_string(dt) << ")";
+    for (int j : {0, 1, 8, 9, 16, 17, 19}) EXPECT_EQ(zr.bits(0, j), want_top) << "output " << j << " of the reference (" << to_string(dt) << ")";
+    for (int j : {2, 3, 4, 10, 11, 24, 25})
+      EXPECT_LT(zr.bits(0, j) & 0x7FFF, want_top) << "output " << j << " of the reference (" << to_string(dt) << ")";
   }
+}
+
+TEST(Rotation, DequantizeRoundsAtTheEdgesOfTheOutputDtype) { dequantize_at_dtype_edges(Backend::cpu); }
+
+TEST(CudaRotation, DequantizeRoundsAtTheEdgesOfTheOutputDtype) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  dequantize_at_dtype_edges(Backend::cuda);
 }
 
 // Signed zeros through the butterfly's shuffle stages (on the GPU each one fma(+-1, v, w): RN(w - v)

@@ -70,8 +70,9 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Te
 void dequantize_packed(const PackedWeight& w, const Tensor& out, Backend backend = Backend::automatic,
                        void* stream = nullptr);
 
-// The CUDA kernel configuration linear() would launch for M rows of x (docs/linear.md's table):
-// "tokens per tile, warps along K, grid", for printing.
-std::string linear_plan(const PackedWeight& w, std::int64_t M);
+// The CUDA kernel configuration linear() would launch for M rows of x on a device of compute capability
+// sm (major * 10 + minor; 0: the current CUDA device's, or 90 where there is none), from docs/linear.md's
+// table: "kernel, tokens per tile, warps along K, ring, grid", for printing.
+std::string linear_plan(const PackedWeight& w, std::int64_t M, int sm = 0);
 
 }  // namespace mxq

@@ -715,6 +715,17 @@ std::tuple<at::Tensor, at::Tensor> unpack(const at::Tensor& pc, const at::Tensor
   return {codes, scales};
 }
 
+// From this many rows of x on, the CUDA op multiplies through cuBLAS (dequantize_packed + an fp32-output
+// GEMM) instead of mxq's kernel, which re-reads the weights per 64 rows (docs/linear.md has the measured
+// crossover). MXQ_LINEAR_CUBLAS_M overrides it (benchmarks).
+int64_t linear_cublas_from_m() {
+  static const int64_t m = [] {
+    const char* e = std::getenv("MXQ_LINEAR_CUBLAS_M");
+    return e && *e ? std::max<int64_t>(1, std::atoll(e)) : int64_t(129);
+  }();
+  return m;
+}
+
 // linear: y [..., N] = x [..., K] @ W^T (+ bias), W prepacked (codes, scales on x's device).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& pc, const at::Tensor& ps, const std::optional<at::Tensor>& bias,
                   c10::string_view format, int64_t N, int64_t K, int64_t exp_shift, bool f16_exact, double tensor_scale) {
@@ -754,6 +765,23 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& pc, const at::Tensor& p
     xv = mxq::Tensor{xc.data_ptr(), dt, xr.rows, xr.cols, 0, mxq_device(xc)};
   }
   DeviceContext ctx(x);
+  if (x.is_cuda() && xr.rows >= linear_cublas_from_m()) {
+    // Large M: the weight as the kernel's operand (exact) through cuBLAS with fp32 output, then the
+    // kernel's epilogue in fp32: times 2^exp_shift (exact), / S, + bias, rounded once (docs/linear.md).
+    at::Tensor wt = at::empty({N, K}, x.options().memory_format(at::MemoryFormat::Contiguous));
+    guarded([&] {
+      mxq::dequantize_packed(w, mxq::Tensor{wt.data_ptr(), dt, N, K, 0, mxq_device(wt)}, mxq::Backend::automatic, ctx.stream);
+      return 0;
+    });
+    at::Tensor y32 = at::mm(xr.t.reshape({xr.rows, K}), wt.t(), at::kFloat);
+    if (exp_shift != 0) y32.mul_(std::ldexp(1.0, static_cast<int>(exp_shift)));
+    // NOTE: / S as a division: a divisor that is a CPU scalar makes torch's CUDA kernel multiply by its
+    // reciprocal (1 ulp off in fp32; one fp16 output of test_linear differed on the H200), a tensor does not.
+    if (w.format == mxq::Format::nvfp4) y32.div_(at::full({}, static_cast<double>(w.tensor_scale), y32.options()));
+    if (bias) y32.add_(b.to(at::kFloat));
+    y.view({xr.rows, N}).copy_(y32);
+    return y;
+  }
   guarded([&] {
     mxq::linear(xv, w, bias ? &bv : nullptr, mxq::Tensor{y.data_ptr(), dt, xr.rows, N, 0, mxq_device(y)}, mxq::Backend::automatic,
                 ctx.stream);

@@ -1,28 +1,56 @@
 #pragma once
-// The W4A16 linear's static tile table (docs/linear.md): one row per M range, the same on every
-// architecture in this version. Host code only.
+// The W4A16 linear's static tile table (docs/linear.md), per (architecture, M, N, K). Host code only.
 #include <cstdint>
+#include <string>
 
 namespace mxq::core {
 
 struct LinearPlan {
   int tokens;           // tokens (rows of x) per CTA tile: the mma's n side, 8, 16, 32 or 64
-  int ksplit;           // warps of a CTA, each summing its share of K; reduced in shared memory in warp order
+  int ksplit;           // warps of a CTA (8)
   int depth;            // 64-column weight tiles each warp keeps in flight
-  std::int64_t grid_n;  // CTAs along N: 32 weight rows each
+  int groups;           // 32-row groups of W per CTA; the warps of a group split the CTA's share of K
+  int cluster;          // CTAs of a cluster (sm90) splitting K further, reduced in rank order
+  std::int64_t grid_n;  // CTAs along N: groups x 32 weight rows each, times the cluster
   std::int64_t grid_m;  // CTAs along M
 };
 
-inline LinearPlan plan_linear(std::int64_t N, std::int64_t /*K*/, std::int64_t M) {
-  LinearPlan p;
+// sm: the device's compute capability as major * 10 + minor (90 for sm_90).
+// NOTE: the rows come from timing every variant on each benchmark shape (dev/probes/linear_tile_probe.cu):
+// at M <= 16 a wave of about two 4-deep CTAs per SM streams best; more 32-row strips than that go two to
+// a CTA, and few strips of a long K (4096 x 14336) split K over a 2-CTA cluster. Wider groups and
+// clusters at M >= 32 measured slower (the x fragments, read from L2 at 1 CTA per SM, bound those tiles).
+inline LinearPlan plan_linear(std::int64_t N, std::int64_t K, std::int64_t M, int sm) {
+  LinearPlan p{};
   p.tokens = M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64;
   p.ksplit = 8;
-  p.grid_n = (N + 31) / 32;
-  // NOTE: fewer than 256 CTAs leave an SM one CTA (8 warps): a ring of 8 tiles per warp keeps 64 KB of
-  // weights in flight per SM, as two CTAs of 4-tile rings do (Little's law: ~33 KB per SM at 3.6 TB/s).
-  p.depth = p.tokens <= 16 && p.grid_n < 256 ? 8 : 4;
+  p.groups = 1;
+  p.cluster = 1;
+  const std::int64_t pairs = (N + 31) / 32, katoms = (K + 63) / 64;
+  if (p.tokens <= 16 && pairs >= 384) p.groups = 2;
+  if (p.tokens == 8 && sm >= 90 && pairs <= 128 && katoms >= 128) p.cluster = 2;
+  p.depth = p.tokens <= 16 && p.groups == 1 && p.cluster == 1 && pairs < 256 ? 8 : 4;
+  p.grid_n = (pairs + p.groups - 1) / p.groups * p.cluster;
   p.grid_m = (M + p.tokens - 1) / p.tokens;
   return p;
+}
+
+// The kernels compiled (cuda/gemm/linear_launch.cuh's switch): tokens, depth, groups, cluster.
+struct LinearKernelRow {
+  int tokens, depth, groups, cluster;
+};
+constexpr LinearKernelRow kLinearKernels[] = {{8, 8, 1, 1},  {8, 4, 1, 1},  {8, 4, 2, 1},  {8, 4, 1, 2}, {16, 8, 1, 1},
+                                              {16, 4, 1, 1}, {16, 4, 2, 1}, {32, 4, 1, 1}, {64, 4, 1, 1}};
+inline bool has_kernel(const LinearPlan& p) {
+  for (const LinearKernelRow& r : kLinearKernels)
+    if (r.tokens == p.tokens && r.depth == p.depth && r.groups == p.groups && r.cluster == p.cluster) return true;
+  return false;
+}
+
+inline std::string to_string(const LinearPlan& p) {
+  return "tokens per tile " + std::to_string(p.tokens) + ", warps " + std::to_string(p.ksplit) + ", row groups " +
+         std::to_string(p.groups) + ", cluster " + std::to_string(p.cluster) + ", tiles in flight " + std::to_string(p.depth) +
+         ", grid " + std::to_string(p.grid_n) + " x " + std::to_string(p.grid_m);
 }
 
 }  // namespace mxq::core

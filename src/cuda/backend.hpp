@@ -35,5 +35,7 @@ void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& y, const core:
 // The W4A16 linear (cuda/gemm/): y = x @ W^T (+ bias); x 16-byte aligned (checked by the entry layer).
 void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Tensor& y, void* stream);
 void dequantize_packed(const PackedWeight& w, const Tensor& out, void* stream);
+// The current device's compute capability (major * 10 + minor), for the linear's plan.
+int device_sm();
 
 }  // namespace mxq::cuda

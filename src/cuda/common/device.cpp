@@ -25,6 +25,14 @@ int sm_count(const char* fn) {
   return sms;
 }
 
+int compute_capability(const char* fn) {
+  int dev = 0, major = 0, minor = 0;
+  check(cudaGetDevice(&dev), fn, "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), fn, "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), fn, "cudaDeviceGetAttribute");
+  return major * 10 + minor;
+}
+
 int l2_bytes(const char* fn) {
   int dev = 0, bytes = 0;
   check(cudaGetDevice(&dev), fn, "cudaGetDevice");
@@ -38,6 +46,8 @@ std::int64_t launch_blocks(const char* fn, std::int64_t threads) {
     core::fail(Error::Code::unsupported, fn, "tensor too large for one launch (" + std::to_string(threads) + " chunks)");
   return b;
 }
+
+int device_sm() { return compute_capability("linear_plan"); }
 
 bool available(std::string* why_not) {
   int n = 0;

@@ -20,6 +20,8 @@ void check_launch(const char* fn, const char* kernel);
 // SMs and L2 bytes of the current device.
 int sm_count(const char* fn);
 int l2_bytes(const char* fn);
+// The current device's compute capability, major * 10 + minor.
+int compute_capability(const char* fn);
 
 // Blocks of kThreads threads for `threads` threads; refuses grids past the hardware's x limit.
 std::int64_t launch_blocks(const char* fn, std::int64_t threads);

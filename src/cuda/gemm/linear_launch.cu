@@ -8,7 +8,7 @@
 namespace mxq::cuda {
 
 void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Tensor& y, void* stream) {
-  const core::LinearPlan p = core::plan_linear(w.N, w.K, x.rows);
+  const core::LinearPlan p = core::plan_linear(w.N, w.K, x.rows, compute_capability("linear"));
   if (p.grid_m > 65535)
     core::fail(Error::Code::unsupported, "linear", "x has " + std::to_string(x.rows) + " rows: at most " +
                                                        std::to_string(65535 * p.tokens) + " per call");

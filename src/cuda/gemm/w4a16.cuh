@@ -3,10 +3,12 @@
 // bf16 or fp16, fp32 accumulation on the tensor cores (mma.sync m16n8k16: sm80, sm89, sm90).
 //
 // Weights are the mma's A operand (16 rows of W per fragment), tokens the B operand (8 per
-// fragment). A CTA of 8 warps owns 32 rows of W and TOKENS rows of x; each warp sums 1/8 of K and the
-// partial tiles are added in shared memory in warp order (deterministic, no atomics). Weights stream
-// straight into registers (16 bytes per lane per 64-column tile, kDepth tiles ahead); x is read
-// through L1, where every warp of the SM finds it.
+// fragment). A CTA of 8 warps owns WN x 32 rows of W and TOKENS rows of x; the warps of one 32-row
+// group split the CTA's share of K, and the partial tiles are added in shared memory in a fixed order
+// (deterministic, no atomics); on sm90 a cluster of CTAs may split K further, reduced through
+// distributed shared memory in rank order. Weights stream straight into registers (16 bytes per lane
+// per 64-column tile, kDepth tiles ahead); x is read through L1, where the WN warps reading the same
+// columns find it.
 //
 // Exactness (docs/numerics.md, "W4A16 linear"): an E2M1 nibble placed in the low exponent bits of a
 // bf16 (fp16) is the code's value times 2^-126 (2^-14), subnormals included; one bf16x2 (f16x2)
@@ -114,25 +116,63 @@ __device__ __forceinline__ std::uint32_t load_stream_u16(const std::uint16_t* p)
   return v;
 }
 
+// Cluster primitives (sm90): rank, barrier, and loads from another CTA's shared memory.
+namespace ptx {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ std::uint32_t cluster_rank() {
+  std::uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// The value of the same shared float in CTA `rank` of the cluster.
+__device__ __forceinline__ float load_rank_f32(const float* local, std::uint32_t rank) {
+  const std::uint32_t addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(local));
+  std::uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+#endif
+}  // namespace ptx
+
 template <int TOKENS>
 constexpr int reduce_floats() { return kWarps * kStrips * (TOKENS / 8) * 4 * 32; }
 
-// TOKENS: rows of x per CTA (8, 16, 32, 64); DEPTH: 64-column weight tiles each warp keeps in flight
-// (a deeper ring where fewer CTAs share an SM).
-template <int TOKENS, int DEPTH, bool NV, bool F16>
+// TOKENS: rows of x per CTA (8 .. 64); DEPTH: 64-column weight tiles each warp keeps in flight; WN: strip
+// pairs per CTA (warp w takes pair w % WN and K slice w / WN of the CTA's kWarps / WN, so the WN warps of
+// one K slice read the same x, once from L2); CLUSTER: CTAs of a cluster (sm90; grid.x = pairs / WN *
+// CLUSTER) splitting K further. Sums: over the CTA's K slices in order, then over the cluster's ranks in
+// order (deterministic, no atomics, no workspace).
+template <int TOKENS, int DEPTH, int WN, int CLUSTER, bool NV, bool F16>
 __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 1) w4a16_kernel(const LinearArgs a) {
   constexpr int NT = TOKENS / 8;  // n8 fragments of tokens
   constexpr int kDepth = DEPTH;
+  constexpr int KS = kWarps / WN;  // K slices per CTA
   static_assert(TOKENS % 8 == 0 && NT <= 8, "TOKENS is a multiple of 8, at most 64");
+  static_assert(kWarps % WN == 0, "WN divides the warps");
   __shared__ std::uint32_t lut[256];  // the multiplier of each scale byte, in both halves
   extern __shared__ float red[];  // (kWarps, kStrips, NT, 4, 32) fp32 partial tiles
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   lut[tid] = std::uint32_t(scale_multiplier<NV, F16>(tid, a.exp_shift)) * 0x10001u;  // 256 threads, one entry each
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int rank = CLUSTER > 1 ? int(ptx::cluster_rank()) : 0;
+#else
+  constexpr int rank = 0;
+#endif
 
-  const std::int64_t strip0 = std::int64_t(blockIdx.x) * kStrips;
+  const int ng = warp % WN, ks = warp / WN;
+  const std::int64_t pair0 = std::int64_t(blockIdx.x / CLUSTER) * WN;   // the CTA's first strip pair
+  const std::int64_t strip0 = (pair0 + ng) * kStrips;                  // this warp's first strip
+  const bool rows_exist = strip0 * 16 < a.N;  // the last CTA's groups may lie past Np
   const std::int64_t m0 = std::int64_t(blockIdx.y) * TOKENS;
-  const int a_begin = warp * a.katoms / kWarps, n_atoms = (warp + 1) * a.katoms / kWarps - a_begin;
+  const int slice = rank * KS + ks, slices = KS * CLUSTER;
+  const int a_begin = int(std::int64_t(slice) * a.katoms / slices);
+  const int n_atoms = rows_exist ? int(std::int64_t(slice + 1) * a.katoms / slices) - a_begin : 0;
   const int slot = NV ? lane : 2 * g + (tq >> 1);
   constexpr int kScaleStride = scale_bytes<NV>() / 2;  // u16 per tile
   // The next tile each strip loads: tiles advance along K, 32 uint4 / kScaleStride u16 apart.
@@ -140,7 +180,7 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 
   const std::uint16_t* snext[kStrips];
 #pragma unroll
   for (int s = 0; s < kStrips; ++s) {
-    const std::int64_t tile = (strip0 + s) * a.katoms + a_begin;
+    const std::int64_t tile = rows_exist ? (strip0 + s) * a.katoms + a_begin : 0;
     cnext[s] = a.codes + tile * 32 + lane;
     snext[s] = reinterpret_cast<const std::uint16_t*>(a.scales + tile * scale_bytes<NV>()) + slot;
   }
@@ -236,7 +276,8 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
 
-  // Partial tiles to shared memory, then each output summed over the warps in warp order.
+  // Partial tiles to shared memory; each output summed over the CTA's K slices in order (into slice 0's
+  // slot, by the one thread that read them), then over the cluster's ranks in order.
   constexpr int per = kStrips * NT * 4 * 32;
 #pragma unroll
   for (int s = 0; s < kStrips; ++s)
@@ -245,12 +286,33 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 
 #pragma unroll
       for (int e = 0; e < 4; ++e) red[warp * per + ((s * NT + t) * 4 + e) * 32 + lane] = acc[s][t][e];
   __syncthreads();
-  for (int idx = tid; idx < per; idx += kWarps * 32) {
-    float v = 0.0f;
+  constexpr int outs = WN * per;  // outputs of the CTA: (group, strip, token fragment, e, lane)
+  if constexpr (CLUSTER > 1) {
+    for (int q = tid; q < outs; q += kWarps * 32) {
+      const int grp = q / per, idx = q % per;
+      float v = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) v = __fadd_rn(v, red[w * per + idx]);
+      for (int k = 0; k < KS; ++k) v = __fadd_rn(v, red[(k * WN + grp) * per + idx]);
+      red[grp * per + idx] = v;
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    ptx::cluster_sync();
+#endif
+  }
+  for (int q = rank * kWarps * 32 + tid; q < outs; q += kWarps * 32 * CLUSTER) {
+    const int grp = q / per, idx = q % per;
+    float v = 0.0f;
+    if constexpr (CLUSTER > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#pragma unroll
+      for (int r = 0; r < CLUSTER; ++r) v = __fadd_rn(v, ptx::load_rank_f32(red + grp * per + idx, r));
+#endif
+    } else {
+#pragma unroll
+      for (int k = 0; k < KS; ++k) v = __fadd_rn(v, red[(k * WN + grp) * per + idx]);
+    }
     const int ln = idx & 31, e = (idx >> 5) & 3, st = idx >> 7, t = st % NT, s = st / NT;
-    const std::int64_t n = (strip0 + s) * 16 + (ln >> 2) + (e >= 2 ? 8 : 0);
+    const std::int64_t n = ((pair0 + grp) * kStrips + s) * 16 + (ln >> 2) + (e >= 2 ? 8 : 0);
     const std::int64_t m = m0 + 8 * t + 2 * (ln & 3) + (e & 1);
     if (n < a.N && m < a.M) {
       float o = __fdiv_rn(__fmul_rn(v, a.mul), a.div);
@@ -261,6 +323,9 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 
       a.y[m * a.y_stride + n] = F16 ? __half_as_ushort(__float2half_rn(o)) : __bfloat16_as_ushort(__float2bfloat16_rn(o));
     }
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (CLUSTER > 1) ptx::cluster_sync();  // no CTA leaves while another reads its shared memory
+#endif
 }
 
 }  // namespace mxq::cuda::gemm
