@@ -677,7 +677,7 @@ struct QdqStraightThrough : public torch::autograd::Function<QdqStraightThrough>
 
 void qdq_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const Args a(kQdq, *stack);
-  const at::Tensor x = a.input(0).toTensor();
+  const at::Tensor& x = a.input(0).toTensor();  // on the stack until the redispatch or a.ret
   if (!needs_grad(x)) return below_autograd(op, ks, stack);
   refuse_rotated_gradient(a);
   at::Tensor y = QdqStraightThrough::apply(x, a.options());
@@ -690,7 +690,7 @@ void qdq_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
 // backward that saved x fails loudly.
 void qdq_inplace_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const Args a(kQdqInplace, *stack);
-  const at::Tensor x = a.input(0).toTensor();
+  const at::Tensor& x = a.input(0).toTensor();
   if (!needs_grad(x)) return op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
   TORCH_CHECK(!x.is_leaf(), "mxq.qdq_: a leaf Variable that requires grad is being used in an in-place operation "
               "(use mxq.qdq, or overwrite it under torch.no_grad())");
@@ -702,7 +702,7 @@ void qdq_inplace_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
 // The ADInplaceOrView kernel of qdq_, as torch's generated ones for its in-place ops: the version
 // counter moves after the write, also under torch.inference_mode() (which skips the Autograd key).
 void qdq_inplace_version(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  const at::Tensor x = Args(kQdqInplace, *stack).input(0).toTensor();
+  const at::Tensor x = Args(kQdqInplace, *stack).input(0).toTensor();  // a copy: the redispatch consumes the stack
   {
     at::AutoDispatchBelowADInplaceOrView below;
     op.redispatchBoxed(ks & c10::after_ADInplaceOrView_keyset, stack);
