@@ -1,7 +1,8 @@
 // mxq's operations as torch.library custom ops (namespace "mxq"): one C++ kernel per op, registered
 // for CPU and CUDA; their fake (meta) implementations are registered from Python
-// (python/mxq/_meta.py). Every op allocates its outputs through ATen (the caching allocator on CUDA),
-// runs on the current CUDA stream and never synchronises, so it can be captured in a CUDA graph.
+// (python/mxq/_meta.py). The quantization ops' options are declared once ("the options" below). Every
+// op allocates its outputs through ATen (the caching allocator on CUDA), runs on the current CUDA
+// stream and never synchronises, so it can be captured in a CUDA graph.
 //
 // Tensors of any rank are flattened to rows of the last dimension. A tensor whose last stride is 1 and
 // whose leading dimensions collapse to one row stride is passed as a strided 2-D view; anything else is
@@ -12,14 +13,17 @@
 // carrying mxq's message, which names the function, the argument, what it got and what was expected.
 #include <Python.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
 #include <ATen/ATen.h>
+#include <ATen/core/stack.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/variable.h>
@@ -56,79 +60,234 @@ auto guarded(F&& f) {
   }
 }
 
-// ---- option parsing -------------------------------------------------------------------------------
-mxq::QuantOptions make_options(const char* op, std::string_view format, std::string_view rule, int64_t group_size,
-                               bool stochastic, int64_t seed, int64_t offset, std::optional<double> tensor_scale) {
-  mxq::QuantOptions o;
-  guarded([&] {
-    o.format = mxq::parse_format(format);
-    o.rule = rule.empty() ? (o.format == mxq::Format::nvfp4 ? mxq::ScaleRule::nvfp4 : mxq::ScaleRule::floor)
-                          : mxq::parse_rule(rule);
-    return 0;
-  });
-  TORCH_CHECK_VALUE(group_size >= 0 && group_size <= (1 << 16), "mxq.", op, ": argument 'group_size': ", std::to_string(group_size),
-                    ", expected 0 (the format's default) or a power of two in [2, 256]");
-  o.group_size = static_cast<int>(group_size);
-  o.rounding = stochastic ? mxq::Rounding::stochastic : mxq::Rounding::nearest_even;
-  // NOTE: the schema's int is int64; the 64-bit patterns of the uint64 seed and offset pass through.
-  o.seed = static_cast<std::uint64_t>(seed);
-  o.offset = static_cast<std::uint64_t>(offset);
-  if (tensor_scale) o.tensor_scale = static_cast<float>(*tensor_scale);
-  return o;
-}
-
-// The options every op schema carries after its own: random bits of stochastic rounding (32, 16, 8), and
-// the rotation ("none", "had<RS>", "rhad<RS>") with the seed of its random signs.
-void set_extra(mxq::QuantOptions& o, int64_t random_bits, std::string_view rotation, int64_t rotation_seed) {
-  TORCH_CHECK_VALUE(random_bits == 32 || random_bits == 16 || random_bits == 8, "mxq: argument 'random_bits': ",
-                    std::to_string(random_bits), ", expected 32, 16 or 8");
-  o.random_bits = static_cast<int>(random_bits);
-  guarded([&] {
-    const auto [r, rs] = mxq::parse_rotation(rotation);
-    o.rotation = r;
-    o.rotation_size = rs;
-    return 0;
-  });
-  o.rotation_seed = static_cast<std::uint64_t>(rotation_seed);
-}
-
 std::string shape_str(const at::Tensor& t);
 std::string device_name(const at::Tensor& t);
 
+// ---- the options, declared once -------------------------------------------------------------------
+// The arguments the quantization ops take after their tensors (format, rule, group_size, ...,
+// matrix_precision) are each declared once below: name, schema type, schema default, and what the
+// argument sets in mxq::QuantOptions with the checks the library does not make itself. Each op lists the
+// options it carries (OpSpec), in schema order. From these lists come the schemas (TORCH_LIBRARY at the
+// end), the kernels' reading of their arguments (Args, quant_options), and the autograd kernels'
+// pass-through, which hands the arguments on as the dispatcher gave them (the kernels are boxed, so no
+// argument list is written out anywhere else). The fake implementations (python/mxq/_meta.py) bind the
+// registered schemas' names. Adding an option: CONTRIBUTING.md.
+
+// What an option sets: the options of one call of `op` on the data tensor `data` (a rotation matrix
+// must be on its device); `held` keeps alive the contiguous copy of a matrix that a view in `o` points
+// into.
+struct Setting {
+  const char* op;
+  const at::Tensor& data;
+  mxq::QuantOptions o{};
+  at::Tensor held{};
+};
+
+struct Option {
+  const char* name;
+  const char* type;      // as the schema writes it
+  const char* fallback;  // the schema's default, "" for none (a new option goes last, with a default)
+  void (*set)(Setting&, const c10::IValue&);  // nullptr: the op's kernel reads the argument itself
+};
+
 // A rotation matrix given as a tensor (rotation_matrix of quantize and qdq: R; rotation_inverse of
 // dequantize: R^-1): Rotation::matrix of its size, with the C++ API's view of it on the data's device
-// (host memory for CPU tensors, the same GPU for CUDA tensors), held alive by the returned tensor (a
-// contiguous copy where it was not).
-at::Tensor set_matrix(mxq::QuantOptions& o, const std::optional<at::Tensor>& m, const char* op, const at::Tensor& like,
-                      bool inverse) {
-  if (!m) return {};
+// (host memory for CPU tensors, the same GPU for CUDA tensors), held alive by s.held (a contiguous copy
+// where it was not).
+void set_matrix(Setting& s, const c10::IValue& v, bool inverse) {
+  if (v.isNone()) return;
+  const at::Tensor& m = v.toTensor();
+  const at::Tensor& like = s.data;
+  const char* op = s.op;
   const char* arg = inverse ? "rotation_inverse" : "rotation_matrix";
-  TORCH_CHECK_VALUE(o.rotation == mxq::Rotation::none, "mxq.", op, ": argument '", arg, "' given with rotation '",
-                    std::string(mxq::to_string(o.rotation)), "': pass either a rotation name or a matrix");
-  TORCH_CHECK_VALUE(m->dim() == 2 && m->size(0) == m->size(1), "mxq.", op, ": argument '", arg, "': shape ", shape_str(*m),
+  TORCH_CHECK_VALUE(s.o.rotation == mxq::Rotation::none, "mxq.", op, ": argument '", arg, "' given with rotation '",
+                    std::string(mxq::to_string(s.o.rotation)), "': pass either a rotation name or a matrix");
+  TORCH_CHECK_VALUE(m.dim() == 2 && m.size(0) == m.size(1), "mxq.", op, ": argument '", arg, "': shape ", shape_str(m),
                     ", expected a square [RS, RS] matrix");
-  const int64_t rs = m->size(0);
-  TORCH_CHECK_VALUE(rs >= 16 && rs <= 256 && (rs & (rs - 1)) == 0, "mxq.", op, ": argument '", arg, "': shape ", shape_str(*m),
+  const int64_t rs = m.size(0);
+  TORCH_CHECK_VALUE(rs >= 16 && rs <= 256 && (rs & (rs - 1)) == 0, "mxq.", op, ": argument '", arg, "': shape ", shape_str(m),
                     ", expected RS = 16, 32, 64, 128 or 256");
-  TORCH_CHECK_VALUE(m->scalar_type() == at::kFloat || m->scalar_type() == at::kBFloat16, "mxq.", op, ": argument '", arg,
-                    "': dtype ", m->scalar_type(), ", expected float32 or bfloat16");
-  TORCH_CHECK_VALUE(m->device() == like.device(), "mxq.", op, ": argument '", arg, "' is on ", device_name(*m),
+  TORCH_CHECK_VALUE(m.scalar_type() == at::kFloat || m.scalar_type() == at::kBFloat16, "mxq.", op, ": argument '", arg,
+                    "': dtype ", m.scalar_type(), ", expected float32 or bfloat16");
+  TORCH_CHECK_VALUE(m.device() == like.device(), "mxq.", op, ": argument '", arg, "' is on ", device_name(m),
                     ", expected the data's device ", device_name(like));
-  at::Tensor c = m->contiguous();
-  o.rotation = mxq::Rotation::matrix;
-  o.rotation_size = static_cast<int>(rs);
-  (inverse ? o.rotation_inverse : o.rotation_matrix) =
-      mxq::Tensor{c.data_ptr(), m->scalar_type() == at::kFloat ? mxq::DType::f32 : mxq::DType::bf16, rs, rs, 0,
+  s.held = m.contiguous();
+  s.o.rotation = mxq::Rotation::matrix;
+  s.o.rotation_size = static_cast<int>(rs);
+  (inverse ? s.o.rotation_inverse : s.o.rotation_matrix) =
+      mxq::Tensor{s.held.data_ptr(), m.scalar_type() == at::kFloat ? mxq::DType::f32 : mxq::DType::bf16, rs, rs, 0,
                   like.is_cuda() ? mxq::Device::cuda : mxq::Device::cpu};
-  return c;
 }
 
-// matrix_precision of quantize and qdq: "exact" or "bf16" (docs/numerics.md; the library checks the
-// rest: a matrix rotation, bf16 x and R, RS <= 128).
-void set_precision(mxq::QuantOptions& o, c10::string_view v, const char* op) {
-  if (v == "exact") o.matrix_precision = mxq::MatrixPrecision::exact;
-  else if (v == "bf16") o.matrix_precision = mxq::MatrixPrecision::bf16;
-  else TORCH_CHECK_VALUE(false, "mxq.", op, ": argument 'matrix_precision': '", std::string(v), "', expected 'exact' or 'bf16'");
+// NOTE: the setters are captureless lambdas, so that each option reads as one entry; the order of a
+// list is the order they run in (a rule after its format, a matrix after the rotation name).
+constexpr Option kFormat{"format", "str", "", [](Setting& s, const c10::IValue& v) {
+  guarded([&] {
+    s.o.format = mxq::parse_format(v.toStringView());
+    return 0;
+  });
+  s.o.rule = s.o.format == mxq::Format::nvfp4 ? mxq::ScaleRule::nvfp4 : mxq::ScaleRule::floor;  // the default rule
+}};
+// The fused producers' format: None for no QDQ of the output (their kernels check that first).
+constexpr Option kFormatOrNone{"format", "str?", "", kFormat.set};
+constexpr Option kRule{"rule", "str", "", [](Setting& s, const c10::IValue& v) {
+  const std::string_view r = v.toStringView();  // "": the format's default
+  if (!r.empty()) guarded([&] {
+    s.o.rule = mxq::parse_rule(r);
+    return 0;
+  });
+}};
+constexpr Option kGroupSize{"group_size", "int", "", [](Setting& s, const c10::IValue& v) {
+  const int64_t g = v.toInt();  // the library checks for a power of two; the bound keeps the int cast exact
+  TORCH_CHECK_VALUE(g >= 0 && g <= (1 << 16), "mxq.", s.op, ": argument 'group_size': ", std::to_string(g),
+                    ", expected 0 (the format's default) or a power of two in [2, 256]");
+  s.o.group_size = static_cast<int>(g);
+}};
+constexpr Option kStochastic{"stochastic", "bool", "", [](Setting& s, const c10::IValue& v) {
+  s.o.rounding = v.toBool() ? mxq::Rounding::stochastic : mxq::Rounding::nearest_even;
+}};
+// NOTE: the schema's int is int64; the 64-bit patterns of the uint64 seeds and offset pass through.
+constexpr Option kSeed{"seed", "int", "", [](Setting& s, const c10::IValue& v) {
+  s.o.seed = static_cast<std::uint64_t>(v.toInt());
+}};
+constexpr Option kOffset{"offset", "int", "", [](Setting& s, const c10::IValue& v) {
+  s.o.offset = static_cast<std::uint64_t>(v.toInt());
+}};
+// The scale layout: "linear" ([..., G] like the data's leading dims), "swizzled" (the 128x4 layout,
+// 2-D) or "padded" (the linear layout in a zero-padded [ceil(rows/128)*128, ceil(G/4)*4] buffer:
+// QuTLASS's output), which the kernels handle themselves.
+constexpr Option kLayout{"layout", "str", "", [](Setting& s, const c10::IValue& v) {
+  const std::string_view l = v.toStringView();
+  TORCH_CHECK_VALUE(l == "linear" || l == "swizzled" || l == "padded", "mxq.", s.op, ": argument 'layout': '",
+                    std::string(l), "', expected one of: linear, swizzled, padded");
+  s.o.scale_layout = l == "swizzled" ? mxq::ScaleLayout::swizzled : mxq::ScaleLayout::linear;
+}};
+constexpr Option kTensorScale{"tensor_scale", "float?", "", [](Setting& s, const c10::IValue& v) {
+  if (!v.isNone()) s.o.tensor_scale = static_cast<float>(v.toDouble());
+}};
+// dequantize's tensor scale as a tensor (quantize's output) instead of a float.
+constexpr Option kTensorScaleTensor{"tensor_scale_tensor", "Tensor?", "", [](Setting& s, const c10::IValue& v) {
+  if (v.isNone()) return;
+  TORCH_CHECK_VALUE(!s.o.tensor_scale, "mxq.", s.op, ": pass the tensor scale either as a float or as a tensor, not both");
+  const at::Tensor& t = v.toTensor();
+  TORCH_CHECK_VALUE(t.numel() == 1 && t.scalar_type() == at::kFloat, "mxq.", s.op,
+                    ": argument 'tensor_scale': expected a float32 tensor of one element, got ", t.scalar_type(),
+                    " of shape ", shape_str(t));
+  // NOTE: the C++ API takes the encode scale as a host float, so a device tensor is read back here
+  // (a synchronisation). See docs/python.md, "Limits".
+  s.o.tensor_scale = t.item<float>();
+}};
+constexpr Option kClipMask{"clip_mask", "bool", "", nullptr};  // quantize: also write the 1-bit clip mask
+constexpr Option kDtype{"dtype", "ScalarType", "", nullptr};   // dequantize: the output's dtype
+// Stochastic rounding's random bits per element: 32, 16 or 8.
+constexpr Option kRandomBits{"random_bits", "int", "32", [](Setting& s, const c10::IValue& v) {
+  const int64_t b = v.toInt();
+  TORCH_CHECK_VALUE(b == 32 || b == 16 || b == 8, "mxq: argument 'random_bits': ", std::to_string(b),
+                    ", expected 32, 16 or 8");
+  s.o.random_bits = static_cast<int>(b);
+}};
+// "none", "had<RS>" or "rhad<RS>"; a matrix comes as rotation_matrix / rotation_inverse.
+constexpr Option kRotation{"rotation", "str", "\"none\"", [](Setting& s, const c10::IValue& v) {
+  guarded([&] {
+    const auto [r, rs] = mxq::parse_rotation(v.toStringView());
+    s.o.rotation = r;
+    s.o.rotation_size = rs;
+    return 0;
+  });
+}};
+constexpr Option kRotationSeed{"rotation_seed", "int", "0", [](Setting& s, const c10::IValue& v) {
+  s.o.rotation_seed = static_cast<std::uint64_t>(v.toInt());
+}};
+constexpr Option kRotationMatrix{"rotation_matrix", "Tensor?", "None",
+                                 [](Setting& s, const c10::IValue& v) { set_matrix(s, v, false); }};
+constexpr Option kRotationInverse{"rotation_inverse", "Tensor?", "None",
+                                  [](Setting& s, const c10::IValue& v) { set_matrix(s, v, true); }};
+// How a rotation matrix is summed: "exact" or "bf16" (docs/numerics.md; the library checks the rest: a
+// matrix rotation, bf16 x and R, RS <= 128).
+constexpr Option kMatrixPrecision{"matrix_precision", "str", "\"exact\"", [](Setting& s, const c10::IValue& v) {
+  const std::string_view p = v.toStringView();
+  if (p == "exact") s.o.matrix_precision = mxq::MatrixPrecision::exact;
+  else if (p == "bf16") s.o.matrix_precision = mxq::MatrixPrecision::bf16;
+  else TORCH_CHECK_VALUE(false, "mxq.", s.op, ": argument 'matrix_precision': '", std::string(p), "', expected 'exact' or 'bf16'");
+}};
+
+// The options of each op, in schema order. qdq and qdq_ share theirs: the straight-through gradient of
+// qdq_ calls qdq with them.
+constexpr const Option* kQdqOptions[] = {&kFormat, &kRule, &kGroupSize, &kStochastic, &kSeed, &kOffset, &kTensorScale,
+                                         &kRandomBits, &kRotation, &kRotationSeed, &kRotationMatrix, &kMatrixPrecision};
+constexpr const Option* kQuantizeOptions[] = {&kFormat, &kRule, &kGroupSize, &kStochastic, &kSeed, &kOffset, &kLayout,
+                                              &kTensorScale, &kClipMask, &kRandomBits, &kRotation, &kRotationSeed,
+                                              &kRotationMatrix, &kMatrixPrecision};
+constexpr const Option* kDequantizeOptions[] = {&kFormat, &kGroupSize, &kLayout, &kTensorScale, &kTensorScaleTensor,
+                                                &kDtype, &kRotation, &kRotationSeed, &kRotationInverse};
+constexpr const Option* kFusedOptions[] = {&kFormatOrNone, &kRule, &kGroupSize, &kTensorScale};
+
+struct OpSpec {
+  const char* name;
+  std::string_view inputs;  // the arguments before the options, as the schema writes them
+  std::span<const Option* const> options;
+  const char* returns;
+  size_t input_count;  // of `inputs`
+  size_t size;         // every argument
+
+  constexpr OpSpec(const char* name, std::string_view inputs, std::span<const Option* const> options, const char* returns)
+      : name(name), inputs(inputs), options(options), returns(returns),
+        input_count(1 + std::count(inputs.begin(), inputs.end(), ',')), size(input_count + options.size()) {}
+  std::string schema() const {
+    std::string s = std::string(name) + "(" + std::string(inputs);
+    for (const Option* o : options) s += std::string(", ") + o->type + " " + o->name + (*o->fallback ? "=" : "") + o->fallback;
+    return s + ") -> " + returns;
+  }
+};
+
+constexpr OpSpec kQdq{"qdq", "Tensor x", kQdqOptions, "Tensor"};
+constexpr OpSpec kQdqInplace{"qdq_", "Tensor(a!) x", kQdqOptions, "()"};
+constexpr OpSpec kQuantize{"quantize", "Tensor x", kQuantizeOptions,
+                           "(Tensor codes, Tensor scales, Tensor tensor_scale, Tensor clip_mask)"};
+constexpr OpSpec kDequantize{"dequantize", "Tensor codes, Tensor scales, SymInt cols", kDequantizeOptions, "Tensor"};
+constexpr OpSpec kRmsNorm{"rms_norm", "Tensor x, Tensor weight, float eps", kFusedOptions, "Tensor"};
+constexpr OpSpec kSiluMul{"silu_mul", "Tensor gate, Tensor up", kFusedOptions, "Tensor"};
+constexpr const OpSpec* kOpSpecs[] = {&kQdq, &kQdqInplace, &kQuantize, &kDequantize, &kRmsNorm, &kSiluMul};
+
+// One call's arguments as a boxed kernel receives them: the op's inputs, then its options, on the top
+// of the stack (every argument is there: the dispatcher fills in the schema's defaults).
+class Args {
+ public:
+  Args(const OpSpec& op, const torch::jit::Stack& stack) : op_(op) {
+    TORCH_INTERNAL_ASSERT(stack.size() >= op.size, "mxq.", op.name, ": ", std::to_string(stack.size()),
+                          " arguments on the stack, expected ", std::to_string(op.size));
+    at_ = stack.data() + (stack.size() - op.size);
+  }
+  const OpSpec& op() const { return op_; }
+  const c10::IValue& input(size_t i) const { return at_[i]; }
+  const c10::IValue& option(size_t i) const { return at_[op_.input_count + i]; }
+  const c10::IValue& operator[](const Option& o) const {
+    const auto it = std::find(op_.options.begin(), op_.options.end(), &o);
+    TORCH_INTERNAL_ASSERT(it != op_.options.end(), "mxq.", op_.name, " has no option '", o.name, "'");
+    return option(static_cast<size_t>(it - op_.options.begin()));
+  }
+  // The options' values, in order: what the straight-through gradient hands to qdq.
+  torch::jit::Stack options() const { return torch::jit::Stack(at_ + op_.input_count, at_ + op_.size); }
+  // Replaces the arguments with the op's outputs.
+  template <class... T>
+  void ret(torch::jit::Stack& stack, T&&... outputs) const {
+    torch::jit::drop(stack, op_.size);
+    (stack.emplace_back(std::forward<T>(outputs)), ...);
+  }
+
+ private:
+  const OpSpec& op_;
+  const c10::IValue* at_ = nullptr;
+};
+
+// The call's options applied to QuantOptions in schema order; `held` keeps alive what a view in the
+// result points into (a rotation matrix's contiguous copy).
+mxq::QuantOptions quant_options(const Args& a, const at::Tensor& data, at::Tensor& held) {
+  Setting s{a.op().name, data};
+  for (size_t i = 0; i < a.op().options.size(); ++i)
+    if (const auto set = a.op().options[i]->set) set(s, a.option(i));
+  held = std::move(s.held);
+  return s.o;
 }
 
 // ---- views ----------------------------------------------------------------------------------------
@@ -245,6 +404,7 @@ std::vector<int64_t> with_last(at::IntArrayRef sizes, int64_t last) {
 }
 
 // ---- qdq ------------------------------------------------------------------------------------------
+// The kernels of the ops with options are boxed: void(op, stack), reading their arguments through Args.
 void qdq_into(const Rows& x, mxq::DType dt, const mxq::Tensor& y, mxq::QuantOptions& o, const at::Tensor& like) {
   DeviceContext ctx(like);
   o.stream = ctx.stream;
@@ -259,46 +419,47 @@ void qdq_into(const Rows& x, mxq::DType dt, const mxq::Tensor& y, mxq::QuantOpti
   });
 }
 
-at::Tensor qdq(const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size,
-               bool stochastic, int64_t seed, int64_t offset, std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
-  mxq::QuantOptions o = make_options("qdq", format, rule, group_size, stochastic, seed, offset, tensor_scale);
-  set_extra(o, random_bits, rotation, rotation_seed);
-  const at::Tensor held = set_matrix(o, rotation_matrix, "qdq", x, false);
-  set_precision(o, matrix_precision, "qdq");
+void qdq(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const Args a(kQdq, *stack);
+  const at::Tensor& x = a.input(0).toTensor();
+  at::Tensor held;
+  mxq::QuantOptions o = quant_options(a, x, held);
   const mxq::DType dt = dtype_of(x, "qdq", "x", false);
   const Rows xr = as_rows(x, "qdq", "x");
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   qdq_into(xr, dt, mxq::Tensor{y.data_ptr(), dt, xr.rows, xr.cols, 0, mxq_device(y)}, o, x);
-  return y;
+  a.ret(*stack, std::move(y));
 }
 
-void qdq_(const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size, bool stochastic,
-          int64_t seed, int64_t offset, std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
-  mxq::QuantOptions o = make_options("qdq_", format, rule, group_size, stochastic, seed, offset, tensor_scale);
-  set_extra(o, random_bits, rotation, rotation_seed);
-  const at::Tensor held = set_matrix(o, rotation_matrix, "qdq_", x, false);
-  set_precision(o, matrix_precision, "qdq_");
+void qdq_(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const Args a(kQdqInplace, *stack);
+  const at::Tensor& x = a.input(0).toTensor();
+  at::Tensor held;
+  mxq::QuantOptions o = quant_options(a, x, held);
   const mxq::DType dt = dtype_of(x, "qdq_", "x", false);
   const Rows xr = as_rows(x, "qdq_", "x");
   qdq_into(xr, dt, view(xr, dt), o, x);
   if (xr.copied) x.copy_(xr.t);
+  a.ret(*stack);
 }
 
 // ---- fused producers: rms_norm, silu_mul (optionally with a QDQ of the output) ----------------------
-std::optional<mxq::QuantOptions> fused_options(const char* op, const std::optional<c10::string_view>& format,
-                                               c10::string_view rule, int64_t group_size,
-                                               std::optional<double> tensor_scale) {
-  if (!format) {
-    TORCH_CHECK_VALUE(rule.empty() && group_size == 0 && !tensor_scale, "mxq.", op,
-                      ": 'rule', 'group_size' and 'tensor_scale' need a 'format' (the QDQ of the output)");
+std::optional<mxq::QuantOptions> fused_options(const Args& a, const at::Tensor& data) {
+  if (a[kFormatOrNone].isNone()) {
+    TORCH_CHECK_VALUE(a[kRule].toStringView().empty() && a[kGroupSize].toInt() == 0 && a[kTensorScale].isNone(),
+                      "mxq.", a.op().name, ": 'rule', 'group_size' and 'tensor_scale' need a 'format' (the QDQ of the output)");
     return std::nullopt;
   }
-  return make_options(op, *format, rule, group_size, false, 0, 0, tensor_scale);
+  at::Tensor held;  // stays empty: the fused ops take no rotation matrix
+  return quant_options(a, data, held);
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, std::optional<c10::string_view> format,
-                    c10::string_view rule, int64_t group_size, std::optional<double> tensor_scale) {
-  std::optional<mxq::QuantOptions> o = fused_options("rms_norm", format, rule, group_size, tensor_scale);
+void rms_norm(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const Args a(kRmsNorm, *stack);
+  const at::Tensor& x = a.input(0).toTensor();
+  const at::Tensor& weight = a.input(1).toTensor();
+  const double eps = a.input(2).toDouble();
+  std::optional<mxq::QuantOptions> o = fused_options(a, x);
   const mxq::DType dt = dtype_of(x, "rms_norm", "x", false);
   const Rows xr = as_rows(x, "rms_norm", "x");
   TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == xr.cols, "mxq.rms_norm: argument 'weight': shape ",
@@ -316,12 +477,14 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, s
                   mxq::Backend::automatic, ctx.stream);
     return 0;
   });
-  return y;
+  a.ret(*stack, std::move(y));
 }
 
-at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, std::optional<c10::string_view> format,
-                    c10::string_view rule, int64_t group_size, std::optional<double> tensor_scale) {
-  std::optional<mxq::QuantOptions> o = fused_options("silu_mul", format, rule, group_size, tensor_scale);
+void silu_mul(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const Args a(kSiluMul, *stack);
+  const at::Tensor& gate = a.input(0).toTensor();
+  const at::Tensor& up = a.input(1).toTensor();
+  std::optional<mxq::QuantOptions> o = fused_options(a, gate);
   const mxq::DType dt = dtype_of(gate, "silu_mul", "gate", false);
   TORCH_CHECK_VALUE(up.sizes() == gate.sizes() && up.scalar_type() == gate.scalar_type() && up.device() == gate.device(),
                     "mxq.silu_mul: argument 'up': ", up.scalar_type(), " ", shape_str(up), " on ", device_name(up),
@@ -335,25 +498,17 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, std::optional<
                   o ? &*o : nullptr, mxq::Backend::automatic, ctx.stream);
     return 0;
   });
-  return y;
+  a.ret(*stack, std::move(y));
 }
 
 // ---- quantize -------------------------------------------------------------------------------------
-// layout: "linear" ([..., G] like x's leading dims), "swizzled" (the 128x4 layout, 2-D) or "padded" (the
-// linear layout written into a zero-padded [ceil(rows/128)*128, ceil(G/4)*4] buffer: QuTLASS's output).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
-    const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size, bool stochastic,
-    int64_t seed, int64_t offset, c10::string_view layout, std::optional<double> tensor_scale, bool clip_mask,
-    int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
-  mxq::QuantOptions o =
-      make_options("quantize", format, rule, group_size, stochastic, seed, offset, tensor_scale);
-  set_extra(o, random_bits, rotation, rotation_seed);
-  const at::Tensor held = set_matrix(o, rotation_matrix, "quantize", x, false);
-  set_precision(o, matrix_precision, "quantize");
-  const bool swizzled = layout == "swizzled", padded = layout == "padded";
-  TORCH_CHECK_VALUE(swizzled || padded || layout == "linear", "mxq.quantize: argument 'layout': '",
-                    std::string(layout), "', expected one of: linear, swizzled, padded");
-  o.scale_layout = swizzled ? mxq::ScaleLayout::swizzled : mxq::ScaleLayout::linear;
+void quantize(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const Args a(kQuantize, *stack);
+  const at::Tensor& x = a.input(0).toTensor();
+  at::Tensor held;
+  mxq::QuantOptions o = quant_options(a, x, held);
+  const std::string_view layout = a[kLayout].toStringView();
+  const bool swizzled = layout == "swizzled", padded = layout == "padded", clip_mask = a[kClipMask].toBool();
   const mxq::DType dt = dtype_of(x, "quantize", "x", false);
   const Rows xr = as_rows(x, "quantize", "x");
   const auto u8 = x.options().dtype(at::kByte).memory_format(at::MemoryFormat::Contiguous);
@@ -391,34 +546,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
     mxq::quantize(view(xr, dt), out, o);
     return 0;
   });
-  return {codes, scales, ts, mask};
+  a.ret(*stack, std::move(codes), std::move(scales), std::move(ts), std::move(mask));
 }
 
 // ---- dequantize -----------------------------------------------------------------------------------
-std::optional<float> host_tensor_scale(const std::optional<double>& f, const std::optional<at::Tensor>& t) {
-  TORCH_CHECK_VALUE(!(f && t), "mxq.dequantize: pass the tensor scale either as a float or as a tensor, not both");
-  if (f) return static_cast<float>(*f);
-  if (!t) return std::nullopt;
-  TORCH_CHECK_VALUE(t->numel() == 1 && t->scalar_type() == at::kFloat,
-                    "mxq.dequantize: argument 'tensor_scale': expected a float32 tensor of one element, got ",
-                    t->scalar_type(), " of shape ", shape_str(*t));
-  // NOTE: the C++ API takes the encode scale as a host float, so a device tensor is read back here
-  // (a synchronisation). See docs/python.md, "Limits".
-  return t->item<float>();
-}
-
-at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t cols, c10::string_view format,
-                      int64_t group_size, c10::string_view layout, std::optional<double> tensor_scale,
-                      const std::optional<at::Tensor>& tensor_scale_tensor, at::ScalarType dtype,
-                      c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_inverse) {
-  mxq::QuantOptions o = make_options("dequantize", format, "", group_size, false, 0, 0, std::nullopt);
-  set_extra(o, 32, rotation, rotation_seed);
-  const at::Tensor held = set_matrix(o, rotation_inverse, "dequantize", codes, true);
-  const bool swizzled = layout == "swizzled", padded = layout == "padded";
-  TORCH_CHECK_VALUE(swizzled || padded || layout == "linear", "mxq.dequantize: argument 'layout': '",
-                    std::string(layout), "', expected one of: linear, swizzled, padded");
-  o.scale_layout = swizzled ? mxq::ScaleLayout::swizzled : mxq::ScaleLayout::linear;
-  o.tensor_scale = host_tensor_scale(tensor_scale, tensor_scale_tensor);
+void dequantize(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const Args a(kDequantize, *stack);
+  const at::Tensor& codes = a.input(0).toTensor();
+  const at::Tensor& scales = a.input(1).toTensor();
+  const int64_t cols = a.input(2).toSymInt().guard_int(__FILE__, __LINE__);
+  at::Tensor held;
+  mxq::QuantOptions o = quant_options(a, codes, held);
+  const bool padded = a[kLayout].toStringView() == "padded";
   dtype_of(codes, "dequantize", "codes", true);
   dtype_of(scales, "dequantize", "scales", true);
   TORCH_CHECK_VALUE(cols >= 0, "mxq.dequantize: argument 'cols': ", std::to_string(cols), ", expected >= 0");
@@ -439,7 +578,7 @@ at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t
     sr.rows = ss.rows;
     sr.cols = ss.cols;
   }
-  at::Tensor y = at::empty(with_last(codes.sizes(), cols), codes.options().dtype(dtype));
+  at::Tensor y = at::empty(with_last(codes.sizes(), cols), codes.options().dtype(a[kDtype].toScalarType()));
   const mxq::DType yt = dtype_of(y, "dequantize", "dtype", false);
   DeviceContext ctx(codes);
   o.stream = ctx.stream;
@@ -448,7 +587,7 @@ at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t
                     mxq::Tensor{y.data_ptr(), yt, cr.rows, cols, 0, mxq_device(y)}, o);
     return 0;
   });
-  return y;
+  a.ret(*stack, std::move(y));
 }
 
 // ---- scale layouts --------------------------------------------------------------------------------
@@ -485,163 +624,122 @@ at::Tensor unswizzle_scales(const at::Tensor& swizzled, int64_t rows, int64_t co
   return out;
 }
 
+// A boxed kernel for m.impl: void(op, stack), or void(op, keys, stack) where it redispatches.
+template <auto kernel>
+torch::CppFunction boxed() {
+  return torch::CppFunction::makeFromBoxedFunction<kernel>();
+}
+
 // ---- autograd -------------------------------------------------------------------------------------
 // Kernels of the Autograd dispatch key: qdq and qdq_ pass gradients straight through (the
 // straight-through estimator: grad_x = grad_y); quantize and dequantize refuse inputs that require a
 // gradient (their codes are integers: the graph would be cut, the gradients upstream silently None).
-// Without a gradient to record they redispatch below autograd at once (with the key set the dispatcher
-// handed them: no thread-local guard): this is the inference path.
+// Without a gradient to record they redispatch below autograd at once, the arguments as they came
+// (with the key set the dispatcher handed them: no thread-local guard): this is the inference path.
 // NOTE: C++ kernels, not torch.library.register_autograd: that one is a Python function the
 // dispatcher enters on every call, gradient or not (a few microseconds per call).
-template <class Fn>
-c10::TypedOperatorHandle<Fn> typed_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
-}
-
-using OptTensor = const std::optional<at::Tensor>&;
-using QdqFn = at::Tensor(const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t,
-                         std::optional<double>, int64_t, c10::string_view, int64_t, OptTensor, c10::string_view);
-using QdqInplaceFn = void(const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t,
-                          std::optional<double>, int64_t, c10::string_view, int64_t, OptTensor, c10::string_view);
-using QuantizeFn = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-    const at::Tensor&, c10::string_view, c10::string_view, int64_t, bool, int64_t, int64_t, c10::string_view,
-    std::optional<double>, bool, int64_t, c10::string_view, int64_t, OptTensor, c10::string_view);
-using DequantizeFn = at::Tensor(const at::Tensor&, const at::Tensor&, c10::SymInt, c10::string_view, int64_t,
-                                c10::string_view, std::optional<double>, const std::optional<at::Tensor>&,
-                                at::ScalarType, c10::string_view, int64_t, OptTensor);
-using SwizzleFn = at::Tensor(const at::Tensor&);
-using UnswizzleFn = at::Tensor(const at::Tensor&, c10::SymInt, c10::SymInt);
-
 bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad() && at::GradMode::is_enabled(); }
+
+void below_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  op.redispatchBoxed(ks & c10::after_ADInplaceOrView_keyset, stack);
+}
 
 // The straight-through gradient of a rotated QDQ is grad_y @ R^T (the result is in the rotated domain),
 // which mxq does not compute: refused rather than returned wrong.
-void refuse_rotated_gradient(const char* op, c10::string_view rotation, const std::optional<at::Tensor>& matrix) {
+void refuse_rotated_gradient(const Args& a) {
+  const std::string_view rotation = a[kRotation].toStringView();
+  const bool matrix = !a[kRotationMatrix].isNone();
   TORCH_CHECK_NOT_IMPLEMENTED((rotation == "none" || rotation.empty()) && !matrix,
-                              "mxq." + std::string(op) + ": argument 'rotation' = '" + std::string(matrix ? "a matrix" : rotation) +
+                              "mxq." + std::string(a.op().name) + ": argument 'rotation' = '" +
+                                  std::string(matrix ? "a matrix" : rotation) +
                                   "' with x requiring grad: the gradient of a rotated qdq (grad_y @ R^T) is not implemented; "
                                   "call it under torch.no_grad() or on x.detach()");
 }
 
+// y = qdq(x, options...) with grad_x = grad_y; `options` are the call's arguments after x (qdq's and
+// qdq_'s are one list).
 struct QdqStraightThrough : public torch::autograd::Function<QdqStraightThrough> {
-  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x, c10::string_view format,
-                            c10::string_view rule, int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                            std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
-    static const auto op = typed_op<QdqFn>("mxq::qdq");
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x, const torch::jit::Stack& options) {
+    static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("mxq::qdq", "");
+    torch::jit::Stack s;
+    s.reserve(1 + options.size());
+    s.emplace_back(x);
+    s.insert(s.end(), options.begin(), options.end());
     at::AutoDispatchBelowADInplaceOrView below;
-    return op.call(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix, matrix_precision);
+    op.callBoxed(s);
+    return s.back().toTensor();
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
                                                  torch::autograd::variable_list grad) {
-    return {grad[0], {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};  // one per forward argument; only x has a gradient
+    return {grad[0], {}};  // one per forward argument: x's gradient, none for the options
   }
 };
 
-at::Tensor qdq_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
-                        int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                        std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
-  if (needs_grad(x)) {
-    refuse_rotated_gradient("qdq", rotation, rotation_matrix);
-    return QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix, matrix_precision);
-  }
-  static const auto op = typed_op<QdqFn>("mxq::qdq");
-  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
-                       tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix, matrix_precision);
+void qdq_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const Args a(kQdq, *stack);
+  const at::Tensor& x = a.input(0).toTensor();  // on the stack until the redispatch or a.ret
+  if (!needs_grad(x)) return below_autograd(op, ks, stack);
+  refuse_rotated_gradient(a);
+  at::Tensor y = QdqStraightThrough::apply(x, a.options());
+  a.ret(*stack, std::move(y));
 }
 
 // In place, as torch's in-place ops: refused on a leaf that requires grad (and on a view of one);
 // elsewhere x's history continues through the straight-through estimator (x.copy_(qdq(x)) records
 // exactly that); the version counter moves (copy_, or the ADInplaceOrView kernel below), so a
 // backward that saved x fails loudly.
-void qdq_inplace_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
-                          int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                          std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
-  if (needs_grad(x)) {
-    TORCH_CHECK(!x.is_leaf(), "mxq.qdq_: a leaf Variable that requires grad is being used in an in-place operation "
-                "(use mxq.qdq, or overwrite it under torch.no_grad())");
-    refuse_rotated_gradient("qdq_", rotation, rotation_matrix);
-    x.copy_(QdqStraightThrough::apply(x, format, rule, group_size, stochastic, seed, offset, tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix, matrix_precision));
-    return;
-  }
-  static const auto op = typed_op<QdqInplaceFn>("mxq::qdq_");
-  op.redispatch(ks & c10::after_autograd_keyset, x, format, rule, group_size, stochastic, seed, offset, tensor_scale,
-                random_bits, rotation, rotation_seed, rotation_matrix, matrix_precision);
+void qdq_inplace_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const Args a(kQdqInplace, *stack);
+  const at::Tensor& x = a.input(0).toTensor();
+  if (!needs_grad(x)) return op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+  TORCH_CHECK(!x.is_leaf(), "mxq.qdq_: a leaf Variable that requires grad is being used in an in-place operation "
+              "(use mxq.qdq, or overwrite it under torch.no_grad())");
+  refuse_rotated_gradient(a);
+  x.copy_(QdqStraightThrough::apply(x, a.options()));
+  a.ret(*stack);
 }
 
 // The ADInplaceOrView kernel of qdq_, as torch's generated ones for its in-place ops: the version
 // counter moves after the write, also under torch.inference_mode() (which skips the Autograd key).
-void qdq_inplace_version(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule,
-                         int64_t group_size, bool stochastic, int64_t seed, int64_t offset,
-                         std::optional<double> tensor_scale, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
-  static const auto op = typed_op<QdqInplaceFn>("mxq::qdq_");
+void qdq_inplace_version(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const at::Tensor x = Args(kQdqInplace, *stack).input(0).toTensor();  // a copy: the redispatch consumes the stack
   {
     at::AutoDispatchBelowADInplaceOrView below;
-    op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
-                  tensor_scale, random_bits, rotation, rotation_seed, rotation_matrix, matrix_precision);
+    op.redispatchBoxed(ks & c10::after_ADInplaceOrView_keyset, stack);
   }
   torch::autograd::impl::bump_version(x);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_autograd(
-    c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view format, c10::string_view rule, int64_t group_size,
-    bool stochastic, int64_t seed, int64_t offset, c10::string_view layout, std::optional<double> tensor_scale,
-    bool clip_mask, int64_t random_bits, c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_matrix, c10::string_view matrix_precision) {
-  TORCH_CHECK(!needs_grad(x), "mxq.quantize is not differentiable: argument 'x' requires grad, and its integer codes "
+void quantize_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  TORCH_CHECK(!needs_grad(Args(kQuantize, *stack).input(0).toTensor()),
+              "mxq.quantize is not differentiable: argument 'x' requires grad, and its integer codes "
               "cannot carry a gradient back to it. Call it under torch.no_grad() or on x.detach(); for "
               "quantization-aware training use mxq.qdq (its gradient is the straight-through estimator)");
-  static const auto op = typed_op<QuantizeFn>("mxq::quantize");
-  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, format, rule, group_size, stochastic, seed, offset,
-                       layout, tensor_scale, clip_mask, random_bits, rotation, rotation_seed, rotation_matrix, matrix_precision);
+  below_autograd(op, ks, stack);
 }
 
-at::Tensor dequantize_autograd(c10::DispatchKeySet ks, const at::Tensor& codes, const at::Tensor& scales,
-                               c10::SymInt cols, c10::string_view format, int64_t group_size, c10::string_view layout,
-                               std::optional<double> tensor_scale,
-                               const std::optional<at::Tensor>& tensor_scale_tensor, at::ScalarType dtype,
-                               c10::string_view rotation, int64_t rotation_seed, const std::optional<at::Tensor>& rotation_inverse) {
-  TORCH_CHECK(!(tensor_scale_tensor && needs_grad(*tensor_scale_tensor)),
+void dequantize_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const c10::IValue& ts = Args(kDequantize, *stack)[kTensorScaleTensor];
+  TORCH_CHECK(!(ts.isTensor() && needs_grad(ts.toTensor())),
               "mxq.dequantize is not differentiable: argument 'tensor_scale' requires grad. Pass it detached "
               "(tensor_scale.detach()) or call under torch.no_grad(); for quantization-aware training use mxq.qdq");
-  static const auto op = typed_op<DequantizeFn>("mxq::dequantize");
-  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, codes, scales, std::move(cols), format, group_size,
-                       layout, tensor_scale, tensor_scale_tensor, dtype, rotation, rotation_seed, rotation_inverse);
-}
-
-// uint8 in, uint8 out: nothing can require grad; registered so that no call takes torch's boxed fallback.
-at::Tensor swizzle_scales_autograd(c10::DispatchKeySet ks, const at::Tensor& linear) {
-  static const auto op = typed_op<SwizzleFn>("mxq::swizzle_scales");
-  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, linear);
-}
-
-at::Tensor unswizzle_scales_autograd(c10::DispatchKeySet ks, const at::Tensor& swizzled, c10::SymInt rows,
-                                     c10::SymInt cols) {
-  static const auto op = typed_op<UnswizzleFn>("mxq::unswizzle_scales");
-  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, swizzled, std::move(rows), std::move(cols));
+  below_autograd(op, ks, stack);
 }
 
 // The fused producers have no gradient (emulation at inference): refused when one is wanted, instead of
 // an output silently cut from the graph.
-using RmsNormFn = at::Tensor(const at::Tensor&, const at::Tensor&, double, std::optional<c10::string_view>,
-                             c10::string_view, int64_t, std::optional<double>);
-using SiluMulFn = at::Tensor(const at::Tensor&, const at::Tensor&, std::optional<c10::string_view>, c10::string_view,
-                             int64_t, std::optional<double>);
-
-at::Tensor rms_norm_autograd(c10::DispatchKeySet ks, const at::Tensor& x, const at::Tensor& weight, double eps,
-                             std::optional<c10::string_view> format, c10::string_view rule, int64_t group_size,
-                             std::optional<double> tensor_scale) {
-  TORCH_CHECK_NOT_IMPLEMENTED(!needs_grad(x) && !needs_grad(weight),
+void rms_norm_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const Args a(kRmsNorm, *stack);
+  TORCH_CHECK_NOT_IMPLEMENTED(!needs_grad(a.input(0).toTensor()) && !needs_grad(a.input(1).toTensor()),
                               "mxq.rms_norm has no gradient; call it under torch.no_grad() or on detached tensors");
-  static const auto op = typed_op<RmsNormFn>("mxq::rms_norm");
-  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, weight, eps, format, rule, group_size, tensor_scale);
+  below_autograd(op, ks, stack);
 }
 
-at::Tensor silu_mul_autograd(c10::DispatchKeySet ks, const at::Tensor& gate, const at::Tensor& up,
-                             std::optional<c10::string_view> format, c10::string_view rule, int64_t group_size,
-                             std::optional<double> tensor_scale) {
-  TORCH_CHECK_NOT_IMPLEMENTED(!needs_grad(gate) && !needs_grad(up),
+void silu_mul_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const Args a(kSiluMul, *stack);
+  TORCH_CHECK_NOT_IMPLEMENTED(!needs_grad(a.input(0).toTensor()) && !needs_grad(a.input(1).toTensor()),
                               "mxq.silu_mul has no gradient; call it under torch.no_grad() or on detached tensors");
-  static const auto op = typed_op<SiluMulFn>("mxq::silu_mul");
-  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, gate, up, format, rule, group_size, tensor_scale);
+  below_autograd(op, ks, stack);
 }
 
 
@@ -794,19 +892,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& pc, const at::Tensor& p
 }  // namespace mxq_torch
 
 TORCH_LIBRARY(mxq, m) {
-  m.def("qdq(Tensor x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
-        "float? tensor_scale, int random_bits=32, str rotation=\"none\", int rotation_seed=0, Tensor? rotation_matrix=None, str matrix_precision=\"exact\") -> Tensor");
-  m.def("qdq_(Tensor(a!) x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
-        "float? tensor_scale, int random_bits=32, str rotation=\"none\", int rotation_seed=0, Tensor? rotation_matrix=None, str matrix_precision=\"exact\") -> ()");
-  m.def("quantize(Tensor x, str format, str rule, int group_size, bool stochastic, int seed, int offset, "
-        "str layout, float? tensor_scale, bool clip_mask, int random_bits=32, str rotation=\"none\", int rotation_seed=0, Tensor? rotation_matrix=None, str matrix_precision=\"exact\") -> (Tensor codes, Tensor scales, Tensor tensor_scale, "
-        "Tensor clip_mask)");
-  m.def("dequantize(Tensor codes, Tensor scales, SymInt cols, str format, int group_size, str layout, "
-        "float? tensor_scale, Tensor? tensor_scale_tensor, ScalarType dtype, str rotation=\"none\", "
-        "int rotation_seed=0, Tensor? rotation_inverse=None) -> Tensor");
+  // qdq, qdq_, quantize, dequantize, rms_norm, silu_mul: written from their options (OpSpec)
+  for (const mxq_torch::OpSpec* op : mxq_torch::kOpSpecs) m.def(torch::schema(op->schema().c_str()));
   m.def("swizzle_scales(Tensor linear) -> Tensor");
-  m.def("rms_norm(Tensor x, Tensor weight, float eps, str? format, str rule, int group_size, float? tensor_scale) -> Tensor");
-  m.def("silu_mul(Tensor gate, Tensor up, str? format, str rule, int group_size, float? tensor_scale) -> Tensor");
   m.def("unswizzle_scales(Tensor swizzled, SymInt rows, SymInt cols) -> Tensor");
   m.def("prepack(Tensor codes, Tensor scales, int N, int K, str format, str layout) -> (Tensor codes, Tensor scales, Tensor info)");
   m.def("unpack(Tensor codes, Tensor scales, int N, int K, str format, int exp_shift) -> (Tensor codes, Tensor scales)");
@@ -815,12 +903,13 @@ TORCH_LIBRARY(mxq, m) {
 }
 
 TORCH_LIBRARY_IMPL(mxq, CPU, m) {
-  m.impl("rms_norm", &mxq_torch::rms_norm);
-  m.impl("silu_mul", &mxq_torch::silu_mul);
-  m.impl("qdq", &mxq_torch::qdq);
-  m.impl("qdq_", &mxq_torch::qdq_);
-  m.impl("quantize", &mxq_torch::quantize);
-  m.impl("dequantize", &mxq_torch::dequantize);
+  using mxq_torch::boxed;
+  m.impl("rms_norm", boxed<&mxq_torch::rms_norm>());
+  m.impl("silu_mul", boxed<&mxq_torch::silu_mul>());
+  m.impl("qdq", boxed<&mxq_torch::qdq>());
+  m.impl("qdq_", boxed<&mxq_torch::qdq_>());
+  m.impl("quantize", boxed<&mxq_torch::quantize>());
+  m.impl("dequantize", boxed<&mxq_torch::dequantize>());
   m.impl("swizzle_scales", &mxq_torch::swizzle_scales);
   m.impl("unswizzle_scales", &mxq_torch::unswizzle_scales);
   m.impl("prepack", &mxq_torch::prepack);
@@ -831,28 +920,31 @@ TORCH_LIBRARY_IMPL(mxq, CPU, m) {
 // NOTE: registered even when the library was built without CUDA, so that CUDA tensors get mxq's own
 // message ("the CUDA backend cannot run: ...") instead of the dispatcher's missing-kernel error.
 TORCH_LIBRARY_IMPL(mxq, CUDA, m) {
-  m.impl("rms_norm", &mxq_torch::rms_norm);
-  m.impl("silu_mul", &mxq_torch::silu_mul);
-  m.impl("qdq", &mxq_torch::qdq);
-  m.impl("qdq_", &mxq_torch::qdq_);
-  m.impl("quantize", &mxq_torch::quantize);
-  m.impl("dequantize", &mxq_torch::dequantize);
+  using mxq_torch::boxed;
+  m.impl("rms_norm", boxed<&mxq_torch::rms_norm>());
+  m.impl("silu_mul", boxed<&mxq_torch::silu_mul>());
+  m.impl("qdq", boxed<&mxq_torch::qdq>());
+  m.impl("qdq_", boxed<&mxq_torch::qdq_>());
+  m.impl("quantize", boxed<&mxq_torch::quantize>());
+  m.impl("dequantize", boxed<&mxq_torch::dequantize>());
   m.impl("swizzle_scales", &mxq_torch::swizzle_scales);
   m.impl("unswizzle_scales", &mxq_torch::unswizzle_scales);
   m.impl("linear", &mxq_torch::linear);
 }
 
-TORCH_LIBRARY_IMPL(mxq, ADInplaceOrView, m) { m.impl("qdq_", &mxq_torch::qdq_inplace_version); }
+TORCH_LIBRARY_IMPL(mxq, ADInplaceOrView, m) { m.impl("qdq_", mxq_torch::boxed<&mxq_torch::qdq_inplace_version>()); }
 
 TORCH_LIBRARY_IMPL(mxq, Autograd, m) {
-  m.impl("rms_norm", &mxq_torch::rms_norm_autograd);
-  m.impl("silu_mul", &mxq_torch::silu_mul_autograd);
-  m.impl("qdq", &mxq_torch::qdq_autograd);
-  m.impl("qdq_", &mxq_torch::qdq_inplace_autograd);
-  m.impl("quantize", &mxq_torch::quantize_autograd);
-  m.impl("dequantize", &mxq_torch::dequantize_autograd);
-  m.impl("swizzle_scales", &mxq_torch::swizzle_scales_autograd);
-  m.impl("unswizzle_scales", &mxq_torch::unswizzle_scales_autograd);
+  using mxq_torch::boxed;
+  m.impl("rms_norm", boxed<&mxq_torch::rms_norm_autograd>());
+  m.impl("silu_mul", boxed<&mxq_torch::silu_mul_autograd>());
+  m.impl("qdq", boxed<&mxq_torch::qdq_autograd>());
+  m.impl("qdq_", boxed<&mxq_torch::qdq_inplace_autograd>());
+  m.impl("quantize", boxed<&mxq_torch::quantize_autograd>());
+  m.impl("dequantize", boxed<&mxq_torch::dequantize_autograd>());
+  // uint8 in, uint8 out: nothing can require grad; registered so that no call takes torch's boxed fallback.
+  m.impl("swizzle_scales", boxed<&mxq_torch::below_autograd>());
+  m.impl("unswizzle_scales", boxed<&mxq_torch::below_autograd>());
 }
 
 // The extension is imported as the Python module mxq._C: importing it registers the ops above; its two

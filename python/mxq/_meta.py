@@ -1,9 +1,11 @@
 """Fake (meta) implementations of the mxq ops, for torch.compile and FakeTensor tracing: they give
-the output shapes, dtypes and devices of the C++ kernels (python/csrc/ops.cpp) without computing.
+the output shapes, dtypes and devices of the C++ kernels (python/csrc/ops.cpp) without computing, and
+refuse what the kernels refuse. The ops' options are declared in python/csrc/ops.cpp; the fakes take
+their names from the registered schemas and check each option once, in CHECKS.
 tests/python/test_ops.py checks them against the kernels with torch.library.opcheck."""
 from __future__ import annotations
 
-from typing import Optional
+import re
 
 import torch
 
@@ -25,30 +27,76 @@ def _check_float(x: torch.Tensor, op: str, arg: str) -> None:
         raise ValueError(f"mxq.{op}: argument '{arg}': a 0-dimensional tensor, expected at least 1 dimension")
 
 
-def _check_layout_group(op: str, layout: Optional[str], group_size: int) -> None:
-    """The checks the kernels make on these arguments, so that tracing fails where running would."""
-    if layout is not None and layout not in ("linear", "swizzled", "padded"):
-        raise ValueError(f"mxq.{op}: argument 'layout': '{layout}', expected linear, swizzled or padded")
-    if group_size != 0 and (group_size < 2 or group_size > 256 or group_size & (group_size - 1)):
-        raise ValueError(f"mxq.{op}: argument 'group_size': {group_size}, expected 0 (the format's default) "
+# ---- the options' checks ---------------------------------------------------------------------------
+# The checks the kernels make on each option (python/csrc/ops.cpp declares the options and their
+# setters), by option name: check(value, a, op) with `a` every argument of the call by name. Every fake
+# of an op runs the checks of the options its schema has, in schema order, so that tracing fails where
+# running would.
+def _format(v, a: dict, op: str) -> None:
+    if v is None:  # the fused producers: no QDQ of the output
+        if a["rule"] or a["group_size"] or a["tensor_scale"] is not None:
+            raise ValueError(f"mxq.{op}: 'rule', 'group_size' and 'tensor_scale' need a 'format' (the QDQ of the output)")
+        return
+    F.canonical_format(v)
+
+
+def _group_size(v: int, a: dict, op: str) -> None:
+    if v != 0 and (v < 2 or v > 256 or v & (v - 1)):
+        raise ValueError(f"mxq.{op}: argument 'group_size': {v}, expected 0 (the format's default) "
                          "or a power of two in [2, 256]")
 
 
-def _check_matrix(m, op: str, arg: str, like: torch.Tensor) -> None:
-    """The op's checks of a rotation matrix (python/csrc/ops.cpp, set_matrix)."""
-    if m is None:
+def _layout(v: str, a: dict, op: str) -> None:
+    if v not in ("linear", "swizzled", "padded"):
+        raise ValueError(f"mxq.{op}: argument 'layout': '{v}', expected one of: linear, swizzled, padded")
+
+
+def _random_bits(v: int, a: dict, op: str) -> None:
+    if v not in (32, 16, 8):
+        raise ValueError(f"mxq: argument 'random_bits': {v}, expected 32, 16 or 8")
+
+
+_ROTATION = re.compile(r"(r?had)(16|32|64|128|256)")
+
+
+def _rotation(v: str, a: dict, op: str) -> None:
+    if v != "none" and not _ROTATION.fullmatch(v):
+        raise ValueError(f"mxq: rotation '{v}': expected none, had<RS> or rhad<RS> with RS 16, 32, 64, 128 or 256")
+
+
+def _tensor_scale_tensor(t, a: dict, op: str) -> None:
+    if t is None:
         return
-    if m.dim() != 2 or m.shape[0] != m.shape[1] or m.shape[0] not in (16, 32, 64, 128, 256):
-        raise ValueError(f"mxq.{op}: argument '{arg}': shape {tuple(m.shape)}, expected a square [RS, RS] matrix "
-                         "with RS = 16, 32, 64, 128 or 256")
-    if m.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"mxq.{op}: argument '{arg}': dtype {m.dtype}, expected float32 or bfloat16")
-    if m.device != like.device:
-        raise ValueError(f"mxq.{op}: argument '{arg}' is on {m.device}, expected the data's device {like.device}")
+    if a["tensor_scale"] is not None:
+        raise ValueError(f"mxq.{op}: pass the tensor scale either as a float or as a tensor, not both")
+    if t.numel() != 1 or t.dtype != torch.float32:
+        raise ValueError(f"mxq.{op}: argument 'tensor_scale': expected a float32 tensor of one element, got {t.dtype} "
+                         f"of shape {list(t.shape)}")
 
 
-def _check_precision(v: str, op: str, x, m) -> None:
-    """matrix_precision, as the kernels check it (python/csrc/ops.cpp and the library's options)."""
+def _matrix(arg: str):
+    def check(m, a: dict, op: str) -> None:
+        """A rotation matrix instead of a named rotation, on the data's device (the op's first argument)."""
+        if m is None:
+            return
+        if a["rotation"] != "none":
+            name = "random_hadamard" if a["rotation"].startswith("r") else "hadamard"
+            raise ValueError(f"mxq.{op}: argument '{arg}' given with rotation '{name}': pass either a rotation name or "
+                             "a matrix")
+        like = next(iter(a.values()))
+        if m.dim() != 2 or m.shape[0] != m.shape[1] or m.shape[0] not in (16, 32, 64, 128, 256):
+            raise ValueError(f"mxq.{op}: argument '{arg}': shape {tuple(m.shape)}, expected a square [RS, RS] matrix "
+                             "with RS = 16, 32, 64, 128 or 256")
+        if m.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"mxq.{op}: argument '{arg}': dtype {m.dtype}, expected float32 or bfloat16")
+        if m.device != like.device:
+            raise ValueError(f"mxq.{op}: argument '{arg}' is on {m.device}, expected the data's device {like.device}")
+    return check
+
+
+def _matrix_precision(v: str, a: dict, op: str) -> None:
+    """As the kernels check it (the op, then the library's options)."""
+    x, m = a["x"], a["rotation_matrix"]
     if v not in ("exact", "bf16"):
         raise ValueError(f"mxq.{op}: argument 'matrix_precision': '{v}', expected 'exact' or 'bf16'")
     if v == "bf16":
@@ -65,40 +113,64 @@ def _check_precision(v: str, op: str, x, m) -> None:
                              "expected 16, 32, 64 or 128")
 
 
-@torch.library.register_fake("mxq::qdq")
-def _qdq_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
-              tensor_scale: Optional[float], random_bits: int = 32, rotation: str = "none", rotation_seed: int = 0,
-              rotation_matrix=None, matrix_precision: str = "exact"):
+def _dtype(v: torch.dtype, a: dict, op: str) -> None:
+    if v not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"mxq.{op}: argument 'dtype': {v}, expected float32, float16 or bfloat16")
+
+
+CHECKS = {
+    "format": _format,
+    "group_size": _group_size,
+    "layout": _layout,
+    "dtype": _dtype,
+    "tensor_scale_tensor": _tensor_scale_tensor,
+    "random_bits": _random_bits,
+    "rotation": _rotation,
+    "rotation_matrix": _matrix("rotation_matrix"),
+    "rotation_inverse": _matrix("rotation_inverse"),
+    "matrix_precision": _matrix_precision,
+}
+
+
+def _fake(name: str):
+    """Registers the decorated function as the fake of mxq::<name>. It is called with the arguments by
+    name (bound from the registered schema, defaults filled in: a caller may omit trailing ones) after the
+    option checks, and gives the outputs; unused arguments land in its **_."""
+    args = getattr(torch.ops.mxq, name).default._schema.arguments
+    names = [p.name for p in args]
+    defaults = {p.name: p.default_value for p in args if p.has_default_value()}
+    checks = [(n, CHECKS[n]) for n in names if n in CHECKS]
+
+    def register(outputs):
+        def fake(*pos, **kw):
+            given = {**dict(zip(names, pos)), **kw}
+            a = {n: given[n] if n in given else defaults[n] for n in names}
+            for n, check in checks:
+                check(a[n], a, name)
+            return outputs(**a)
+
+        torch.library.register_fake(f"mxq::{name}")(fake)
+        return outputs
+
+    return register
+
+
+@_fake("qdq")
+def _qdq_fake(x, **_):
     _check_float(x, "qdq", "x")
-    _check_matrix(rotation_matrix, "qdq", "rotation_matrix", x)
-    _check_precision(matrix_precision, "qdq", x, rotation_matrix)
-    F.canonical_format(format)
-    _check_layout_group("qdq", None, group_size)
     return x.new_empty(x.shape)
 
 
-@torch.library.register_fake("mxq::qdq_")
-def _qdq_inplace_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
-                      tensor_scale: Optional[float], random_bits: int = 32, rotation: str = "none",
-                      rotation_seed: int = 0, rotation_matrix=None, matrix_precision: str = "exact"):
+@_fake("qdq_")
+def _qdq_inplace_fake(x, **_):
     _check_float(x, "qdq_", "x")
-    _check_matrix(rotation_matrix, "qdq_", "rotation_matrix", x)
-    _check_precision(matrix_precision, "qdq_", x, rotation_matrix)
-    F.canonical_format(format)
-    _check_layout_group("qdq_", None, group_size)
     return None
 
 
-@torch.library.register_fake("mxq::quantize")
-def _quantize_fake(x, format: str, rule: str, group_size: int, stochastic: bool, seed: int, offset: int,
-                   layout: str, tensor_scale: Optional[float], clip_mask: bool, random_bits: int = 32,
-                   rotation: str = "none", rotation_seed: int = 0, rotation_matrix=None,
-                   matrix_precision: str = "exact"):
+@_fake("quantize")
+def _quantize_fake(x, format: str, group_size: int, layout: str, clip_mask: bool, **_):
     _check_float(x, "quantize", "x")
-    _check_matrix(rotation_matrix, "quantize", "rotation_matrix", x)
-    _check_precision(matrix_precision, "quantize", x, rotation_matrix)
     fmt = F.canonical_format(format)
-    _check_layout_group("quantize", layout, group_size)
     k = x.shape[-1]
     lead = tuple(x.shape[:-1])
     g = F.scale_cols(fmt, k, group_size)
@@ -112,15 +184,8 @@ def _quantize_fake(x, format: str, rule: str, group_size: int, stochastic: bool,
     return codes, scales, ts, mask
 
 
-@torch.library.register_fake("mxq::dequantize")
-def _dequantize_fake(codes, scales, cols: int, format: str, group_size: int, layout: str,
-                     tensor_scale: Optional[float], tensor_scale_tensor, dtype: torch.dtype, rotation: str = "none",
-                     rotation_seed: int = 0, rotation_inverse=None):
-    F.canonical_format(format)
-    _check_matrix(rotation_inverse, "dequantize", "rotation_inverse", codes)
-    _check_layout_group("dequantize", layout, group_size)
-    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"mxq.dequantize: argument 'dtype': {dtype}, expected float32, float16 or bfloat16")
+@_fake("dequantize")
+def _dequantize_fake(codes, cols: int, dtype: torch.dtype, **_):
     return codes.new_empty(tuple(codes.shape[:-1]) + (cols,), dtype=dtype)
 
 
@@ -136,33 +201,21 @@ def _unswizzle_fake(swizzled, rows: int, cols: int):
     return swizzled.new_empty((rows, cols))
 
 
-def _check_fused_qdq(op: str, format: Optional[str], rule: str, group_size: int, tensor_scale) -> None:
-    if format is None:
-        if rule or group_size or tensor_scale is not None:
-            raise ValueError(f"mxq.{op}: 'rule', 'group_size' and 'tensor_scale' need a 'format' (the QDQ of the output)")
-        return
-    F.canonical_format(format)
-    _check_layout_group(op, None, group_size)
-
-
-@torch.library.register_fake("mxq::rms_norm")
-def _rms_norm_fake(x, weight, eps: float, format: Optional[str], rule: str, group_size: int,
-                   tensor_scale: Optional[float]):
+@_fake("rms_norm")
+def _rms_norm_fake(x, weight, **_):
     _check_float(x, "rms_norm", "x")
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1] or weight.dtype != x.dtype:
         raise ValueError(f"mxq.rms_norm: argument 'weight': {weight.dtype} {tuple(weight.shape)}, expected "
                          f"{x.dtype} ({x.shape[-1]},)")
-    _check_fused_qdq("rms_norm", format, rule, group_size, tensor_scale)
     return x.new_empty(x.shape)
 
 
-@torch.library.register_fake("mxq::silu_mul")
-def _silu_mul_fake(gate, up, format: Optional[str], rule: str, group_size: int, tensor_scale: Optional[float]):
+@_fake("silu_mul")
+def _silu_mul_fake(gate, up, **_):
     _check_float(gate, "silu_mul", "gate")
     if up.shape != gate.shape or up.dtype != gate.dtype:
         raise ValueError(f"mxq.silu_mul: argument 'up': {up.dtype} {tuple(up.shape)}, expected gate's "
                          f"{gate.dtype} {tuple(gate.shape)}")
-    _check_fused_qdq("silu_mul", format, rule, group_size, tensor_scale)
     return gate.new_empty(gate.shape)
 
 

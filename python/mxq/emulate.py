@@ -15,6 +15,7 @@ compare with: bench/generate_bench.py runs a model through both).
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Union
@@ -35,7 +36,11 @@ Patterns = Union[None, str, Iterable[str]]
 # The modules mxq's checkpoint tools leave unquantized too (docs/cli.md): the output head, MoE routers.
 DEFAULT_EXCLUDE: tuple[str, ...] = (r"(^|\.)lm_head$", r"\.mlp\.gate$", r"router", r"shared_expert_gate$")
 
-_QDQ_KEYS = {"format", "rule", "group_size", "stochastic", "seed", "offset", "tensor_scale"}
+# The keys of a dict spec: mxq.qdq's keyword arguments, less the rotation's, which emulate takes itself
+# (a rotation applies to weights and activations together).
+_ROTATION_KEYS = {"rotation", "rotation_seed", "matrix_precision"}
+_QDQ_KEYS = {"format"} | {p.name for p in inspect.signature(qdq).parameters.values() if p.kind is p.KEYWORD_ONLY} \
+    - _ROTATION_KEYS
 
 
 def _spec(spec: Spec, what: str) -> Optional[dict]:
@@ -53,8 +58,7 @@ def _spec(spec: Spec, what: str) -> Optional[dict]:
                              f"mxq.qdq arguments ({', '.join(sorted(_QDQ_KEYS))})"
                              + (f"; unknown: {', '.join(sorted(unknown))}" if unknown else "")
                              + ("; a rotation applies to weights and activations together: pass "
-                                "mxq.emulate(..., rotation=...)" if unknown & {"rotation", "rotation_seed",
-                                                                                "matrix_precision"} else ""))
+                                "mxq.emulate(..., rotation=...)" if unknown & _ROTATION_KEYS else ""))
     else:
         raise TypeError(f"mxq.emulate: argument '{what}': expected a format name, a dict, a callable or None, "
                         f"got {type(spec).__name__}")

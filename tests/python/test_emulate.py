@@ -54,6 +54,22 @@ def test_emulate_plain_module_and_restore():
         mxq.emulate(m, weights={"rule": "even"})
 
 
+def test_a_spec_dict_takes_every_qdq_keyword_but_the_rotation():
+    """A dict spec carries any of mxq.qdq's keyword arguments (each reaching the QDQ); the rotation ones
+    are refused there (emulate's own rotation= applies to weights and activations together)."""
+    torch.manual_seed(0)
+    m = Tiny().to(torch.bfloat16)
+    w = m.up.weight.detach().clone()
+    spec = {"format": "mxfp4", "stochastic": True, "seed": 3, "random_bits": 8}
+    h = mxq.emulate(m, weights=spec, activations=None)
+    assert_bytes_equal(m.up.weight, mxq.qdq(w, "mxfp4", stochastic=True, seed=3, random_bits=8), "random_bits")
+    assert not torch.equal(m.up.weight, mxq.qdq(w, "mxfp4", stochastic=True, seed=3)), "random_bits did not reach"
+    h.restore()
+    for key in ("rotation", "rotation_seed", "matrix_precision"):
+        with pytest.raises(ValueError, match=r"emulate\(\.\.\., rotation=\.\.\.\)"):
+            mxq.emulate(m, weights={"format": "mxfp4", key: None})
+
+
 class Attention(nn.Module):
     """Three projections of one input (q/k/v), then one of their sum (o)."""
 

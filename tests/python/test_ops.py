@@ -321,6 +321,16 @@ def test_fakes_refuse_what_the_kernels_refuse():
                 torch.ops.mxq.quantize(x, *args.values())
 
 
+def test_fake_checks_name_options_of_the_schemas():
+    """The fakes check options by the names python/csrc/ops.cpp gives them in the schemas: a check whose
+    option no schema has (renamed, say) would never run."""
+    from mxq import _meta
+
+    names = {a.name for op in ("qdq", "qdq_", "quantize", "dequantize", "rms_norm", "silu_mul")
+             for a in getattr(torch.ops.mxq, op).default._schema.arguments}
+    assert set(_meta.CHECKS) <= names, set(_meta.CHECKS) - names
+
+
 @pytest.mark.parametrize("vary", ["rows", "rows_and_k"])
 def test_torch_compile_dynamic_does_not_recompile(vary):
     """torch.compile(dynamic=True) traces one graph for every shape: the size arguments (dequantize's
