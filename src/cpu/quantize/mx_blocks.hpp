@@ -237,12 +237,12 @@ __attribute__((target("avx512f"))) std::int64_t mx_sr_blocks_avx512(ScaleRule ru
     if (!mx_sr_block_avx512<ET, DT>(rule, s, xb, a, e)) return j;
     const std::uint32_t* w = srw.at(k0 + 32 * j, 32);
     const __m512i vlo = _mm512_set1_epi32(f.emin + e + 127);
+    // QDQ: sr_code_value_bits, a normal code's fields placed in binade lo - 1 + (code >> mbits); a
+    // subnormal code c as (2^(lo-1) (1 + c 2^-mbits) - 2^(lo-1)) 2
+    [[maybe_unused]] const __m512i vlo1 = _mm512_set1_epi32(int(std::uint32_t(f.emin + e + 126) << 23));
     for (int h = 0; h < 2; ++h) {
       const __m512i mag = sr_mags16_avx512<ET>(a[h], vlo, _mm512_loadu_si512(w + 16 * h));
       if constexpr (QDQ) {
-        // sr_code_value_bits: a normal code's fields placed in binade lo - 1 + (code >> mbits); a
-        // subnormal code c as (2^(lo-1) (1 + c 2^-mbits) - 2^(lo-1)) 2
-        const __m512i vlo1 = _mm512_set1_epi32(int(std::uint32_t(f.emin + e + 126) << 23));
         const __m512i v = _mm512_add_epi32(vlo1, _mm512_slli_epi32(mag, 23 - f.mbits));
         const __m512 sub = _mm512_mul_ps(_mm512_sub_ps(_mm512_castsi512_ps(v), _mm512_castsi512_ps(vlo1)), _mm512_set1_ps(2.0f));
         const __m512i val = _mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(1 << f.mbits)), v, _mm512_castps_si512(sub));
