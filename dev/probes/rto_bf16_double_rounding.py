@@ -11,7 +11,7 @@ the amax rules, on values nudged around the grid's ties and on wide random data;
 round-to-nearest-even to bf16 mismatches almost everywhere (the negative control). Not for quest,
 QuTLASS absmax (which scales x by 3 first) or NVFP4 (which rounds x times a multiplier).
 
-Run: python scripts/probes/rto_bf16_double_rounding.py   (needs the mxq package; CPU)
+Run: python dev/probes/rto_bf16_double_rounding.py   (needs the mxq package; CPU)
 """
 import torch
 

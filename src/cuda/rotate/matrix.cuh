@@ -9,7 +9,7 @@
 // exact: 24 x 24 bits), so chaining the RS/4 k-steps from an accumulator of +0 performs exactly the
 // sequential double sum (sm_80 and later, as the rest of the backend). rotation_test's CudaRotationMatrix
 // cases hold it to the CPU's bytes with sums whose value depends on the order (wide_matrix), and so
-// does scripts/probes/dmma_order.cu on random data, with the instruction's throughput.
+// does dev/probes/dmma_order.cu on random data, with the instruction's throughput.
 //
 // Work: a warp owns tiles of TG consecutive rotation groups in the chunk numbering of the by-rows plan
 // (chunks of 8, a row padded to whole quantization blocks; the padding forms whole groups of zeros):
