@@ -26,7 +26,7 @@
 
 #include <mxq/mxq.hpp>
 
-#include "cuda_util.hpp"  // tools/mxq/
+#include "cuda_util.hpp"  // support/ (mxq_support)
 #include "stats.hpp"
 
 namespace {

@@ -30,7 +30,7 @@ MUTATIONS = {
     "sr-counter-plus-one": (
         "stochastic rounding's counter shifted by one (offset + i -> offset + i + 1), reference and fast path",
         [("src/cpu/reference/reference.cpp", "p.opt.offset + r * p.K + k,", "p.opt.offset + r * p.K + k + 1,", 0),
-         ("src/cpu/fast_common.hpp", "base_(p.opt.offset + std::uint64_t(r * p.K))",
+         ("src/cpu/common/sr_words.hpp", "base_(p.opt.offset + std::uint64_t(r * p.K))",
           "base_(p.opt.offset + std::uint64_t(r * p.K) + 1)", 1)]),
     "quantize-drops-stochastic": (
         "mxq.quantize ignores stochastic=True",

@@ -10,7 +10,7 @@
 #include <mxq/mxq.hpp>
 
 #if defined(MXQ_TEST_HAVE_CUDA)
-#include "cuda_util.hpp"  // tools/mxq/
+#include "cuda_util.hpp"  // support/ (mxq_support)
 #endif
 #if defined(_OPENMP)
 #include <omp.h>

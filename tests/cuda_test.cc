@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "cuda_util.hpp"  // tools/mxq/
+#include "cuda_util.hpp"  // support/ (mxq_support)
 #include "helpers.hpp"
 
 using namespace mxq;

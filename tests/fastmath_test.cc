@@ -530,13 +530,15 @@ TEST(FastOutput, NonNanRoundingMatchesTheCodec) {
   EXPECT_EQ(bad, 0);
 }
 
-// The fast CPU path's quest statistics (src/cpu/fast_common.hpp): quest_arg_direct and, where the CPU
+// The fast CPU path's quest statistics (src/cpu/common/reductions.hpp): quest_arg_direct and, where the CPU
 // has AVX2, quest_args8_avx2 (eight blocks in vector lanes), and core::quest_arg's compile-time-size
 // form give core::quest_arg's fp32 bits (runtime size) for every block, at G = 32 (MX quest) and G = 16
 // (NVFP4 quest): random blocks over many magnitudes, constant blocks (sigma 0: the 1e-8 term alone), a
 // single non-zero element, tiny and huge values, sums that overflow (NaN / Inf statistics); bf16 and
 // fp32 storage.
-#include "cpu/fast_common.hpp"
+#include "cpu/common/elements.hpp"
+#include "cpu/common/reductions.hpp"
+#include "cpu/common/sr_words.hpp"
 
 template <int G>
 void check_quest_statistics() {

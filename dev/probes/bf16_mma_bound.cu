@@ -1,5 +1,5 @@
-// dev/probes/bf16_mma_bound.cu (nvcc -O2 -arch=sm_90a bf16_mma_bound.cu -o bf16_mma_bound && ./bf16_mma_bound;
-// on an sm_90 GPU).
+// dev/probes/bf16_mma_bound.cu (built with -DMXQ_BUILD_PROBES=ON, or nvcc -O2 -arch=sm_90a bf16_mma_bound.cu
+// -o bf16_mma_bound; run ./bf16_mma_bound on an sm_90 GPU).
 // Probe for MatrixPrecision::bf16 (docs/numerics.md, "Runtime RS x RS matrices"): the error of
 // mma.sync m16n8k16 bf16 -> fp32, chained over the RS/16 k-steps from a +0 accumulator as
 // src/cuda/rotate/matrix_bf16.cuh does, against the exact (double) sum, in units of the stated bound

@@ -1,4 +1,5 @@
-// dev/probes/dmma_order.cu (nvcc -O2 -arch=sm_90a dmma_order.cu && ./a.out; on an sm_90 GPU).
+// dev/probes/dmma_order.cu (built with -DMXQ_BUILD_PROBES=ON, or nvcc -O2 -arch=sm_90a dmma_order.cu -o dmma_order;
+// run ./dmma_order on an sm_90 GPU).
 // Probe: does mma.sync m8n8k4 f64 compute D = fma(a3,b3, fma(a2,b2, fma(a1,b1, fma(a0,b0, c))))
 // (sequential FMAs in ascending k, RNE)? Compared over adversarial random data, chained over k-tiles.
 #include <cstdio>

@@ -2,7 +2,10 @@
 #include <bit>
 #include <vector>
 
-#include "cpu/fast_common.hpp"
+#include "cpu/common/elements.hpp"
+#include "cpu/common/fp4_lookup.hpp"
+#include "cpu/common/nvfp4_scale.hpp"
+#include "cpu/common/vector_io.hpp"
 
 namespace mxq::cpu {
 namespace {

@@ -1,5 +1,6 @@
 // Scale layouts, the tensor amax and the thread count of the fast CPU path.
-#include "cpu/fast_common.hpp"
+#include "cpu/common/reductions.hpp"
+#include "cpu/common/vector_io.hpp"
 
 namespace mxq::cpu {
 

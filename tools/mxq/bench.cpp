@@ -25,7 +25,7 @@
 #include "cuda_util.hpp"
 #endif
 
-#include "stats.hpp"  // bench/
+#include "stats.hpp"  // support/ (mxq_support)
 
 namespace mxq::cli {
 

@@ -17,7 +17,7 @@
 
 #include "commands.hpp"
 #include "engine.hpp"
-#include "stats.hpp"  // bench/: the median
+#include "stats.hpp"  // support/ (mxq_support): the median
 
 namespace {
 

@@ -3,8 +3,9 @@
 // one checked call, device buffers, a stream, an event timer and the device's facts, so that none of
 // them repeats cudaMalloc / cudaMemcpy / cudaEvent* or the error wording. The library itself reports
 // CUDA errors as mxq::Error(device_error) naming the API function (src/cuda/common/device.hpp); here
-// the same text is a std::runtime_error. Header-only: the tests and benchmarks include it without
-// linking the tool. Only for builds with CUDA (MXQ_TOOL_HAVE_CUDA, MXQ_TEST_HAVE_CUDA, cuda_bench).
+// the same text is a std::runtime_error. Header-only, in the mxq_support target (support/CMakeLists.txt)
+// that the tool, the tests and the benchmarks link. Only for builds with CUDA (MXQ_TOOL_HAVE_CUDA,
+// MXQ_TEST_HAVE_CUDA, cuda_bench, linear_bench).
 #include <cuda_runtime.h>
 
 #include <algorithm>
