@@ -17,6 +17,7 @@
 #include "compressed_tensors.hpp"
 #include "convert.hpp"
 #include "error_sum.hpp"
+#include "fail.hpp"
 #include "safetensors.hpp"
 #include "staging.hpp"
 #include "write_behind.hpp"
@@ -27,8 +28,6 @@ using json = nlohmann::json;
 namespace mxq::cli {
 
 namespace {
-
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
 
 DType mxq_dtype(const std::string& dt) { return dt == "F32" ? DType::f32 : dt == "F16" ? DType::f16 : DType::bf16; }
 

@@ -8,13 +8,10 @@
 
 #include <fmt/format.h>
 
+#include "fail.hpp"
 #include "safetensors.hpp"
 
 namespace mxq::cli {
-
-namespace {
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
-}  // namespace
 
 bool default_ignored(const std::string& module) {
   const auto has = [&](const char* s) { return module.find(s) != std::string::npos; };

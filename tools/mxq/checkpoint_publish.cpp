@@ -17,6 +17,7 @@
 #include <mxq/version.hpp>
 
 #include "compressed_tensors.hpp"
+#include "fail.hpp"
 #include "json_limits.hpp"
 #include "safetensors.hpp"
 
@@ -24,10 +25,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace mxq::cli {
-
-namespace {
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
-}  // namespace
 
 void write_text(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";

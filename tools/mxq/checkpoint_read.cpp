@@ -13,6 +13,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "fail.hpp"
 #include "safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -21,7 +22,6 @@ using json = nlohmann::json;
 namespace mxq::cli {
 
 namespace {
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
 
 // A manifest's key of the expected JSON type, or an error naming the manifest and the key.
 enum class Want { string, unsigned_int, boolean, object, array, object_or_null, string_or_null };

@@ -8,16 +8,13 @@
 
 #include <fmt/format.h>
 
+#include "fail.hpp"
 #include "json_limits.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace mxq::cli {
-
-namespace {
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
-}  // namespace
 
 QuantOptions with_rotation(QuantOptions o, Rotation r, int n, std::uint64_t seed) {
   o.rotation = r;

@@ -20,6 +20,7 @@
 #include "commands.hpp"
 #include "compressed_tensors.hpp"
 #include "engine.hpp"
+#include "fail.hpp"
 #include "json_limits.hpp"
 #include "safetensors.hpp"
 #include "staging.hpp"
@@ -30,8 +31,6 @@ using json = nlohmann::json;
 namespace mxq::cli {
 
 namespace {
-
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
 
 std::string shape_text(const std::vector<std::int64_t>& s) {
   std::string r = "[";

@@ -18,6 +18,7 @@
 #include "checkpoint_publish.hpp"
 #include "checkpoint_read.hpp"
 #include "commands.hpp"
+#include "fail.hpp"
 #include "json_limits.hpp"
 #include "staging.hpp"
 
@@ -25,10 +26,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace mxq::cli {
-
-namespace {
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
-}  // namespace
 
 int run_merge(const MergeArgs& a) {
   const fs::path out = normal_out(a.out);

@@ -26,6 +26,7 @@
 #include "commands.hpp"
 #include "compressed_tensors.hpp"
 #include "engine.hpp"
+#include "fail.hpp"
 #include "fusion.hpp"
 #include "safetensors.hpp"
 #include "staging.hpp"
@@ -36,8 +37,6 @@ using json = nlohmann::json;
 namespace mxq::cli {
 
 namespace {
-
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
 
 // What the command line asks for, each option checked (in this order) before anything is read.
 struct Request {

@@ -1,3 +1,4 @@
+#include "fail.hpp"
 #include "staging.hpp"
 
 #include <fcntl.h>
@@ -18,8 +19,6 @@ namespace fs = std::filesystem;
 namespace mxq::cli {
 
 namespace {
-
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
 
 constexpr std::string_view kStagingPrefix = ".mxq-staging-";
 
