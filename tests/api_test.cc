@@ -1,5 +1,6 @@
 // Bad input at the API boundary: every error names the argument and what was expected, and nothing
 // is written when validation fails.
+#include <algorithm>
 #include <cstdlib>
 
 #include <gtest/gtest.h>
@@ -100,14 +101,6 @@ TEST(Api, OptionsAreValidated) {
   o.group_size = 512;
   expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'group_size'"});
   o = f.o;
-  o.rule = ScaleRule::nvfp4;
-  expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'rule'", "needs format nvfp4"});
-  o = QuantOptions::nvfp4();
-  o.rule = ScaleRule::even;
-  expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'rule'", "format nvfp4 uses rule 'nvfp4'", "or 'quest'"});
-  o = QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::qutlass_absmax);
-  expect_error([&] { q(o); }, Error::Code::invalid_argument, {"qutlass_absmax", "mxfp4 only"});
-  o = f.o;
   o.tensor_scale = 2.0f;
   expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'tensor_scale'", "only used by format nvfp4"});
   for (float bad : {0.0f, -1.0f, INFINITY, NAN}) {
@@ -123,6 +116,98 @@ TEST(Api, OptionsAreValidated) {
   o = f.o;
   o.format = static_cast<Format>(42);
   expect_error([&] { q(o); }, Error::Code::invalid_argument, {"'format'", "invalid value 42"});
+}
+
+// The format x rule table, decided from each rule's definition and its source (docs/api.md, "Formats x
+// scale rules"; docs/numerics.md), written out here rather than read from rules_for: floor, ceil, even
+// and rceil are defined by the element's own emax, mbits and largest value, so for every MX format;
+// even_fp4 is compressed-tensors' rule, which it computes for MXFP4 and MXFP8 E4M3 only; quest's
+// constant 2.92247856 / 6 is the clipping point of the E2M1 grid (QuTLASS: MXFP4 and NVFP4);
+// qutlass_absmax is QuTLASS's MXFP4 rule; nvfp4 is NVFP4's recipe.
+namespace {
+bool defined(Format f, ScaleRule r) {
+  const bool mx = f != Format::nvfp4;
+  switch (r) {
+    case ScaleRule::floor:
+    case ScaleRule::ceil:
+    case ScaleRule::even:
+    case ScaleRule::rceil: return mx;
+    case ScaleRule::even_fp4: return f == Format::mxfp4 || f == Format::mxfp8_e4m3;
+    case ScaleRule::quest: return f == Format::mxfp4 || f == Format::nvfp4;
+    case ScaleRule::qutlass_absmax: return f == Format::mxfp4;
+    case ScaleRule::nvfp4: return f == Format::nvfp4;
+  }
+  return false;
+}
+}  // namespace
+
+// Every format x every rule: the catalogue lists exactly the defined pairs; quantize, QDQ and
+// dequantize accept those and refuse the others with an error naming the pair and the rules the
+// format accepts, writing nothing.
+TEST(Api, RulesAFormatDoesNotDefineAreRefused) {
+  const HostTensor x = th::llm_like(DType::bf16, 4, 64, 3);
+  int refused = 0;
+  for (Format f : all_formats())
+    for (int ri = 0; ri <= int(ScaleRule::nvfp4); ++ri) {
+      const ScaleRule r = static_cast<ScaleRule>(ri);
+      const std::string what = std::string(to_string(f)) + "/" + std::string(to_string(r));
+      const auto rules = rules_for(f);
+      EXPECT_EQ(std::find(rules.begin(), rules.end(), r) != rules.end(), defined(f, r)) << what;
+      EXPECT_EQ(rule_refusal(f, r).empty(), defined(f, r)) << what;
+      QuantOptions o = f == Format::nvfp4 ? QuantOptions::nvfp4(2.0f) : QuantOptions::mx(f, r);
+      o.rule = r;
+      if (f == Format::nvfp4 && r == ScaleRule::quest) o.tensor_scale.reset();  // its tensor scale is 1
+      Quantized q(o, 4, 64);
+      HostTensor y(DType::bf16, 4, 64), z(DType::f32, 4, 64);
+      if (defined(f, r)) {
+        EXPECT_NO_THROW(quantize(x.view(), q.out(), o)) << what;
+        EXPECT_NO_THROW(qdq(x.view(), y.view(), o)) << what;
+        EXPECT_NO_THROW(dequantize(q.in(), z.view(), o)) << what;
+        continue;
+      }
+      ++refused;
+      const std::string why = "option 'rule': " + rule_refusal(f, r);
+      expect_error([&] { quantize(x.view(), q.out(), o); }, Error::Code::invalid_argument, {("mxq::quantize: " + why).c_str()});
+      expect_error([&] { qdq(x.view(), y.view(), o); }, Error::Code::invalid_argument, {("mxq::qdq: " + why).c_str()});
+      expect_error([&] { dequantize(q.in(), z.view(), o); }, Error::Code::invalid_argument, {("mxq::dequantize: " + why).c_str()});
+      for (const HostTensor* t : {&q.codes, &q.scales, &y, &z})
+        EXPECT_TRUE(std::all_of(t->bytes.begin(), t->bytes.end(), [](std::uint8_t b) { return b == 0xA5; })) << what << ": written";
+    }
+  EXPECT_EQ(refused, 7 * 8 - 30);  // 30 pairs defined: 6 MX formats x 4, even_fp4 x 2, quest x 2, qutlass_absmax, nvfp4
+}
+
+// The whole message of each kind of refusal.
+TEST(Api, RuleRefusalsNameTheFormatTheRuleAndTheAcceptedRules) {
+  const HostTensor x = th::llm_like(DType::bf16, 2, 64, 4);
+  HostTensor y(DType::bf16, 2, 64);
+  const auto message = [&](Format f, ScaleRule r) {
+    QuantOptions o = QuantOptions::mx(f, r);
+    try {
+      qdq(x.view(), y.view(), o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(message(Format::mxint8, ScaleRule::quest),
+            "mxq::qdq: option 'rule': rule 'quest' is not defined for format 'mxint8' (its constant 2.92247856 / 6 fits the "
+            "E2M1 grid; defined for mxfp4, nvfp4); mxint8 accepts floor, ceil, even, rceil");
+  EXPECT_EQ(message(Format::mxfp8_e4m3, ScaleRule::quest),
+            "mxq::qdq: option 'rule': rule 'quest' is not defined for format 'mxfp8_e4m3' (its constant 2.92247856 / 6 fits "
+            "the E2M1 grid; defined for mxfp4, nvfp4); mxfp8_e4m3 accepts floor, ceil, even, rceil, even_fp4");
+  EXPECT_EQ(message(Format::mxfp8_e5m2, ScaleRule::even_fp4),
+            "mxq::qdq: option 'rule': rule 'even_fp4' is not defined for format 'mxfp8_e5m2' (compressed-tensors' rule for "
+            "its checkpoints; defined for mxfp4, mxfp8_e4m3); mxfp8_e5m2 accepts floor, ceil, even, rceil");
+  EXPECT_EQ(message(Format::mxfp8_e4m3, ScaleRule::qutlass_absmax),
+            "mxq::qdq: option 'rule': rule 'qutlass_absmax' is not defined for format 'mxfp8_e4m3' (QuTLASS's abs_max, whose "
+            "elements are E2M1(3 x / 2^e); defined for mxfp4); mxfp8_e4m3 accepts floor, ceil, even, rceil, even_fp4");
+  EXPECT_EQ(message(Format::mxfp4, ScaleRule::nvfp4),
+            "mxq::qdq: option 'rule': rule 'nvfp4' is not defined for format 'mxfp4' (NVFP4's recipe: an E4M3 block scale "
+            "under an fp32 tensor scale; defined for nvfp4); mxfp4 accepts floor, ceil, even, rceil, even_fp4, quest, "
+            "qutlass_absmax");
+  EXPECT_EQ(message(Format::nvfp4, ScaleRule::even),
+            "mxq::qdq: option 'rule': rule 'even' is not defined for format 'nvfp4' (an E8M0 block scale from the element's "
+            "own range; defined for mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3, mxfp8_e5m2, mxint8); nvfp4 accepts nvfp4, quest");
 }
 
 // NVFP4 under rule quest: its tensor scale is 1 (another given one is refused; dequantize needs none);

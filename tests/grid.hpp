@@ -68,7 +68,7 @@ inline std::vector<Case> all_cases() {
       v.push_back({Format::mxfp8_e4m3, ScaleRule::floor, sr, 0, bits, aligned});
       v.push_back({Format::nvfp4, ScaleRule::nvfp4, sr, 0, bits, aligned});
       v.push_back({Format::nvfp4, ScaleRule::quest, sr, 0, bits, aligned});
-      v.push_back({Format::mxfp6_e2m3, ScaleRule::quest, sr, 0, bits, aligned});
+      v.push_back({Format::mxfp6_e2m3, ScaleRule::floor, sr, 0, bits, aligned});  // floor clips E2M3: saturation after SR
       v.push_back({Format::mxfp4, ScaleRule::quest, sr, 8, bits, aligned});
       v.push_back({Format::mxint8, ScaleRule::floor, sr, 2, bits, aligned});
     }

@@ -102,6 +102,7 @@ TEST(Reference, MxFormatsAndRulesAgainstOracle) {
   for (Format fmt : kMx)
     for (ScaleRule rule : amax_rules())
       for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+        if (!rule_refusal(fmt, rule).empty()) continue;  // even_fp4 outside mxfp4 and mxfp8_e4m3 (api_test)
         const HostTensor x = th::llm_like(dt, 3, 97, 17 + int(fmt) * 7 + int(rule));
         check_against_oracle(x, QuantOptions::mx(fmt, rule));
       }

@@ -2,6 +2,7 @@
 // mxq operations on 2-D row-major views. Every entry validates its arguments and throws
 // mxq::Error naming the offending argument; nothing is written when validation fails.
 #include <span>
+#include <string>
 
 #include <mxq/types.hpp>
 
@@ -9,9 +10,15 @@ namespace mxq {
 
 // ---- the catalogue: every format and the scale rules each accepts --------------------------------
 std::span<const Format> all_formats();  // in declaration order
-// The rules format f accepts: floor, ceil, even, rceil, even_fp4 and quest for every MX format, qutlass_absmax
-// for MXFP4 as well; nvfp4 for NVFP4.
+// The rules format f accepts (docs/api.md, "Formats x scale rules"): floor, ceil, even and rceil for
+// every MX format; even_fp4 (compressed-tensors' rule) for MXFP4 and MXFP8 E4M3 as well; quest and
+// qutlass_absmax (QuTLASS's E2M1 rules) for MXFP4 as well; nvfp4 and quest for NVFP4. The entry points
+// refuse any other pairing with rule_refusal's sentence.
 std::span<const ScaleRule> rules_for(Format f);
+// Empty when f accepts r; otherwise why not, naming the formats that accept r and the rules f accepts:
+// "rule 'quest' is not defined for format 'mxint8' (its constant 2.92247856 / 6 fits the E2M1 grid;
+// defined for mxfp4, nvfp4); mxint8 accepts floor, ceil, even, rceil".
+std::string rule_refusal(Format f, ScaleRule r);
 // The rules that depend on the block amax alone: floor, ceil, even, rceil, even_fp4.
 std::span<const ScaleRule> amax_rules();
 

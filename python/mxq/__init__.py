@@ -21,7 +21,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # registers torch.ops.mxq.*
 from . import _meta  # noqa: F401  (fake implementations)
-from ._formats import FORMATS, RULES, FormatInfo, format_info
+from ._formats import FORMATS, RULES, FormatInfo, format_info, rules_for
 from .ops import QuantizedTensor, dequantize, qdq, qdq_, quantize, rms_norm, rotate_quantize, silu_mul, swizzle_scales, unswizzle_scales
 from .linear import PackedLinearWeight, QuantLinear, linear, load_quantized, packed_shapes, prepack
 from .emulate import EmulationHandle, QDQExperts, QDQLinear, emulate, restore
@@ -34,7 +34,7 @@ except Exception:  # noqa: BLE001  (not installed as a distribution: running fro
     __version__ = "unknown"
 
 __all__ = [
-    "FORMATS", "RULES", "FormatInfo", "format_info", "QuantizedTensor", "quantize", "rotate_quantize", "dequantize", "qdq", "qdq_",
+    "FORMATS", "RULES", "FormatInfo", "format_info", "rules_for", "QuantizedTensor", "quantize", "rotate_quantize", "dequantize", "qdq", "qdq_",
     "swizzle_scales", "unswizzle_scales", "rms_norm", "silu_mul", "emulate", "restore", "EmulationHandle", "QDQLinear", "QDQExperts", "PackedLinearWeight", "packed_shapes", "prepack", "linear", "QuantLinear", "load_quantized", "cuda_compiled",
     "cuda_available",
 ]

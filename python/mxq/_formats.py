@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["FORMATS", "RULES", "FormatInfo", "format_info", "canonical_format", "canonical_rule", "default_rule"]
+__all__ = ["FORMATS", "RULES", "FormatInfo", "format_info", "rules_for", "canonical_format", "canonical_rule",
+           "default_rule"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,27 @@ _INFO = {
 FORMATS: tuple[str, ...] = tuple(_INFO)
 RULES: tuple[str, ...] = ("floor", "ceil", "even", "rceil", "even_fp4", "quest", "qutlass_absmax", "nvfp4")
 _RULE_SET = frozenset(RULES)
+
+# The rules each format accepts, and why a rule is defined for its formats only: the library's catalogue
+# (mxq::rules_for, mxq::rule_refusal in src/core/formats.cpp; docs/api.md, "Formats x scale rules"), for
+# the fakes to refuse what the kernels refuse. tests/python/test_formats.py checks both against the kernels.
+_MX_RULES = ("floor", "ceil", "even", "rceil")
+_RULES_OF = {
+    "mxfp4": _MX_RULES + ("even_fp4", "quest", "qutlass_absmax"),
+    "mxfp6_e2m3": _MX_RULES,
+    "mxfp6_e3m2": _MX_RULES,
+    "mxfp8_e4m3": _MX_RULES + ("even_fp4",),
+    "mxfp8_e5m2": _MX_RULES,
+    "mxint8": _MX_RULES,
+    "nvfp4": ("nvfp4", "quest"),
+}
+_RULE_SCOPE = {
+    **{r: "an E8M0 block scale from the element's own range" for r in _MX_RULES},
+    "even_fp4": "compressed-tensors' rule for its checkpoints",
+    "quest": "its constant 2.92247856 / 6 fits the E2M1 grid",
+    "qutlass_absmax": "QuTLASS's abs_max, whose elements are E2M1(3 x / 2^e)",
+    "nvfp4": "NVFP4's recipe: an E4M3 block scale under an fp32 tensor scale",
+}
 
 _FORMAT_ALIASES = {"mxfp8": "mxfp8_e4m3", "mxfp6e2m3": "mxfp6_e2m3", "mxfp6e3m2": "mxfp6_e3m2",
                    "mxfp8e4m3": "mxfp8_e4m3", "mxfp8e5m2": "mxfp8_e5m2"}
@@ -78,6 +100,24 @@ def canonical_rule(name: Optional[str], fmt: str) -> str:
     if n not in RULES:
         raise ValueError(f"mxq: unknown scale rule '{name}'; expected one of: {', '.join(RULES)}")
     return n
+
+
+def rules_for(fmt: str) -> tuple[str, ...]:
+    """The scale rules a format accepts (the library's mxq::rules_for; format aliases accepted): floor,
+    ceil, even and rceil for every MX format, even_fp4 for mxfp4 and mxfp8_e4m3 as well, quest and
+    qutlass_absmax for mxfp4 as well; nvfp4 and quest for nvfp4. The ops refuse any other pairing."""
+    return _RULES_OF[canonical_format(fmt)]
+
+
+def rule_refusal(fmt: str, rule: str) -> str:
+    """Empty when the format (a library name) accepts the rule (a library name); otherwise the library's
+    reason (mxq::rule_refusal), word for word."""
+    accepted = _RULES_OF[fmt]
+    if rule in accepted:
+        return ""
+    defined_for = ", ".join(f for f in FORMATS if rule in _RULES_OF[f])
+    return (f"rule '{rule}' is not defined for format '{fmt}' ({_RULE_SCOPE[rule]}; defined for {defined_for}); "
+            f"{fmt} accepts {', '.join(accepted)}")
 
 
 def format_info(fmt: str) -> FormatInfo:

@@ -40,6 +40,17 @@ def _format(v, a: dict, op: str) -> None:
     F.canonical_format(v)
 
 
+def _rule(v: str, a: dict, op: str) -> None:
+    """A rule the format does not define, with the library's message (a name the library does not know
+    is refused by its parser at run time)."""
+    if a["format"] is None or v not in F.RULES:  # no QDQ of the output (checked above), or "" (the default)
+        return
+    fmt = F.canonical_format(a["format"])
+    why = F.rule_refusal(fmt, v)
+    if why:
+        raise ValueError(f"mxq::{op.rstrip('_')}: option 'rule': {why}")
+
+
 def _group_size(v: int, a: dict, op: str) -> None:
     if v != 0 and (v < 2 or v > 256 or v & (v - 1)):
         raise ValueError(f"mxq.{op}: argument 'group_size': {v}, expected 0 (the format's default) "
@@ -120,6 +131,7 @@ def _dtype(v: torch.dtype, a: dict, op: str) -> None:
 
 CHECKS = {
     "format": _format,
+    "rule": _rule,
     "group_size": _group_size,
     "layout": _layout,
     "dtype": _dtype,

@@ -64,6 +64,9 @@ def _spec(spec: Spec, what: str) -> Optional[dict]:
                         f"got {type(spec).__name__}")
     d["format"] = F.canonical_format(d["format"])
     d["rule"] = F.canonical_rule(d.get("rule"), d["format"])
+    why = F.rule_refusal(d["format"], d["rule"])  # here, not at the first forward deep inside the model
+    if why:
+        raise ValueError(f"mxq.emulate: argument '{what}': {why}")
     if isinstance(d.get("tensor_scale"), torch.Tensor):  # read once here, not on every forward
         d["tensor_scale"] = _ops._scale_value(d["tensor_scale"])
     return d

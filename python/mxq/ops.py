@@ -325,9 +325,10 @@ def quantize(
     """Quantize `x` (float32, float16 or bfloat16, any rank) along its last dimension.
 
     format:       mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3 (alias mxfp8), mxfp8_e5m2, mxint8, nvfp4.
-    rule:         block scale rule: floor (default for MX), ceil, even, rceil, even_fp4, quest, qutlass_absmax
-                  (alias abs_max; mxfp4 only), nvfp4 (the default rule of nvfp4); nvfp4 also takes quest (QuTLASS's
-                  NVFP4 quest: tensor scale 1).
+    rule:         block scale rule: floor (default for MX), ceil, even, rceil (every MX format), even_fp4
+                  (mxfp4, mxfp8_e4m3), quest and qutlass_absmax (alias abs_max; mxfp4), nvfp4 (the default
+                  rule of nvfp4); nvfp4 also takes quest (QuTLASS's NVFP4 quest: tensor scale 1).
+                  mxq.rules_for(format) lists them; any other pairing raises ValueError.
     layout:       "linear" (default), "swizzled" (128x4, for block-scaled GEMMs) or "padded".
     group_size:   elements per block scale: None for the format's (32 MX, 16 NVFP4), or a power of
                   two in [2, 256].

@@ -1,6 +1,8 @@
 // Names of enums, format facts and shape helpers.
+#include <algorithm>
 #include <array>
 #include <string>
+#include <vector>
 
 #include <mxq/ops.hpp>
 
@@ -28,21 +30,65 @@ constexpr std::array kRules{ScaleRule::floor, ScaleRule::ceil,  ScaleRule::even,
 constexpr std::array kDTypes{DType::f32, DType::f16, DType::bf16, DType::u8};
 constexpr std::array kBackends{Backend::automatic, Backend::reference, Backend::cpu, Backend::cuda};
 
+// Which rules each format accepts (docs/numerics.md, "MX block scales"): floor, ceil, even and rceil
+// are defined from the element's own emax, mbits and largest value, so for every MX format. The others
+// come from one project each, for its formats only: even_fp4 is compressed-tensors' rule, which it
+// computes for its MXFP4 and MXFP8 (E4M3) checkpoints; quest's constant 2.92247856 / 6 is the
+// Gaussian-fitted clipping point of the E2M1 grid (QuTLASS's fusedQuantizeMx and fusedQuantizeNv, both
+// E2M1); qutlass_absmax is QuTLASS's other E2M1 rule; nvfp4 is NVFP4's recipe.
 // NOTE: the amax rules first (amax_rules() is their prefix).
-constexpr std::array kMxRules{ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::even_fp4,
-                              ScaleRule::quest};
 constexpr std::array kMxfp4Rules{ScaleRule::floor,    ScaleRule::ceil,  ScaleRule::even,          ScaleRule::rceil,
                                  ScaleRule::even_fp4, ScaleRule::quest, ScaleRule::qutlass_absmax};
+constexpr std::array kMxfp8E4m3Rules{ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::even_fp4};
+constexpr std::array kMxRules{ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil};
 constexpr std::array kNvfp4Rules{ScaleRule::nvfp4, ScaleRule::quest};
+
+// Why a rule is defined for the formats above and for no other: the reason a refusal gives.
+std::string_view rule_scope(ScaleRule r) {
+  switch (r) {
+    case ScaleRule::floor:
+    case ScaleRule::ceil:
+    case ScaleRule::even:
+    case ScaleRule::rceil: return "an E8M0 block scale from the element's own range";
+    case ScaleRule::even_fp4: return "compressed-tensors' rule for its checkpoints";
+    case ScaleRule::quest: return "its constant 2.92247856 / 6 fits the E2M1 grid";
+    case ScaleRule::qutlass_absmax: return "QuTLASS's abs_max, whose elements are E2M1(3 x / 2^e)";
+    case ScaleRule::nvfp4: return "NVFP4's recipe: an E4M3 block scale under an fp32 tensor scale";
+  }
+  return "?";
+}
+
+template <class T>
+std::string names_of(std::span<const T> all) {
+  std::string s;
+  for (T e : all) s += (s.empty() ? "" : ", ") + std::string(to_string(e));
+  return s;
+}
 
 }  // namespace
 
 std::span<const Format> all_formats() { return kFormats; }
-std::span<const ScaleRule> amax_rules() { return std::span<const ScaleRule>(kMxRules).first(5); }
+std::span<const ScaleRule> amax_rules() { return std::span<const ScaleRule>(kMxfp4Rules).first(5); }
 std::span<const ScaleRule> rules_for(Format f) {
-  if (f == Format::nvfp4) return kNvfp4Rules;
-  if (f == Format::mxfp4) return kMxfp4Rules;
-  return kMxRules;
+  switch (f) {
+    case Format::mxfp4: return kMxfp4Rules;
+    case Format::mxfp8_e4m3: return kMxfp8E4m3Rules;
+    case Format::nvfp4: return kNvfp4Rules;
+    default: return kMxRules;
+  }
+}
+
+std::string rule_refusal(Format f, ScaleRule r) {
+  const std::span<const ScaleRule> accepted = rules_for(f);
+  if (std::find(accepted.begin(), accepted.end(), r) != accepted.end()) return {};
+  std::vector<Format> defined_for;
+  for (Format g : kFormats)
+    for (ScaleRule a : rules_for(g))
+      if (a == r) defined_for.push_back(g);
+  const std::string fmt(to_string(f));
+  return "rule '" + std::string(to_string(r)) + "' is not defined for format '" + fmt + "' (" +
+         std::string(rule_scope(r)) + "; defined for " + names_of<Format>(defined_for) + "); " + fmt + " accepts " +
+         names_of(accepted);
 }
 
 std::string_view to_string(Format f) {

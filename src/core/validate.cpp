@@ -89,14 +89,8 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
     c.fail("option 'rule': invalid value " + std::to_string(int(opt.rule)));
   p.info = format_info(opt.format);
   p.elem = elem_spec(p.info.elem);
-  const std::string fmt(to_string(opt.format)), rule(to_string(opt.rule));
-  if (opt.format == Format::nvfp4 && opt.rule != ScaleRule::nvfp4 && opt.rule != ScaleRule::quest)
-    c.fail("option 'rule': format nvfp4 uses rule 'nvfp4' (E4M3 block scale with a tensor scale) or 'quest' (QuTLASS's "
-           "quest scale, tensor scale 1), got '" + rule + "'");
-  if (opt.format != Format::nvfp4 && opt.rule == ScaleRule::nvfp4)
-    c.fail("option 'rule': rule 'nvfp4' needs format nvfp4, got format '" + fmt + "'");
-  if (opt.rule == ScaleRule::qutlass_absmax && opt.format != Format::mxfp4)
-    c.fail("option 'rule': rule 'qutlass_absmax' is defined for mxfp4 only, got format '" + fmt + "'");
+  const std::string fmt(to_string(opt.format));
+  if (const std::string why = rule_refusal(opt.format, opt.rule); !why.empty()) c.fail("option 'rule': " + why);
   const int g = group_size(opt);
   if (g < 2 || g > 256 || (g & (g - 1)) != 0)
     c.fail("option 'group_size': " + std::to_string(opt.group_size) + ", expected 0 (format default) or a power of two in [2, 256]");

@@ -52,6 +52,10 @@ def test_emulate_plain_module_and_restore():
         mxq.emulate(m, weights="fp3")
     with pytest.raises(ValueError, match="'format' key"):
         mxq.emulate(m, weights={"rule": "even"})
+    with pytest.raises(ValueError, match=r"^mxq\.emulate: argument 'activations': rule 'quest' is not defined for format "
+                                         r"'mxint8' \(.*\); mxint8 accepts floor, ceil, even, rceil$"):
+        mxq.emulate(m, activations={"format": "mxint8", "rule": "quest"})
+    assert not isinstance(m.up, mxq.QDQLinear)  # refused before any module was replaced
 
 
 def test_a_spec_dict_takes_every_qdq_keyword_but_the_rotation():

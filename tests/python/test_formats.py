@@ -1,6 +1,7 @@
 """The Python package's format facts (python/mxq/_formats.py, which the fake implementations use)
 against what the C++ kernels do: group sizes and code widths through the shapes quantize writes, the
-largest element through saturation, the scale kind through the scale bytes."""
+largest element through saturation, the scale kind through the scale bytes; the rules each format
+accepts through the ops' refusals."""
 from __future__ import annotations
 
 import math
@@ -39,3 +40,33 @@ def test_format_facts_match_the_kernels(fmt):
     else:
         y = mxq.qdq(x, fmt, tensor_scale=448.0)  # amax 6: block scale 448 * 6 / 6 = 448, element 6
         assert y[0, 0].item() == info.max_elem
+
+
+@pytest.mark.parametrize("fmt", F.FORMATS)
+def test_rules_for_match_the_kernels(fmt):
+    """mxq.rules_for(fmt) lists what the kernels accept; the others are refused by the op (eagerly, with
+    the library's message: F.rule_refusal's, word for word) and by its fake (tracing) alike."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(4, 64)
+    ts = 448.0 if fmt == "nvfp4" else None
+    for rule in F.RULES:
+        kw = dict(tensor_scale=None if rule == "quest" else ts)  # nvfp4 under quest: tensor scale 1
+        if rule in mxq.rules_for(fmt):
+            assert F.rule_refusal(fmt, rule) == ""
+            mxq.qdq(x, fmt, rule=rule, **kw)
+            mxq.quantize(x, fmt, rule=rule, **kw)
+            continue
+        why = F.rule_refusal(fmt, rule)
+        assert why.startswith(f"rule '{rule}' is not defined for format '{fmt}' (") and why.endswith(
+            f"); {fmt} accepts {', '.join(mxq.rules_for(fmt))}"), why
+        for op in ("qdq", "quantize"):
+            want = f"mxq::{op}: option 'rule': {why}"
+            with pytest.raises(ValueError) as eager:
+                getattr(mxq, op)(x, fmt, rule=rule, **kw)
+            assert str(eager.value) == want
+            with FakeTensorMode():
+                with pytest.raises(ValueError) as traced:
+                    getattr(mxq, op)(torch.randn(4, 64), fmt, rule=rule, **kw)
+            assert str(traced.value) == want
+    assert mxq.rules_for("mxfp8") == mxq.rules_for("mxfp8_e4m3") == ("floor", "ceil", "even", "rceil", "even_fp4")

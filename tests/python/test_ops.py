@@ -22,8 +22,8 @@ def _data(dtype, rows=37, k=96 + 13, seed=0):
 
 # ---- values -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil", "even_fp4"])
-@pytest.mark.parametrize("fmt", MX_FLOAT)
+@pytest.mark.parametrize("fmt,rule", [(f, r) for f in MX_FLOAT for r in ("floor", "ceil", "even", "rceil", "even_fp4")
+                                      if r in mxq.rules_for(f)])
 def test_qdq_mx_matches_oracle(fmt, rule, dtype):
     x = _data(dtype)
     assert_bytes_equal(mxq.qdq(x, fmt, rule=rule), oracle.mx_qdq(x, fmt, rule), f"qdq {fmt}/{rule}")
@@ -48,7 +48,7 @@ def test_qdq_nvfp4_matches_oracle(dtype):
     assert_bytes_equal(q.tensor_scale, (torch.tensor(2688.0) / amax).reshape(1), "computed S")
 
 
-@pytest.mark.parametrize("fmt,rule", [("mxfp4", "even"), ("mxfp8_e4m3", "rceil"), ("mxfp6_e3m2", "quest"),
+@pytest.mark.parametrize("fmt,rule", [("mxfp4", "even"), ("mxfp8_e4m3", "rceil"), ("mxfp6_e3m2", "ceil"), ("mxfp4", "quest"),
                                       ("mxint8", "floor"), ("nvfp4", None), ("mxfp4", "qutlass_absmax")])
 @pytest.mark.parametrize("layout", ["linear", "swizzled", "padded"])
 def test_qdq_equals_dequantize_of_quantize(fmt, rule, layout):
@@ -405,7 +405,10 @@ def test_errors_are_python_exceptions_with_mxqs_message():
     cases = [
         (lambda: mxq.qdq(x, "nvfp4", tensor_scale=-1.0), ValueError, r"^mxq::qdq: option 'tensor_scale': -1"),
         (lambda: mxq.qdq(x[:, :, ::2], "mxfp8", rule="qutlass_absmax"), ValueError,
-         r"^mxq::qdq: option 'rule': rule 'qutlass_absmax' is defined for mxfp4 only"),
+         r"^mxq::qdq: option 'rule': rule 'qutlass_absmax' is not defined for format 'mxfp8_e4m3' \(QuTLASS's abs_max"),
+        (lambda: mxq.qdq(x, "mxint8", rule="quest"), ValueError,
+         r"^mxq::qdq: option 'rule': rule 'quest' is not defined for format 'mxint8' \(its constant 2\.92247856 / 6 fits "
+         r"the E2M1 grid; defined for mxfp4, nvfp4\); mxint8 accepts floor, ceil, even, rceil$"),
         (lambda: torch.ops.mxq.qdq(x, "mxfp4", "even", 3, False, 0, 0, None), ValueError,
          r"^mxq::qdq: option 'group_size': 3, expected"),
         (lambda: mxq.dequantize(torch.zeros(2, 3, 32, dtype=torch.uint8), torch.zeros(2, 3, 2, dtype=torch.uint8),

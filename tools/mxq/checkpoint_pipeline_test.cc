@@ -74,6 +74,35 @@ TEST(CheckpointQdq, FakeQuantizedWeightsMatchTheLibrary) {
   fs::remove_all(root);
 }
 
+// A rule the format does not define is refused before anything is read or written, with the library's
+// sentence (docs/api.md, "Formats x scale rules"); one it defines runs.
+TEST(CheckpointQdq, RulesTheFormatDoesNotDefineAreRefused) {
+  const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_qdq_rules_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  make_checkpoint(root / "in");
+  for (const auto& [format, rule] : {std::pair{"mxint8", "quest"}, {"mxfp8_e5m2", "even_fp4"}, {"mxfp8", "quest"}}) {
+    ToolRun run({"qdq", (root / "in").string(), "-o", (root / "q").string(), "--format", format, "--rule", rule,
+                 "--device", "cpu"},
+                "qdq_rules");
+    run.wait();
+    EXPECT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 2) << format << " " << rule << ": " << run.err();
+    const mxq::Format f = mxq::parse_format(std::string(format) == "mxfp8" ? "mxfp8_e4m3" : format);
+    EXPECT_EQ(run.err(), "mxq: --rule '" + std::string(rule) + "': " + mxq::rule_refusal(f, mxq::parse_rule(rule)) + "\n");
+    EXPECT_FALSE(fs::exists(root / "q")) << format << " " << rule;
+  }
+  EXPECT_EQ(mxq::rule_refusal(mxq::Format::mxint8, mxq::ScaleRule::quest),
+            "rule 'quest' is not defined for format 'mxint8' (its constant 2.92247856 / 6 fits the E2M1 grid; defined for "
+            "mxfp4, nvfp4); mxint8 accepts floor, ceil, even, rceil");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  qa.fake = true;
+  qa.format = "mxfp4";
+  qa.rule = "quest";
+  EXPECT_EQ(mxq::cli::run_quantize(qa), 0);
+  fs::remove_all(root);
+}
+
 // A tensor at an odd offset (after a 1-byte tensor) is copied to aligned memory before quantizing.
 TEST(CheckpointQuantize, MisalignedTensorInALoneFile) {
   const fs::path root = fs::path(testing::TempDir()) / ("mxq_ckpt_odd_" + std::to_string(::getpid()));

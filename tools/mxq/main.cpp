@@ -67,8 +67,8 @@ int main(int argc, char** argv) {
   c_qdq->add_option("--format", fq.format, "any format: mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3, mxfp8_e5m2, mxint8, nvfp4")
       ->capture_default_str();
   c_qdq->add_option("--rule", fq.rule,
-                   "MX scale rule: floor, ceil, even, rceil, even_fp4, quest, qutlass_absmax (default: even_fp4 for "
-                   "mxfp8, even otherwise)");
+                   "MX scale rule: floor, ceil, even or rceil (every MX format), even_fp4 (mxfp4, mxfp8), quest or "
+                   "qutlass_absmax (mxfp4) (default: even_fp4 for mxfp8, even otherwise)");
   c_qdq->add_option("--include", fq.include, "fake-quantize only weights whose name matches this regex (repeatable)");
   c_qdq->add_option("--exclude", fq.exclude, "leave weights whose name matches this regex (repeatable)");
   c_qdq->add_option("--device", fq.device, "cpu, cuda or auto")->capture_default_str();

@@ -70,6 +70,7 @@ Request request_of(const QuantizeArgs& a) {
     r.rule = parse_rule(a.rule);
     if (r.rule == ScaleRule::nvfp4 || (!a.fake && (r.rule == ScaleRule::quest || r.rule == ScaleRule::qutlass_absmax)))
       fail("--rule '" + a.rule + "': a checkpoint takes floor, ceil, even, rceil or even_fp4");
+    if (const std::string why = rule_refusal(r.format, r.rule); !why.empty()) fail("--rule '" + a.rule + "': " + why);
   }
   for (const std::string& s : a.include) r.include.push_back(user_pattern("--include", s));
   for (const std::string& s : a.exclude) r.exclude.push_back(user_pattern("--exclude", s));
