@@ -12,6 +12,7 @@
 #include "core/linear_layout.hpp"
 #include "core/linear_plan.hpp"
 #include "core/validate.hpp"
+#include "cpu/reference/linear_reference.hpp"
 #include "entry.hpp"
 #if defined(MXQ_HAVE_CUDA)
 #include "cuda/backend.hpp"
@@ -364,19 +365,30 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Te
   // The reference: exact products, fp32 sums in index order, then / S (NVFP4), + bias, rounded once.
   (void)b;
   (void)stream;
+  std::vector<float> acc(static_cast<std::size_t>(x.rows * w.N));
+  ref::linear_f32(x, nullptr, x.rows, w, bias, acc.data());
+  auto* yo = static_cast<std::uint16_t*>(y.data);
+  for (std::int64_t m = 0; m < x.rows; ++m)
+    for (std::int64_t n = 0; n < w.N; ++n) {
+      const float v = acc[static_cast<std::size_t>(m * w.N + n)];
+      yo[m * y.stride() + n] = x.dtype == DType::bf16 ? bf16_rn(v) : f16_rn(v);
+    }
+}
+
+void ref::linear_f32(const Tensor& x, const std::int64_t* rows, std::int64_t nrows, const PackedWeight& w, const Tensor* bias,
+                     float* out) {
   const bool nv = w.format == Format::nvfp4;
   const WeightDecoder dec{w, nv, packed_layout(w.format, w.N, w.K).Kp / 64};
   std::vector<float> wrow(static_cast<std::size_t>(w.K));
-  auto* yo = static_cast<std::uint16_t*>(y.data);
   for (std::int64_t n = 0; n < w.N; ++n) {
     for (std::int64_t k = 0; k < w.K; ++k) wrow[k] = dec.value(n, k);
     const float bn = bias ? to_f32(bias->data, x.dtype, n) : 0.0f;
-    for (std::int64_t m = 0; m < x.rows; ++m) {
+    for (std::int64_t i = 0; i < nrows; ++i) {
+      const std::int64_t m = rows ? rows[i] : i;
       float acc = 0.0f;
       for (std::int64_t k = 0; k < w.K; ++k) acc += to_f32(x.data, x.dtype, m * x.stride() + k) * wrow[k];
       if (nv) acc = acc / w.tensor_scale;
-      const float v = acc + bn;
-      yo[m * y.stride() + n] = x.dtype == DType::bf16 ? bf16_rn(v) : f16_rn(v);
+      out[i * w.N + n] = acc + bn;
     }
   }
 }

@@ -26,7 +26,9 @@ struct HostTensor {
   HostTensor() = default;
   HostTensor(mxq::DType t, std::int64_t r, std::int64_t c, std::int64_t s = 0)
       : dtype(t), rows(r), cols(c), stride(s ? s : c), bytes(std::size_t(r * (s ? s : c) * esize(t)), 0xA5) {}
-  static std::int64_t esize(mxq::DType t) { return t == mxq::DType::f32 ? 4 : (t == mxq::DType::u8 ? 1 : 2); }
+  static std::int64_t esize(mxq::DType t) {
+    return t == mxq::DType::i64 ? 8 : (t == mxq::DType::f32 || t == mxq::DType::i32) ? 4 : (t == mxq::DType::u8 ? 1 : 2);
+  }
   mxq::Tensor view() const {
     return mxq::Tensor::of(bytes.data(), dtype, rows, cols, stride == cols ? 0 : stride);
   }

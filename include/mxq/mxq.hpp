@@ -2,6 +2,7 @@
 // The whole public C++ API of mxq.
 #include <mxq/convert.hpp>
 #include <mxq/linear.hpp>
+#include <mxq/moe.hpp>
 #include <mxq/ops.hpp>
 #include <mxq/presets.hpp>
 #include <mxq/types.hpp>

@@ -62,7 +62,8 @@ enum class MatrixPrecision : std::uint8_t { exact, bf16 };
 // cuBLAS / CUTLASS block-scaled GEMMs (rows padded to 128, columns padded to 4, padding zero).
 enum class ScaleLayout : std::uint8_t { linear, swizzled };
 
-enum class DType : std::uint8_t { f32, f16, bf16, u8 };
+// i32 / i64: index tensors (MoE routing); the quantization ops take the floating dtypes only.
+enum class DType : std::uint8_t { f32, f16, bf16, u8, i32, i64 };
 
 enum class Device : std::uint8_t { cpu, cuda };
 

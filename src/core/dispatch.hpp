@@ -24,14 +24,16 @@ void dispatch_elem(ElemType t, F&& f) {
   }
 }
 
-// u8 is not a floating dtype: f is not called (the entry points reject it first).
+// u8, i32, i64 are not floating dtypes: f is not called (the entry points reject it first).
 template <class F>
 void dispatch_dtype(DType t, F&& f) {
   switch (t) {
     case DType::f32: return f(std::integral_constant<DType, DType::f32>{});
     case DType::f16: return f(std::integral_constant<DType, DType::f16>{});
     case DType::bf16: return f(std::integral_constant<DType, DType::bf16>{});
-    case DType::u8: return;
+    case DType::u8:
+    case DType::i32:
+    case DType::i64: return;
   }
 }
 

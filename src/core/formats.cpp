@@ -27,7 +27,7 @@ constexpr std::array kFormats{Format::mxfp4,      Format::mxfp6_e2m3, Format::mx
                               Format::mxfp8_e5m2, Format::mxint8,     Format::nvfp4};
 constexpr std::array kRules{ScaleRule::floor, ScaleRule::ceil,  ScaleRule::even,           ScaleRule::rceil,
                             ScaleRule::even_fp4, ScaleRule::quest, ScaleRule::qutlass_absmax, ScaleRule::nvfp4};
-constexpr std::array kDTypes{DType::f32, DType::f16, DType::bf16, DType::u8};
+constexpr std::array kDTypes{DType::f32, DType::f16, DType::bf16, DType::u8, DType::i32, DType::i64};
 constexpr std::array kBackends{Backend::automatic, Backend::reference, Backend::cpu, Backend::cuda};
 
 // Which rules each format accepts (docs/numerics.md, "MX block scales"): floor, ceil, even and rceil
@@ -144,6 +144,8 @@ std::string_view to_string(DType t) {
     case DType::f16: return "f16";
     case DType::bf16: return "bf16";
     case DType::u8: return "u8";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
   }
   return "?";
 }

@@ -45,6 +45,8 @@ inline std::int64_t dtype_size(DType t) {
     case DType::f16:
     case DType::bf16: return 2;
     case DType::u8: return 1;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
   }
   return 1;
 }
@@ -58,7 +60,9 @@ inline float load_f32(const Tensor& t, std::int64_t r, std::int64_t c) {
     case DType::f32: return static_cast<const float*>(t.data)[i];
     case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(t.data)[i]);
     case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(t.data)[i]);
-    case DType::u8: break;
+    case DType::u8:
+    case DType::i32:
+    case DType::i64: break;
   }
   return 0.0f;
 }

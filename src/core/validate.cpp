@@ -49,8 +49,8 @@ void Checker::view(const char* arg, const Tensor& t, DType dtype, std::int64_t r
 }
 
 void Checker::float_view(const char* arg, const Tensor& t) {
-  if (t.dtype == DType::u8)
-    fail(std::string("argument '") + arg + "': dtype u8, expected f32, f16 or bf16");
+  if (t.dtype != DType::f32 && t.dtype != DType::f16 && t.dtype != DType::bf16)
+    fail(std::string("argument '") + arg + "': dtype " + std::string(to_string(t.dtype)) + ", expected f32, f16 or bf16");
   geometry(arg, t);
 }
 
