@@ -35,6 +35,7 @@
 #endif
 
 #include <mxq/linear.hpp>
+#include <mxq/moe.hpp>
 #include <mxq/ops.hpp>
 #include <mxq/types.hpp>
 
@@ -888,6 +889,95 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& pc, const at::Tensor& p
   return y;
 }
 
+
+// ---- W4A16 MoE ----------------------------------------------------------------------------------------
+// moe: y [..., H] for x [..., H] routed by topk_ids / topk_weights [..., k], the experts' packed tensors
+// (PackedExperts' four tensors per GEMM) on x's device. Returns (y, error_flag int32 [1]): the CUDA path's
+// flag of an expert id out of range (its pairs dropped); 0 on the CPU, which raises instead. The CUDA path
+// allocates its workspace (mxq::moe_workspace) through the caching allocator: no host synchronisation.
+std::tuple<at::Tensor, at::Tensor> moe(const at::Tensor& x, const at::Tensor& c13, const at::Tensor& s13, const at::Tensor& d13,
+                                       const at::Tensor& t13, const std::optional<at::Tensor>& b13, const at::Tensor& c2,
+                                       const at::Tensor& s2, const at::Tensor& d2, const at::Tensor& t2,
+                                       const std::optional<at::Tensor>& b2, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                                       c10::string_view format, int64_t I, bool f16_exact, c10::string_view activation, double alpha,
+                                       double limit) {
+  const mxq::DType dt = dtype_of(x, "moe", "x", false);
+  mxq::Format f{};
+  mxq::MoeActivation act{};
+  guarded([&] {
+    f = mxq::parse_format(format);
+    act = mxq::parse_moe_activation(activation);
+    return 0;
+  });
+  TORCH_CHECK_VALUE(x.dim() >= 1, "mxq.moe: argument 'x': a 0-dimensional tensor, expected [..., H]");
+  const at::Tensor xc = x.reshape({-1, x.size(-1)}).contiguous();
+  const int64_t T = xc.size(0), H = xc.size(1);
+  TORCH_CHECK_VALUE(topk_ids.dim() >= 1 && (topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong),
+                    "mxq.moe: argument 'topk_ids': ", topk_ids.scalar_type(), " ", shape_str(topk_ids), ", expected int32 or int64 [..., k]");
+  const int64_t k = topk_ids.size(-1);
+  TORCH_CHECK_VALUE(k >= 1 && topk_ids.numel() == T * k, "mxq.moe: argument 'topk_ids': shape ", shape_str(topk_ids),
+                    ", expected one row of k >= 1 expert ids per row of x (", std::to_string(T), " rows)");
+  TORCH_CHECK_VALUE(topk_weights.sizes() == topk_ids.sizes(), "mxq.moe: argument 'topk_weights': shape ", shape_str(topk_weights),
+                    ", expected topk_ids' shape ", shape_str(topk_ids));
+  const at::Tensor ids = topk_ids.reshape({T, k}).contiguous(), tw = topk_weights.reshape({T, k}).contiguous();
+  const mxq::DType twt = dtype_of(tw, "moe", "topk_weights", false);
+  auto experts = [&](const char* name, const at::Tensor& c, const at::Tensor& s, const at::Tensor& d, const at::Tensor& t,
+                     int64_t N, int64_t K) {
+    TORCH_CHECK_VALUE(c.scalar_type() == at::kByte && s.scalar_type() == at::kByte && c.dim() == 2 && s.dim() == 2 &&
+                          c.is_contiguous() && s.is_contiguous() && c.device() == x.device() && s.device() == x.device(),
+                      "mxq.moe: ", name, "'s codes and scales must be contiguous 2-D uint8 tensors [E, bytes] on x's device (",
+                      device_name(x), "), got ", shape_str(c), " and ", shape_str(s), " on ", device_name(c));
+    TORCH_CHECK_VALUE(d.scalar_type() == at::kInt && t.scalar_type() == at::kFloat && d.dim() == 1 && t.dim() == 1 &&
+                          d.is_contiguous() && t.is_contiguous() && d.device() == x.device() && t.device() == x.device(),
+                      "mxq.moe: ", name, "'s exp_shift and tensor_scale must be contiguous int32 [E] and float32 [E] on x's device");
+    mxq::PackedExperts w;
+    w.format = f;
+    w.E = c.size(0);
+    w.N = N;
+    w.K = K;
+    w.codes = mxq::Tensor{c.data_ptr(), mxq::DType::u8, c.size(0), c.size(1), 0, mxq_device(c)};
+    w.scales = mxq::Tensor{s.data_ptr(), mxq::DType::u8, s.size(0), s.size(1), 0, mxq_device(s)};
+    w.exp_shift = mxq::Tensor{d.data_ptr(), mxq::DType::i32, 1, d.size(0), 0, mxq_device(d)};
+    w.tensor_scale = mxq::Tensor{t.data_ptr(), mxq::DType::f32, 1, t.size(0), 0, mxq_device(t)};
+    w.f16_exact = f16_exact;
+    return w;
+  };
+  const int64_t N13 = act == mxq::MoeActivation::none ? I : 2 * I;
+  const mxq::PackedExperts w13 = experts("w13", c13, s13, d13, t13, N13, H), w2 = experts("w2", c2, s2, d2, t2, H, I);
+  at::Tensor b13c, b2c;
+  mxq::Tensor b13v, b2v;
+  for (auto [name, b, bc, bv, N] : {std::tuple{"b13", &b13, &b13c, &b13v, N13}, {"b2", &b2, &b2c, &b2v, H}}) {
+    if (!*b) continue;
+    const at::Tensor& t = **b;
+    TORCH_CHECK_VALUE(t.dim() == 2 && t.scalar_type() == x.scalar_type() && t.device() == x.device(), "mxq.moe: argument '", name,
+                      "': ", t.scalar_type(), " ", shape_str(t), " on ", device_name(t), ", expected x's dtype [E, ", std::to_string(N),
+                      "] on ", device_name(x));
+    *bc = t.contiguous();
+    *bv = mxq::Tensor{bc->data_ptr(), dt, bc->size(0), bc->size(1), 0, mxq_device(*bc)};
+  }
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor flag = at::zeros({1}, x.options().dtype(at::kInt));
+  const mxq::Tensor xv{xc.data_ptr(), dt, T, H, 0, mxq_device(xc)}, yv{y.data_ptr(), dt, T, H, 0, mxq_device(y)};
+  const mxq::Tensor idv{ids.data_ptr(), ids.scalar_type() == at::kInt ? mxq::DType::i32 : mxq::DType::i64, T, k, 0, mxq_device(ids)};
+  const mxq::Tensor twv{tw.data_ptr(), twt, T, k, 0, mxq_device(tw)};
+  DeviceContext ctx(x);
+  at::Tensor ws;
+  mxq::Tensor wsv;
+  int64_t flag_at = 0;
+  if (x.is_cuda()) {
+    const mxq::MoeWorkspace L = guarded([&] { return mxq::moe_workspace(T, k, w13.E, N13, I, H, act); });
+    ws = at::empty({1, L.bytes}, x.options().dtype(at::kByte));
+    wsv = mxq::Tensor{ws.data_ptr(), mxq::DType::u8, 1, L.bytes, 0, mxq::Device::cuda};
+    flag_at = L.error_flag;
+  }
+  guarded([&] {
+    mxq::moe(xv, w13, b13 ? &b13v : nullptr, w2, b2 ? &b2v : nullptr, idv, twv, act, float(alpha), float(limit), yv,
+             x.is_cuda() ? &wsv : nullptr, mxq::Backend::automatic, ctx.stream);
+    return 0;
+  });
+  if (x.is_cuda()) flag.copy_(ws.narrow(1, flag_at, 4).view(at::kInt).reshape({1}));
+  return {y, flag};
+}
 }  // namespace
 }  // namespace mxq_torch
 
@@ -900,6 +990,9 @@ TORCH_LIBRARY(mxq, m) {
   m.def("unpack(Tensor codes, Tensor scales, int N, int K, str format, int exp_shift) -> (Tensor codes, Tensor scales)");
   m.def("linear(Tensor x, Tensor codes, Tensor scales, Tensor? bias, str format, int N, int K, int exp_shift, bool f16_exact, "
         "float tensor_scale) -> Tensor");
+  m.def("moe(Tensor x, Tensor w13_codes, Tensor w13_scales, Tensor w13_exp_shift, Tensor w13_tensor_scale, Tensor? b13, "
+        "Tensor w2_codes, Tensor w2_scales, Tensor w2_exp_shift, Tensor w2_tensor_scale, Tensor? b2, Tensor topk_ids, "
+        "Tensor topk_weights, str format, int I, bool f16_exact, str activation, float alpha, float limit) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(mxq, CPU, m) {
@@ -915,6 +1008,7 @@ TORCH_LIBRARY_IMPL(mxq, CPU, m) {
   m.impl("prepack", &mxq_torch::prepack);
   m.impl("unpack", &mxq_torch::unpack);
   m.impl("linear", &mxq_torch::linear);
+  m.impl("moe", &mxq_torch::moe);
 }
 
 // NOTE: registered even when the library was built without CUDA, so that CUDA tensors get mxq's own
@@ -930,6 +1024,7 @@ TORCH_LIBRARY_IMPL(mxq, CUDA, m) {
   m.impl("swizzle_scales", &mxq_torch::swizzle_scales);
   m.impl("unswizzle_scales", &mxq_torch::unswizzle_scales);
   m.impl("linear", &mxq_torch::linear);
+  m.impl("moe", &mxq_torch::moe);
 }
 
 TORCH_LIBRARY_IMPL(mxq, ADInplaceOrView, m) { m.impl("qdq_", mxq_torch::boxed<&mxq_torch::qdq_inplace_version>()); }

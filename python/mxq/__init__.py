@@ -9,6 +9,7 @@
     mxq.restore(model)
     h = mxq.rms_norm(x, w, 1e-6, format="mxfp4")            # RMSNorm + QDQ in one kernel (also silu_mul)
     y = mxq.linear(x, mxq.prepack(mxq.quantize(w, "mxfp4")).to("cuda"))   # the W4A16 GEMM on packed weights
+    y = mxq.moe(x, w13, w2, topk_ids, topk_weights)        # the MoE experts on packed weights (mxq.prepack_experts)
 
 Every operation is a torch.library custom op (torch.ops.mxq.*) with CPU and CUDA kernels and a fake
 implementation: it works under torch.compile(fullgraph=True) and CUDA-graph capture. The numbers are
@@ -24,6 +25,7 @@ from . import _meta  # noqa: F401  (fake implementations)
 from ._formats import FORMATS, RULES, FormatInfo, format_info, rules_for
 from .ops import QuantizedTensor, dequantize, qdq, qdq_, quantize, rms_norm, rotate_quantize, silu_mul, swizzle_scales, unswizzle_scales
 from .linear import PackedLinearWeight, QuantLinear, linear, load_quantized, packed_shapes, prepack
+from .moe import PackedExperts, QuantExperts, load_quantized_moe, moe, pack_experts, prepack_experts
 from .emulate import EmulationHandle, QDQExperts, QDQLinear, emulate, restore
 
 try:  # the version setup.py took from CMakeLists.txt
@@ -35,7 +37,8 @@ except Exception:  # noqa: BLE001  (not installed as a distribution: running fro
 
 __all__ = [
     "FORMATS", "RULES", "FormatInfo", "format_info", "rules_for", "QuantizedTensor", "quantize", "rotate_quantize", "dequantize", "qdq", "qdq_",
-    "swizzle_scales", "unswizzle_scales", "rms_norm", "silu_mul", "emulate", "restore", "EmulationHandle", "QDQLinear", "QDQExperts", "PackedLinearWeight", "packed_shapes", "prepack", "linear", "QuantLinear", "load_quantized", "cuda_compiled",
+    "swizzle_scales", "unswizzle_scales", "rms_norm", "silu_mul", "emulate", "restore", "EmulationHandle", "QDQLinear", "QDQExperts", "PackedLinearWeight", "packed_shapes", "prepack", "linear", "QuantLinear", "load_quantized",
+    "PackedExperts", "prepack_experts", "moe", "QuantExperts", "pack_experts", "load_quantized_moe", "cuda_compiled",
     "cuda_available",
 ]
 

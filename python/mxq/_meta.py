@@ -257,3 +257,26 @@ def _linear_fake(x, codes, scales, bias, format: str, N: int, K: int, exp_shift:
     if bias is not None and (tuple(bias.shape) != (N,) or bias.dtype != x.dtype):
         raise ValueError(f"mxq.linear: argument 'bias': {bias.dtype} {tuple(bias.shape)}, expected {x.dtype} ({N},)")
     return x.new_empty((*x.shape[:-1], N))
+
+
+@torch.library.register_fake("mxq::moe")
+def _moe_fake(x, w13_codes, w13_scales, w13_exp_shift, w13_tensor_scale, b13, w2_codes, w2_scales, w2_exp_shift, w2_tensor_scale, b2,
+              topk_ids, topk_weights, format: str, I: int, f16_exact: bool, activation: str, alpha: float, limit: float):
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"mxq.moe: argument 'x': dtype {x.dtype}, expected bfloat16 or float16")
+    if activation not in ("none", "swiglu", "swiglu_oai"):
+        raise ValueError(f"mxq.moe: argument 'activation': '{activation}', expected one of: none, swiglu, swiglu_oai")
+    if format not in ("mxfp4", "nvfp4"):
+        raise NotImplementedError(f"mxq.moe: format '{format}': the W4A16 MoE takes mxfp4 or nvfp4 experts")
+    H = x.shape[-1]
+    N13 = I if activation == "none" else 2 * I
+    E = w13_codes.shape[0]
+    for name, c, s, N, K in (("w13", w13_codes, w13_scales, N13, H), ("w2", w2_codes, w2_scales, H, I)):
+        cs, ss = packed_shapes(format, N, K)
+        if tuple(c.shape) != (E, cs[0] * cs[1]) or tuple(s.shape) != (E, ss[0] * ss[1]):
+            raise ValueError(f"mxq.moe: {name}'s packed experts {tuple(c.shape)} / {tuple(s.shape)}, expected "
+                             f"{(E, cs[0] * cs[1])} / {(E, ss[0] * ss[1])}")
+    if topk_ids.dtype not in (torch.int32, torch.int64) or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"mxq.moe: topk_ids {topk_ids.dtype} {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)}, "
+                         "expected int32 / int64 [..., k] and the same shape")
+    return x.new_empty(x.shape), x.new_empty((1,), dtype=torch.int32)
