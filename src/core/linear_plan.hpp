@@ -11,6 +11,7 @@ struct LinearPlan {
   int depth;            // 64-column weight tiles each warp keeps in flight
   int groups;           // 32-row groups of W per CTA; the warps of a group split the CTA's share of K
   int cluster;          // CTAs of a cluster (sm90) splitting K further, reduced in rank order
+  int sm;               // the architecture the plan is for (major * 10 + minor)
   std::int64_t grid_n;  // CTAs along N: groups x 32 weight rows each, times the cluster
   std::int64_t grid_m;  // CTAs along M
 };
@@ -29,21 +30,26 @@ inline LinearPlan plan_linear(std::int64_t N, std::int64_t K, std::int64_t M, in
   const std::int64_t pairs = (N + 31) / 32, katoms = (K + 63) / 64;
   if (p.tokens <= 16 && pairs >= 384) p.groups = 2;
   if (p.tokens == 8 && sm >= 90 && pairs <= 128 && katoms >= 128) p.cluster = 2;
+  p.sm = sm;
   p.depth = p.tokens <= 16 && p.groups == 1 && p.cluster == 1 && pairs < 256 ? 8 : 4;
   p.grid_n = (pairs + p.groups - 1) / p.groups * p.cluster;
   p.grid_m = (M + p.tokens - 1) / p.tokens;
   return p;
 }
 
-// The kernels compiled (cuda/gemm/linear_launch.cuh's switch): tokens, depth, groups, cluster.
+// The kernels compiled (cuda/gemm/linear_launch.cuh instantiates exactly these rows): tokens, depth,
+// groups, cluster.
 struct LinearKernelRow {
   int tokens, depth, groups, cluster;
+  constexpr bool matches(const LinearPlan& p) const {
+    return tokens == p.tokens && depth == p.depth && groups == p.groups && cluster == p.cluster;
+  }
 };
 constexpr LinearKernelRow kLinearKernels[] = {{8, 8, 1, 1},  {8, 4, 1, 1},  {8, 4, 2, 1},  {8, 4, 1, 2}, {16, 8, 1, 1},
                                               {16, 4, 1, 1}, {16, 4, 2, 1}, {32, 4, 1, 1}, {64, 4, 1, 1}};
 inline bool has_kernel(const LinearPlan& p) {
   for (const LinearKernelRow& r : kLinearKernels)
-    if (r.tokens == p.tokens && r.depth == p.depth && r.groups == p.groups && r.cluster == p.cluster) return true;
+    if (r.matches(p)) return true;
   return false;
 }
 

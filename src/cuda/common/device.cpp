@@ -1,5 +1,7 @@
 #include "cuda/common/device.hpp"
 
+#include <atomic>
+
 #include <mxq/ops.hpp>
 
 #include "core/validate.hpp"
@@ -26,10 +28,17 @@ int sm_count(const char* fn) {
 }
 
 int compute_capability(const char* fn) {
+  // Queried once per device (the hot paths call this per launch); 0 marks a device not yet asked.
+  static std::atomic<int> cache[64] = {};
   int dev = 0, major = 0, minor = 0;
   check(cudaGetDevice(&dev), fn, "cudaGetDevice");
+  if (dev >= 0 && dev < 64) {
+    const int cc = cache[dev].load(std::memory_order_relaxed);
+    if (cc != 0) return cc;
+  }
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), fn, "cudaDeviceGetAttribute");
   check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), fn, "cudaDeviceGetAttribute");
+  if (dev >= 0 && dev < 64) cache[dev].store(major * 10 + minor, std::memory_order_relaxed);
   return major * 10 + minor;
 }
 

@@ -4,26 +4,15 @@
 // compile in parallel.
 #include <cuda_runtime.h>
 
+#include <iterator>
+#include <utility>
+
 #include "core/linear_plan.hpp"
 #include "core/validate.hpp"
 #include "cuda/common/device.hpp"
 #include "cuda/gemm/w4a16.cuh"
 
 namespace mxq::cuda::gemm {
-
-// Programmatic dependent launch where the device has it (sm90+): the kernel may start under the
-// previous kernel's tail and streams weights before it waits for x.
-inline bool pdl_supported() {
-  static const bool ok = [] {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
-  }();
-  return ok;
-}
 
 template <int TOKENS, int DEPTH, int WN, int CLUSTER, bool NV, bool F16>
 void launch_one(const LinearArgs& args, const core::LinearPlan& p, cudaStream_t stream) {
@@ -38,7 +27,7 @@ void launch_one(const LinearArgs& args, const core::LinearPlan& p, cudaStream_t 
   cfg.stream = stream;
   cudaLaunchAttribute attrs[2];
   int n = 0;
-  if (pdl_supported()) {
+  if (p.sm >= 90) {  // programmatic dependent launch: the weight stream starts under the previous kernel's tail
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[n++].val.programmaticStreamSerializationAllowed = 1;
   }
@@ -53,28 +42,22 @@ void launch_one(const LinearArgs& args, const core::LinearPlan& p, cudaStream_t 
   check(cudaLaunchKernelEx(&cfg, kernel, args), "linear", "launching w4a16_kernel");
 }
 
+// One instance per row of core::kLinearKernels, chosen by the plan.
+template <bool NV, bool F16, std::size_t... I>
+void launch_row(const LinearArgs& args, const core::LinearPlan& p, cudaStream_t stream, std::index_sequence<I...>) {
+  constexpr auto& rows = core::kLinearKernels;
+  const bool launched =
+      ((rows[I].matches(p) && (launch_one<rows[I].tokens, rows[I].depth, rows[I].groups, rows[I].cluster, NV, F16>(args, p, stream), true)) || ...);
+  if (!launched) core::fail(Error::Code::internal, "linear", "no kernel for the plan: " + core::to_string(p));
+}
+
 template <bool F16>
 void launch_linear(const LinearArgs& args, bool nv, const core::LinearPlan& p, cudaStream_t stream) {
-  auto go = [&]<bool NV>() {
-    // core::kLinearKernels: tokens, depth, row groups, cluster.
-    switch (p.tokens * 1000 + p.depth * 100 + p.groups * 10 + p.cluster) {
-      case 8811: return launch_one<8, 8, 1, 1, NV, F16>(args, p, stream);
-      case 8411: return launch_one<8, 4, 1, 1, NV, F16>(args, p, stream);
-      case 8421: return launch_one<8, 4, 2, 1, NV, F16>(args, p, stream);
-      case 8412: return launch_one<8, 4, 1, 2, NV, F16>(args, p, stream);
-      case 16811: return launch_one<16, 8, 1, 1, NV, F16>(args, p, stream);
-      case 16411: return launch_one<16, 4, 1, 1, NV, F16>(args, p, stream);
-      case 16421: return launch_one<16, 4, 2, 1, NV, F16>(args, p, stream);
-      case 32411: return launch_one<32, 4, 1, 1, NV, F16>(args, p, stream);
-      case 64411: return launch_one<64, 4, 1, 1, NV, F16>(args, p, stream);
-      default:
-        core::fail(Error::Code::internal, "linear", "no kernel for the plan: " + core::to_string(p));
-    }
-  };
+  constexpr auto rows = std::make_index_sequence<std::size(core::kLinearKernels)>();
   if (nv)
-    go.template operator()<true>();
+    launch_row<true, F16>(args, p, stream, rows);
   else
-    go.template operator()<false>();
+    launch_row<false, F16>(args, p, stream, rows);
 }
 
 // Defined in linear_bf16.cu / linear_f16.cu.
