@@ -508,6 +508,33 @@ MXQ_HD float nvfp4_decode(std::uint32_t code, std::uint32_t scale_code, float S)
   return div_rn(mul_rn(decode_f32(code, spec_e2m1()), decode_f32(scale_code, spec_e4m3())), S);
 }
 
+// ---- NVFP4 with UE5M3 scales (nvfp4_e5m3; docs/numerics.md) -----------------------------------------------
+// UE5M3: unsigned, 5 exponent bits (bias 15), 3 mantissa bits, subnormals m * 2^-17, no NaN or Inf (0xFF
+// decodes to 122880). Described as a sign-magnitude spec whose sign (bit 8) is never set. Quantizers saturate
+// at 0xFE (114688), the vllm-qdq-plugin's clamp; decode accepts every byte.
+// NOTE: no Format uses these yet (the format is defined in docs/numerics.md; backends to follow).
+MXQ_HD constexpr FloatSpec spec_ue5m3() { return {9, 3, -14, 16, 0xFE, false}; }
+MXQ_HD constexpr FloatSpec spec_ue5m3_decode() { return {9, 3, -14, 16, 0xFF, false}; }
+MXQ_HD float ue5m3_decode(std::uint32_t code) { return decode_f32(code & 0xFFu, spec_ue5m3_decode()); }
+// Block-scale code UE5M3_RNE_sat(fp32(amax / 6)). A NaN amax gives 0xFE as in the plugin (its bit-level
+// rounding turns NaN into Inf before the clamp); +Inf saturates to 0xFE.
+MXQ_HD std::uint32_t ue5m3_block_scale_code(float amax_block) {
+  const float v = div_rn(amax_block, 6.0f);
+  if (v != v) return spec_ue5m3().maxcode;
+  return encode_f32(f2u(v), spec_ue5m3());
+}
+// Element code E2M1_RNE_sat(fp32(x / s)) (a division, as the plugin); a zero scale gives +0 for every x.
+// x must not be NaN (the block operations treat a NaN block on their own).
+MXQ_HD std::uint32_t nvfp4_e5m3_encode(std::uint32_t xbits, std::uint32_t scale_code) {
+  const float s = ue5m3_decode(scale_code);
+  if (s == 0.0f) return 0u;
+  return encode_f32(f2u(div_rn(u2f(xbits), s)), spec_e2m1());
+}
+// Dequantized fp32 value e2m1 * float(s) (exact).
+MXQ_HD float nvfp4_e5m3_decode(std::uint32_t code, std::uint32_t scale_code) {
+  return mul_rn(decode_f32(code, spec_e2m1()), ue5m3_decode(scale_code));
+}
+
 // ---- Philox4x32-10 (stochastic rounding) ---------------------------------------------------------------------
 struct U32x4 {
   std::uint32_t v[4];
