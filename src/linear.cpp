@@ -290,7 +290,8 @@ void dequantize_packed(const PackedWeight& w, const Tensor& out, Backend backend
   c.record("out", out, true);
   c.no_overlap();
   const Backend b = detail::choose("dequantize_packed", nullptr, out,
-                                   {{"out", out.data}, {"w.codes", w.codes.data}, {"w.scales", w.scales.data}}, backend);
+                                   {{"out", out.data}, {"w.codes", w.codes.data}, {"w.scales", w.scales.data}}, backend,
+                                   /*host_is_reference=*/true);
 #if defined(MXQ_HAVE_CUDA)
   if (b == Backend::cuda) return cuda::dequantize_packed(w, out, stream);
 #endif
@@ -350,7 +351,7 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Te
   const Backend b = detail::choose("linear", nullptr, x,
                                    {{"x", x.data}, {"y", y.data}, {"w.codes", w.codes.data}, {"w.scales", w.scales.data},
                                     {"bias", bias ? bias->data : nullptr}},
-                                   backend);
+                                   backend, /*host_is_reference=*/true);
   if (x.rows == 0) return;
 #if defined(MXQ_HAVE_CUDA)
   if (b == Backend::cuda) {

@@ -124,8 +124,11 @@ void log_choice(const char* fn, const QuantOptions* opt, const Tensor& t, const 
 }  // namespace
 
 Backend detail::choose(const char* fn, const QuantOptions* opt, const Tensor& first,
-               std::initializer_list<std::pair<const char*, const void*>> device_ptrs, Backend requested) {
-  const BackendChoice bc = choose_backend(requested, first.device);
+               std::initializer_list<std::pair<const char*, const void*>> device_ptrs, Backend requested,
+               bool host_is_reference) {
+  BackendChoice bc = choose_backend(requested, first.device);
+  if (host_is_reference && bc.backend == Backend::cpu)
+    bc.reason = bc.reason.substr(0, bc.reason.find(':')) + ": the reference, this operation's only host implementation";
   log_choice(fn, opt, first, bc);
 #if defined(MXQ_HAVE_CUDA)
   if (bc.backend == Backend::cuda)

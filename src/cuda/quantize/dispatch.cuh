@@ -12,7 +12,8 @@
 namespace mxq::cuda {
 
 // f(Choices<...>{}) for the problem's rule and rounding. Only the combinations a format accepts are
-// compiled (qutlass_absmax is MXFP4-only; NVFP4 has its recipe's rule and quest).
+// compiled (mxq::rules_for: quest and qutlass_absmax are MXFP4's among the MX formats; NVFP4 has its
+// recipe's rule and quest).
 template <class Fmt, class F>
 void dispatch_choices(const core::Problem& p, F&& f) {
   auto by_round = [&](auto sc) {
@@ -25,7 +26,9 @@ void dispatch_choices(const core::Problem& p, F&& f) {
     else by_round(std::integral_constant<ScaleChoice, ScaleChoice::amax>{});
   } else {
     switch (scale_choice(p.opt.rule)) {
-      case ScaleChoice::quest: return by_round(std::integral_constant<ScaleChoice, ScaleChoice::quest>{});
+      case ScaleChoice::quest:
+        if constexpr (Fmt::format == Format::mxfp4) return by_round(std::integral_constant<ScaleChoice, ScaleChoice::quest>{});
+        break;  // refused by validation for other formats
       case ScaleChoice::absmax:
         if constexpr (Fmt::format == Format::mxfp4) return by_round(std::integral_constant<ScaleChoice, ScaleChoice::absmax>{});
         break;  // refused by validation for other formats

@@ -71,8 +71,8 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
   const u32 lo = u32(f.emin + e + 127) << 23, hi = u32(f.emax + 1 + e + 127) << 23;
   constexpr u32 kC = rne_const_bits<f.mbits>();
 
-  u32 pw[code_words<Fmt, C>()];  // quantize: the packed codes (the bf16 pair path; MXFP4: every path)
-  bool paired = false;
+  u32 pw[code_words<Fmt, C>()];  // quantize: the packed codes
+  bool packed = false;           // the codes are already in pw (the bf16 pair path, e2m1_push)
   // bf16 input, round to nearest even, a scale of the fast range: two elements per instruction on the
   // input words (mx_qdq_bf16x2, mx_codes_bf16x2). Not for FP8 quantize where the conversion
   // instruction does it, nor for INT8 (no -0) and the QuTLASS rule (it scales x first).
@@ -113,7 +113,7 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
             for (int q = 0; q < C / 4; ++q) pw[q] = __byte_perm(r[2 * q], r[2 * q + 1], 0x6420);
           }
         }
-        paired = true;
+        packed = true;
       }
     }
   }
@@ -125,7 +125,7 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
   constexpr bool kPackInBranch = ET == ElemType::e2m1;
   u32 out[C];    // QDQ output bits (hi16 form)
   u32 keep = 0;  // clip-mask bits, element i at bit i
-  if (!paired) {
+  if (!packed) {  // (only the bf16 pair path has packed by here)
     unpack();
     if (absmax) {  // QuTLASS quantizes 3x (numerics.md)
 #pragma unroll
@@ -134,7 +134,7 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
   } else {
     if (!QDQ && p.mask) unpack();  // the clip mask compares the elements
   }
-  if (paired) {
+  if (packed) {
     // codes in pw
   } else if (sr) {
     if (kFastOk && !f.twos_complement && fast) {
@@ -179,7 +179,7 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
         for (int i = 0; i < 8; ++i) w = e2m1_push(w, xb[8 * q + i], k);
         pw[q] = w;
       }
-      paired = true;
+      packed = true;
     } else if (kF8Cvt<ET, QDQ> && fast) {
       // FP8 codes by the hardware conversion (sm_89+): x * 2^-e is exact there (or far below the
       // smallest subnormal, where both round to a signed zero), and cvt.rn.satfinite rounds to
@@ -229,7 +229,7 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
       for (int i = 0; i < C; ++i) codes[i] = code_of<ET>(rne_mag<ET>(u2f(xb[i]), inv), xb[i] >> 31);
     }
     if constexpr (!QDQ && kPackInBranch) {
-      if (!paired) pack_codes<Fmt, C>(codes, pw);
+      if (!packed) pack_codes<Fmt, C>(codes, pw);
     }
   }
 
@@ -241,18 +241,10 @@ __device__ __forceinline__ void mx_chunk(const Params& p, const Coord& c, const 
 #pragma unroll
       for (int i = 0; i < C; ++i) keep |= u32(!nonfinite && fabs_bits(u2f(xb[i])) < limit) << i;
     }
-    if constexpr (kPackInBranch) {
-      store_quantized<Fmt, C>(p, c, nonfinite, sb, pw, keep);  // every branch above packed its codes into pw
-    } else {
-      u32 cw[code_words<Fmt, C>()];
-      if (paired) {
-#pragma unroll
-        for (int j = 0; j < code_words<Fmt, C>(); ++j) cw[j] = pw[j];
-      } else {
-        pack_codes<Fmt, C>(codes, cw);
-      }
-      store_quantized<Fmt, C>(p, c, nonfinite, sb, cw, keep);
+    if constexpr (!kPackInBranch) {  // MXFP4 packed in every branch above
+      if (!packed) pack_codes<Fmt, C>(codes, pw);
     }
+    store_quantized<Fmt, C>(p, c, nonfinite, sb, pw, keep);
   }
 }
 
