@@ -453,6 +453,8 @@ std::optional<Problem> fused_problem(const Checker& c, const QuantOptions* q, co
   if (p.stochastic)
     c.unsupported("option 'rounding': the fused producer ops round to nearest even only (stochastic rounding: "
                   "produce the tensor, then qdq())");
+  if (p.opt.format == Format::nvfp4_e5m3)
+    c.unsupported("format 'nvfp4_e5m3' in the fused producer ops (produce the tensor, then qdq())");
   if (p.nvfp4_quest())
     c.unsupported("nvfp4 with rule 'quest' in the fused producer ops (produce the tensor, then qdq())");
   if (p.nvfp4() && !q->tensor_scale)

@@ -72,7 +72,7 @@ TEST_P(DequantizeBytes, ArbitraryCodeAndScaleBytesMatchReference) {
   TH_REQUIRE_BACKEND(b);
   std::mt19937 rng(3);
   for (Format f : all_formats()) {
-    QuantOptions o = f == Format::nvfp4 ? QuantOptions::nvfp4(3.0f) : QuantOptions::mx(f, ScaleRule::floor);
+    QuantOptions o = f == Format::nvfp4 ? QuantOptions::nvfp4(3.0f) : th::format_options(f, rules_for(f)[0]);
     th::Quantized q(o, 7, 300);
     for (auto& v : q.codes.bytes) v = std::uint8_t(rng());
     for (auto& v : q.scales.bytes) v = std::uint8_t(rng());

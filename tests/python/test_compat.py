@@ -110,6 +110,119 @@ def _qutlass_data():
     return torch.cat([x.bfloat16(), allp])
 
 
+def _every_pattern_alone(dtype, g):
+    """Every bit pattern of a 16-bit dtype alone in a block (the rest +0), one block per row."""
+    x = torch.zeros(65536, g, dtype=dtype)
+    x[:, 0] = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    return x
+
+
+def _every_pattern_beside_maxima(dtype, g):
+    """Every bit pattern beside block maxima from 2^-20 to 1.7 * 2^20 (65504 in fp16), 63 of them spaced in log2."""
+    top = 65504.0 if dtype == torch.float16 else 1.7 * 2.0 ** 20
+    amax = torch.exp2(torch.linspace(-20.0, math.log2(top), 63, dtype=torch.float64))
+    pats = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    rows = []
+    for j in range(8):  # 8 blocks per pattern, maxima cycling
+        blk = (torch.arange(g, dtype=torch.float64) * 0.37 % 1.0 - 0.5).repeat(65536, 1)
+        a = amax[(torch.arange(65536) * 8 + j) % 63].unsqueeze(1)
+        blk = blk * a
+        blk[:, (j + 5) % g] = a.squeeze(1)
+        b = blk.to(dtype)
+        b[:, j % g] = pats
+        rows.append(b)
+    return torch.cat(rows, dim=1)
+
+
+def _same_or_both_nan(got, want):
+    both_nan = torch.isnan(got) & torch.isnan(want)
+    same = (_bits(got) == _bits(want)) | both_nan
+    return int((~same).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("g", [16, 32])
+def test_vllm_nvfp4_e5m3_qdq_equals_the_reference_on_every_pattern(dtype, g):
+    for x in (_every_pattern_alone(dtype, g), _every_pattern_beside_maxima(dtype, g)):
+        want = anchors.plugin_nvfp4_e5m3_qdq(x, g)
+        for f in (V.nvfp4_e5m3_qdq, V._nvfp4_e5m3_qdq_reference, V.nvfp4_e5m3_qdq_cute):
+            got = f(x, g)
+            assert got.dtype == dtype and got.shape == x.shape
+            assert _same_or_both_nan(got, want) == 0, f.__name__
+        # NaN comes back as NaN, never as a finite value; fp16 overflows to Inf as the reference's cast does
+        y = V.nvfp4_e5m3_qdq(x, g)
+        assert torch.equal(torch.isnan(y), torch.isnan(x))
+    if dtype == torch.float16:
+        assert torch.isinf(V.nvfp4_e5m3_qdq(torch.tensor([[65504.0] + [0.0] * 15], dtype=dtype))).any()
+    if CUDA:
+        x = _every_pattern_beside_maxima(dtype, g)
+        assert_bytes_equal(V.nvfp4_e5m3_qdq(x.cuda(), g).cpu(), V.nvfp4_e5m3_qdq(x, g), "nvfp4_e5m3 cuda vs cpu")
+
+
+def test_vllm_nvfp4_e5m3_tails_and_strides():
+    g = torch.Generator().manual_seed(3)
+    for k in (1, 15, 17, 100):
+        x = (torch.randn(5, k, generator=g) * 3).to(torch.bfloat16)
+        assert torch.equal(V.nvfp4_e5m3_qdq(x), anchors.plugin_nvfp4_e5m3_qdq(x, 16))
+    x = (torch.randn(64, 96, generator=g)).to(torch.float16)[:, ::2]  # non-contiguous
+    assert torch.equal(V.nvfp4_e5m3_qdq(x, 32), anchors.plugin_nvfp4_e5m3_qdq(x, 32))
+
+
+def test_vllm_nvfp4_e5m3_weight_dequant_and_decode():
+    for g in (16, 32):
+        x = (torch.randn(7, 4 * g) * 5).to(torch.bfloat16)
+        q = mxq.quantize(x, "nvfp4_e5m3", group_size=g)
+        w = V.nvfp4_e5m3_weight_dequant_cute(q.codes, q.scales, g)
+        assert w.dtype == torch.bfloat16 and w.shape == x.shape
+        assert torch.equal(w, V.nvfp4_e5m3_qdq(x, g))  # no NaN in x: dequantize(quantize) is the QDQ
+        # by hand: code * decode_ue5m3(scale), element 2i in the low nibble
+        lut = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+        codes = torch.stack([q.codes & 0xF, q.codes >> 4], dim=-1).reshape(7, -1).long()
+        manual = lut[codes] * V.decode_ue5m3(q.scales).repeat_interleave(g, dim=1)
+        assert torch.equal(w, manual.to(torch.bfloat16))
+        if CUDA:
+            assert torch.equal(V.nvfp4_e5m3_weight_dequant_cute(q.codes.cuda(), q.scales.cuda(), g).cpu(), w)
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    d = V.decode_ue5m3(every)
+    assert d.dtype == torch.float32
+    assert d[0] == 0 and d[1] == 2.0 ** -17 and d[8] == 2.0 ** -14 and d[0x78] == 1.0 and d[0xFE] == 114688 and d[0xFF] == 122880
+    assert bool((d[1:] > d[:-1]).all())
+    with pytest.raises(TypeError):
+        V.decode_ue5m3(every.to(torch.int32))
+    ok = torch.zeros(2, 8, dtype=torch.uint8), torch.zeros(2, 1, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="16 or 32"):
+        V.nvfp4_e5m3_weight_dequant_cute(*ok, 8)
+    with pytest.raises(ValueError, match="incompatible"):
+        V.nvfp4_e5m3_weight_dequant_cute(ok[0], torch.zeros(2, 2, dtype=torch.uint8), 16)
+    with pytest.raises(TypeError):
+        V.nvfp4_e5m3_weight_dequant_cute(ok[0].float(), ok[1], 16)
+
+
+def test_vllm_nvfp4_e5m3_checks():
+    x = torch.zeros(2, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="2D"):
+        V.nvfp4_e5m3_qdq(x.reshape(1, 2, 32))
+    with pytest.raises(TypeError, match="BF16/FP16"):
+        V.nvfp4_e5m3_qdq(x.float())
+    with pytest.raises(ValueError, match="group_size 16 or 32"):
+        V.nvfp4_e5m3_qdq(x, 64)
+    # the library's own refusals through the generic ops, and the fakes agree
+    with pytest.raises(ValueError, match="option 'group_size'"):
+        mxq.qdq(x, "nvfp4_e5m3", group_size=8)
+    with pytest.raises(ValueError, match="option 'rounding'"):
+        mxq.qdq(x, "nvfp4_e5m3", stochastic=True)
+    with pytest.raises(ValueError, match="rule 'floor' is not defined for format 'nvfp4_e5m3'"):
+        mxq.qdq(x, "nvfp4_e5m3", rule="floor")
+    assert mxq.rules_for("nvfp4_e5m3") == ("nvfp4_e5m3",)
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        xf = torch.empty(2, 32, dtype=torch.bfloat16)
+        assert mxq.qdq(xf, "nvfp4_e5m3").shape == (2, 32)
+        with pytest.raises(ValueError, match="option 'group_size'"):
+            mxq.qdq(xf, "nvfp4_e5m3", group_size=8)
+        with pytest.raises(ValueError, match="option 'rounding'"):
+            mxq.qdq(xf, "nvfp4_e5m3", stochastic=True)
+
+
 @pytest.mark.parametrize("method", ["quest", "abs_max"])
 def test_qutlass_fusedQuantizeMx(method):
     x = _qutlass_data()

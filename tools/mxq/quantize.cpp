@@ -56,6 +56,7 @@ Request request_of(const QuantizeArgs& a) {
   if (a.fake) {  // QDQ: every format and rule of the library
     r.format = parse_format(a.format == "mxfp8" ? "mxfp8_e4m3" : a.format);
     r.rule = r.format == Format::nvfp4        ? ScaleRule::nvfp4
+             : r.format == Format::nvfp4_e5m3 ? ScaleRule::nvfp4_e5m3
              : r.format == Format::mxfp8_e4m3 ? ScaleRule::even_fp4
                                               : ScaleRule::even;
   } else if (a.format == "mxfp4") r.format = Format::mxfp4, r.rule = ScaleRule::even;
@@ -87,6 +88,8 @@ Request request_of(const QuantizeArgs& a) {
       fail(std::string("--rotate: ") + e.what());
     }
     if (r.rotation.first == Rotation::none) fail("--rotate none: leave --rotate out for no rotation");
+    if (r.format == Format::nvfp4_e5m3)
+      fail("--rotate " + a.rotate + ": not defined for format nvfp4_e5m3 (the vllm-qdq-plugin's format has no rotation)");
     if (a.rotate_seed && r.rotation.first != Rotation::random_hadamard)
       fail("--rotate-seed " + std::to_string(*a.rotate_seed) + ": --rotate " + a.rotate +
            " has no random signs to seed (only rhad<RS> does)");

@@ -29,17 +29,19 @@ struct Case {
   int random_bits = 32;  // stochastic rounding
 };
 
-// Every format x rule x layout with RNE and with stochastic rounding (32 random bits per element);
-// the linear layout with 8 random bits too.
+// Every format x rule x layout with RNE and with stochastic rounding (32 random bits per element; not
+// nvfp4_e5m3, which rounds to nearest only); the linear layout with 8 random bits too.
 std::vector<Case> cases() {
   std::vector<Case> v;
   for (Rounding rd : {Rounding::nearest_even, Rounding::stochastic})
     for (ScaleLayout l : {ScaleLayout::linear, ScaleLayout::swizzled}) {
       for (Format f : all_formats())
-        for (ScaleRule r : rules_for(f)) v.push_back({f, r, rd, l});
+        for (ScaleRule r : rules_for(f))
+          if (f != Format::nvfp4_e5m3 || rd == Rounding::nearest_even) v.push_back({f, r, rd, l});
     }
   for (Format f : all_formats())
-    for (ScaleRule r : rules_for(f)) v.push_back({f, r, Rounding::stochastic, ScaleLayout::linear, 8});
+    for (ScaleRule r : rules_for(f))
+      if (f != Format::nvfp4_e5m3) v.push_back({f, r, Rounding::stochastic, ScaleLayout::linear, 8});
   return v;
 }
 
