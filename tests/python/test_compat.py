@@ -16,7 +16,11 @@ from mxq.compat import vllm_qdq as V
 
 import anchors
 import oracle
-from conftest import CUDA, assert_bytes_equal
+from conftest import assert_bytes_equal, needs_cuda
+
+# nvfp4_e5m3 on CUDA: refused in this version; its kernels, and these tests without the skip, wait in
+# dev/pending/nvfp4-e5m3-cuda.patch.
+E5M3_CUDA_PENDING = "nvfp4_e5m3 CUDA kernels wait in dev/pending/nvfp4-e5m3-cuda.patch"
 
 
 def _bits(t):
@@ -154,9 +158,15 @@ def test_vllm_nvfp4_e5m3_qdq_equals_the_reference_on_every_pattern(dtype, g):
         assert torch.equal(torch.isnan(y), torch.isnan(x))
     if dtype == torch.float16:
         assert torch.isinf(V.nvfp4_e5m3_qdq(torch.tensor([[65504.0] + [0.0] * 15], dtype=dtype))).any()
-    if CUDA:
-        x = _every_pattern_beside_maxima(dtype, g)
-        assert_bytes_equal(V.nvfp4_e5m3_qdq(x.cuda(), g).cpu(), V.nvfp4_e5m3_qdq(x, g), "nvfp4_e5m3 cuda vs cpu")
+
+
+@needs_cuda
+@pytest.mark.skip(reason=E5M3_CUDA_PENDING)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("g", [16, 32])
+def test_vllm_nvfp4_e5m3_qdq_cuda_equals_cpu(dtype, g):
+    x = _every_pattern_beside_maxima(dtype, g)
+    assert_bytes_equal(V.nvfp4_e5m3_qdq(x.cuda(), g).cpu(), V.nvfp4_e5m3_qdq(x, g), "nvfp4_e5m3 cuda vs cpu")
 
 
 def test_vllm_nvfp4_e5m3_tails_and_strides():
@@ -180,8 +190,6 @@ def test_vllm_nvfp4_e5m3_weight_dequant_and_decode():
         codes = torch.stack([q.codes & 0xF, q.codes >> 4], dim=-1).reshape(7, -1).long()
         manual = lut[codes] * V.decode_ue5m3(q.scales).repeat_interleave(g, dim=1)
         assert torch.equal(w, manual.to(torch.bfloat16))
-        if CUDA:
-            assert torch.equal(V.nvfp4_e5m3_weight_dequant_cute(q.codes.cuda(), q.scales.cuda(), g).cpu(), w)
     every = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     d = V.decode_ue5m3(every)
     assert d.dtype == torch.float32
@@ -196,6 +204,30 @@ def test_vllm_nvfp4_e5m3_weight_dequant_and_decode():
         V.nvfp4_e5m3_weight_dequant_cute(ok[0], torch.zeros(2, 2, dtype=torch.uint8), 16)
     with pytest.raises(TypeError):
         V.nvfp4_e5m3_weight_dequant_cute(ok[0].float(), ok[1], 16)
+
+
+@needs_cuda
+@pytest.mark.skip(reason=E5M3_CUDA_PENDING)
+def test_vllm_nvfp4_e5m3_weight_dequant_cuda_equals_cpu():
+    for g in (16, 32):
+        x = (torch.randn(7, 4 * g) * 5).to(torch.bfloat16)
+        q = mxq.quantize(x, "nvfp4_e5m3", group_size=g)
+        w = V.nvfp4_e5m3_weight_dequant_cute(q.codes, q.scales, g)
+        assert torch.equal(V.nvfp4_e5m3_weight_dequant_cute(q.codes.cuda(), q.scales.cuda(), g).cpu(), w)
+
+
+@needs_cuda
+def test_nvfp4_e5m3_refused_on_cuda():
+    """The CUDA backend refuses nvfp4_e5m3 in this version, with the library's NotImplementedError
+    (E5M3_CUDA_PENDING: the patch deletes this test)."""
+    want = "format 'nvfp4_e5m3' on the CUDA backend: the CUDA kernels for it are not in this build yet"
+    x = torch.randn(4, 64, dtype=torch.bfloat16, device="cuda")
+    q = mxq.quantize(x.cpu(), "nvfp4_e5m3", layout="linear")
+    for call in (lambda: mxq.qdq(x, "nvfp4_e5m3"), lambda: mxq.quantize(x, "nvfp4_e5m3"),
+                 lambda: V.nvfp4_e5m3_qdq(x), lambda: V.nvfp4_e5m3_qdq_cute(x, 32),
+                 lambda: V.nvfp4_e5m3_weight_dequant_cute(q.codes.cuda(), q.scales.cuda(), 16)):
+        with pytest.raises(NotImplementedError, match=want):
+            call()
 
 
 def test_vllm_nvfp4_e5m3_checks():
