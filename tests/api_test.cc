@@ -123,10 +123,11 @@ TEST(Api, OptionsAreValidated) {
 // and rceil are defined by the element's own emax, mbits and largest value, so for every MX format;
 // even_fp4 is compressed-tensors' rule, which it computes for MXFP4 and MXFP8 E4M3 only; quest's
 // constant 2.92247856 / 6 is the clipping point of the E2M1 grid (QuTLASS: MXFP4 and NVFP4);
-// qutlass_absmax is QuTLASS's MXFP4 rule; nvfp4 is NVFP4's recipe.
+// qutlass_absmax is QuTLASS's MXFP4 rule; nvfp4 is NVFP4's recipe; nvfp4_e5m3 the vllm-qdq-plugin's UE5M3
+// scale, its format's only rule.
 namespace {
 bool defined(Format f, ScaleRule r) {
-  const bool mx = f != Format::nvfp4;
+  const bool mx = f != Format::nvfp4 && f != Format::nvfp4_e5m3;
   switch (r) {
     case ScaleRule::floor:
     case ScaleRule::ceil:
@@ -136,6 +137,7 @@ bool defined(Format f, ScaleRule r) {
     case ScaleRule::quest: return f == Format::mxfp4 || f == Format::nvfp4;
     case ScaleRule::qutlass_absmax: return f == Format::mxfp4;
     case ScaleRule::nvfp4: return f == Format::nvfp4;
+    case ScaleRule::nvfp4_e5m3: return f == Format::nvfp4_e5m3;
   }
   return false;
 }
@@ -148,7 +150,7 @@ TEST(Api, RulesAFormatDoesNotDefineAreRefused) {
   const HostTensor x = th::llm_like(DType::bf16, 4, 64, 3);
   int refused = 0;
   for (Format f : all_formats())
-    for (int ri = 0; ri <= int(ScaleRule::nvfp4); ++ri) {
+    for (int ri = 0; ri <= int(ScaleRule::nvfp4_e5m3); ++ri) {
       const ScaleRule r = static_cast<ScaleRule>(ri);
       const std::string what = std::string(to_string(f)) + "/" + std::string(to_string(r));
       const auto rules = rules_for(f);
@@ -173,7 +175,8 @@ TEST(Api, RulesAFormatDoesNotDefineAreRefused) {
       for (const HostTensor* t : {&q.codes, &q.scales, &y, &z})
         EXPECT_TRUE(std::all_of(t->bytes.begin(), t->bytes.end(), [](std::uint8_t b) { return b == 0xA5; })) << what << ": written";
     }
-  EXPECT_EQ(refused, 7 * 8 - 30);  // 30 pairs defined: 6 MX formats x 4, even_fp4 x 2, quest x 2, qutlass_absmax, nvfp4
+  EXPECT_EQ(refused, 8 * 9 - 31);  // 31 pairs defined: 6 MX formats x 4, even_fp4 x 2, quest x 2, qutlass_absmax, nvfp4,
+                                   // nvfp4_e5m3
 }
 
 // The whole message of each kind of refusal.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -520,4 +521,87 @@ TEST(Codec, RoundMagnitude32MatchesRoundMagnitude) {
     }
   }
   EXPECT_GT(checked, 600000);
+}
+
+// ---- UE5M3 (nvfp4_e5m3's block scale), against values written out from docs/numerics.md -----------------
+namespace {
+// The UE5M3 value of a byte from its definition (not the codec): e = b >> 3, m = b & 7, bias 15.
+double ue5m3_value(int b) {
+  const int e = b >> 3, m = b & 7;
+  return e == 0 ? m * std::ldexp(1.0, -17) : std::ldexp(1.0 + m / 8.0, e - 15);
+}
+// Nearest UE5M3 code to v >= 0 among 0x00..0xFE (ties to the even code), found by search.
+std::uint32_t ue5m3_nearest(double v) {
+  if (std::isnan(v) || v >= ue5m3_value(0xFE)) return 0xFE;
+  int lo = 0;
+  while (lo < 0xFE && ue5m3_value(lo + 1) <= v) ++lo;
+  if (ue5m3_value(lo) == v || lo == 0xFE) return std::uint32_t(lo);
+  const double dl = v - ue5m3_value(lo), dh = ue5m3_value(lo + 1) - v;
+  if (dl < dh) return std::uint32_t(lo);
+  if (dh < dl) return std::uint32_t(lo + 1);
+  return std::uint32_t((lo & 1) ? lo + 1 : lo);
+}
+}  // namespace
+
+TEST(Codec, Ue5m3EveryByteDecodesAndReencodes) {
+  for (int b = 0; b < 256; ++b) {
+    const double want = ue5m3_value(b);
+    ASSERT_EQ(double(ue5m3_decode(std::uint32_t(b))), want) << "byte " << b;
+    // 6 * s is exact in fp32 (at most 6 significant bits), so amax = 6 * s gives s back, except 0xFF,
+    // which a quantizer never writes (saturates at 0xFE = 114688).
+    const float amax = float(6.0 * want);
+    ASSERT_EQ(ue5m3_block_scale_code(amax), std::uint32_t(b == 0xFF ? 0xFE : b)) << "byte " << b;
+    if (b < 0xFF) ASSERT_GT(ue5m3_value(b + 1), want) << "byte " << b;  // strictly increasing
+  }
+  EXPECT_EQ(ue5m3_decode(0xFE), 114688.0f);
+  EXPECT_EQ(ue5m3_decode(0xFF), 122880.0f);
+  EXPECT_EQ(ue5m3_decode(0x01), std::ldexp(1.0f, -17));
+  EXPECT_EQ(ue5m3_decode(0x08), std::ldexp(1.0f, -14));
+}
+
+TEST(Codec, Ue5m3ScaleCodeMatchesNearestSearch) {
+  // v = fp32(amax / 6) is what both the plugin and mxq round; the oracle rounds it by search.
+  auto check = [](float amax) {
+    const float v = amax / 6.0f;
+    const std::uint32_t got = ue5m3_block_scale_code(amax);
+    const std::uint32_t want = ue5m3_nearest(double(v));
+    if (got != want) ADD_FAILURE() << "amax " << amax << " (0x" << std::hex << std::bit_cast<std::uint32_t>(amax)
+                                   << ") got 0x" << got << " want 0x" << want;
+    return got == want;
+  };
+  // Pattern classes: zero, fp32 subnormals, every grid value, midpoint and their fp32 neighbours,
+  // the saturation region, FLT_MAX, Inf and NaN.
+  check(0.0f);
+  check(std::numeric_limits<float>::denorm_min());
+  check(std::numeric_limits<float>::max());
+  check(std::numeric_limits<float>::infinity());
+  check(std::numeric_limits<float>::quiet_NaN());
+  check(std::bit_cast<float>(0x7F800001u));
+  for (int b = 0; b < 256; ++b) {
+    const double vs[] = {ue5m3_value(b), b < 255 ? (ue5m3_value(b) + ue5m3_value(b + 1)) / 2 : 118784.0 + 4096.0};
+    for (double v : vs) {
+      const float a = float(v * 6.0);  // exact: v has at most 5 significant bits
+      ASSERT_EQ(double(a) / 6.0, v);
+      for (float x : {a, std::nextafter(a, 0.0f), std::nextafter(a, INFINITY)}) ASSERT_TRUE(check(x));
+    }
+  }
+  // A strided sweep of every positive fp32 exponent and mantissa class.
+  int bad = 0;
+  for (std::uint64_t u = 0; u < 0x7F800000u && bad < 10; u += 4099) bad += !check(std::bit_cast<float>(std::uint32_t(u)));
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(Codec, Nvfp4E5m3ElementsAndZeroScale) {
+  // s = 1: x / 1 rounds onto E2M1 with its ties; zero scale: +0 whatever the sign.
+  const std::uint32_t one = 0x78;  // e = 15, m = 0
+  ASSERT_EQ(ue5m3_decode(one), 1.0f);
+  const struct { float x; std::uint32_t code; } cases[] = {
+      {0.25f, 0x0}, {0.75f, 0x2}, {1.25f, 0x2}, {1.75f, 0x4}, {2.5f, 0x4}, {3.5f, 0x6}, {5.0f, 0x6},
+      {7.0f, 0x7}, {INFINITY, 0x7}, {-0.0f, 0x8}, {-0.1f, 0x8}, {-6.0f, 0xF}};
+  for (const auto& c : cases) EXPECT_EQ(nvfp4_e5m3_encode(std::bit_cast<std::uint32_t>(c.x), one), c.code) << c.x;
+  EXPECT_EQ(nvfp4_e5m3_encode(std::bit_cast<std::uint32_t>(-3.0f), 0x00), 0u);
+  // A division, not a reciprocal multiply: s = 1.125 (0x79), x = 3 * 1.125 -> 3 exactly.
+  EXPECT_EQ(nvfp4_e5m3_encode(std::bit_cast<std::uint32_t>(3.375f), 0x79), 0x5u);
+  EXPECT_EQ(nvfp4_e5m3_decode(0xF, 0xFE), -688128.0f);
+  EXPECT_EQ(nvfp4_e5m3_decode(0x1, 0x01), std::ldexp(1.0f, -18));
 }

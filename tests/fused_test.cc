@@ -63,6 +63,7 @@ std::vector<QuantOptions> fused_cases() {
     if (c.rounding != Rounding::nearest_even) continue;
     QuantOptions o = th::options_of(c);
     if (o.format == Format::nvfp4 && o.rule == ScaleRule::quest) continue;  // refused there (api_test Nvfp4Quest)
+    if (o.format == Format::nvfp4_e5m3) continue;  // refused there (api_test Nvfp4E5m3Options)
     if (o.format == Format::nvfp4) o.tensor_scale = 448.0f * 6.0f / 3.5f;
     v.push_back(o);
   }

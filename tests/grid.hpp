@@ -38,15 +38,31 @@ inline void PrintTo(const Case& c, std::ostream* os) {
 // the reason, where no CUDA device is usable).
 inline std::vector<mxq::Backend> backends() { return {mxq::Backend::cpu, mxq::Backend::cuda}; }
 
-// Every format x every rule it accepts (mxq::rules_for), default group size, both roundings; NVFP4 in
-// groups of 32 too; other group sizes (the C = 2 and C = 8 kernels, T = 1 .. 32 lanes per group).
+// Whether format f takes rounding rd: nvfp4_e5m3 rounds to nearest even only.
+inline bool rounds(mxq::Format f, mxq::Rounding rd) {
+  return f != mxq::Format::nvfp4_e5m3 || rd == mxq::Rounding::nearest_even;
+}
+
+// The options of format f under rule r (NVFP4: its own constructor, tensor scale computed).
+inline mxq::QuantOptions format_options(mxq::Format f, mxq::ScaleRule r) {
+  mxq::QuantOptions o = f == mxq::Format::nvfp4        ? mxq::QuantOptions::nvfp4()
+                        : f == mxq::Format::nvfp4_e5m3 ? mxq::QuantOptions::nvfp4_e5m3()
+                                                       : mxq::QuantOptions::mx(f, r);
+  o.rule = r;
+  return o;
+}
+
+// Every format x every rule it accepts (mxq::rules_for), default group size, both roundings (nvfp4_e5m3:
+// round to nearest even only, groups of 16 and 32); NVFP4 in groups of 32 too; other group sizes (the C = 2 and C = 8 kernels, T = 1 .. 32 lanes per group).
 inline std::vector<Case> all_cases() {
   using mxq::Format;
   using mxq::ScaleRule;
   std::vector<Case> v;
   for (mxq::Rounding rd : {mxq::Rounding::nearest_even, mxq::Rounding::stochastic}) {
     for (Format f : mxq::all_formats())
-      for (ScaleRule r : mxq::rules_for(f)) v.push_back({f, r, rd, 0});
+      for (ScaleRule r : mxq::rules_for(f))
+        if (rounds(f, rd)) v.push_back({f, r, rd, 0});
+    if (rd == mxq::Rounding::nearest_even) v.push_back({Format::nvfp4_e5m3, ScaleRule::nvfp4_e5m3, rd, 32});
     v.push_back({Format::nvfp4, ScaleRule::nvfp4, rd, 32});
     for (int g : {8, 32}) v.push_back({Format::nvfp4, ScaleRule::quest, rd, g});  // groups over several lanes, C = 2
     for (int g : {2, 4, 8, 16, 64, 128, 256}) {
@@ -77,8 +93,7 @@ inline std::vector<Case> all_cases() {
 }
 
 inline mxq::QuantOptions options_of(const Case& c) {
-  mxq::QuantOptions o = c.format == mxq::Format::nvfp4 ? mxq::QuantOptions::nvfp4() : mxq::QuantOptions::mx(c.format, c.rule);
-  o.rule = c.rule;
+  mxq::QuantOptions o = format_options(c.format, c.rule);
   o.rounding = c.rounding;
   o.group_size = c.group;
   o.seed = 0xC0FFEE;
@@ -163,19 +178,18 @@ inline float nvfp4_bf16_tie_scale() {
 
 // The sweep's options: every format x every rule it accepts, NVFP4 with a computed and given tensor
 // scales (1; one reaching the bf16 output's ties; tiny ones whose outputs pass the largest bf16 and
-// overflow fp32); each with round-to-nearest-even and with stochastic rounding.
+// overflow fp32), nvfp4_e5m3 in groups of 16 and 32; each with round-to-nearest-even and (every format but
+// nvfp4_e5m3) with stochastic rounding.
 inline std::vector<mxq::QuantOptions> sweep_options() {
   using namespace mxq;
   std::vector<QuantOptions> opts;
   for (Format f : all_formats())
-    for (ScaleRule r : rules_for(f)) {
-      QuantOptions o = f == Format::nvfp4 ? QuantOptions::nvfp4() : QuantOptions::mx(f, r);
-      o.rule = r;
-      opts.push_back(o);
-    }
+    for (ScaleRule r : rules_for(f)) opts.push_back(format_options(f, r));
+  opts.push_back(QuantOptions::nvfp4_e5m3(32));
   // (3.4e38: S / s overflows to Inf for small block scales, where zero elements must stay zero)
   for (float S : {1.0f, nvfp4_bf16_tie_scale(), 7.915e-36f, 1.881e-38f, 3.4e38f}) opts.push_back(QuantOptions::nvfp4(S));
   for (std::size_t i = 0, n = opts.size(); i < n; ++i) {
+    if (!rounds(opts[i].format, Rounding::stochastic)) continue;
     QuantOptions sr = opts[i];
     sr.rounding = Rounding::stochastic;
     sr.seed = 99;
@@ -187,14 +201,16 @@ inline std::vector<mxq::QuantOptions> sweep_options() {
 }
 
 // f(options, input, the input on backend b) for every sweep option x the three sweep inputs (the shuffled
-// patterns in the format's groups as [256, 256] and [2048, 32], the anchored ones in groups of 2), traced by name.
+// patterns in the format's groups as [256, 256] and [2048, 32], the anchored ones in groups of 2, or for
+// nvfp4_e5m3, whose groups are 16 or 32, as the two elements of a zero-padded group), traced by name.
 template <class F>
 void for_each_sweep_case(mxq::Backend b, F&& f) {
   const HostTensor shuffled = all_bf16_shuffled(), narrow = all_bf16_shuffled(2048), anchored = all_bf16_anchored();
   Placed sb(b, shuffled), nb(b, narrow), ab(b, anchored);
   for (mxq::QuantOptions o : sweep_options()) {
+    if (e5m3_cuda_pending(b, o.format)) continue;  // TH_E5M3_CUDA_PENDING
     for (const HostTensor* x : {&shuffled, &narrow, &anchored}) {
-      o.group_size = x == &anchored ? 2 : 0;
+      if (o.format != mxq::Format::nvfp4_e5m3) o.group_size = x == &anchored ? 2 : 0;
       SCOPED_TRACE(name_of(o) + (x == &anchored ? " anchored" : (x == &narrow ? " shuffled [2048, 32]" : " shuffled")));
       f(o, *x, x == &anchored ? ab : (x == &narrow ? nb : sb));
     }

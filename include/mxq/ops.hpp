@@ -12,7 +12,8 @@ namespace mxq {
 std::span<const Format> all_formats();  // in declaration order
 // The rules format f accepts (docs/api.md, "Formats x scale rules"): floor, ceil, even and rceil for
 // every MX format; even_fp4 (compressed-tensors' rule) for MXFP4 and MXFP8 E4M3 as well; quest and
-// qutlass_absmax (QuTLASS's E2M1 rules) for MXFP4 as well; nvfp4 and quest for NVFP4. The entry points
+// qutlass_absmax (QuTLASS's E2M1 rules) for MXFP4 as well; nvfp4 and quest for NVFP4; nvfp4_e5m3 alone for
+// nvfp4_e5m3. The entry points
 // refuse any other pairing with rule_refusal's sentence.
 std::span<const ScaleRule> rules_for(Format f);
 // Empty when f accepts r; otherwise why not, naming the formats that accept r and the rules f accepts:
@@ -31,7 +32,7 @@ struct FormatInfo {
   float max_elem;        // largest finite element value
   int emax_elem;         // exponent of the largest binade
   int mbits;             // mantissa bits (6 for INT8)
-  bool e8m0_scale;       // true for MX (E8M0 scale), false for NVFP4 (E4M3 scale)
+  bool e8m0_scale;       // true for MX (E8M0 scale), false for NVFP4 (E4M3 scale) and nvfp4_e5m3 (UE5M3)
 };
 FormatInfo format_info(Format);
 int group_size(const QuantOptions&);  // the effective group size

@@ -20,6 +20,7 @@ enum class Format : std::uint8_t {
   mxfp8_e5m2,  // E5M2 elements, E8M0 scale per 32
   mxint8,      // INT8 elements (value = int * 2^-6), E8M0 scale per 32
   nvfp4,       // E2M1 elements, E4M3 scale per 16, fp32 tensor scale
+  nvfp4_e5m3,  // E2M1 elements, UE5M3 scale per 16 (or 32), no tensor scale (the vllm-qdq-plugin's)
 };
 
 // How the per-block scale is chosen (docs/numerics.md, "MX block scales").
@@ -35,6 +36,8 @@ enum class ScaleRule : std::uint8_t {
                    // (QuTLASS fusedQuantizeNv method "quest")
   qutlass_absmax,  // floor(log2(amax + 1e-8)); elements E(3 * x * 2^-e)   (QuTLASS abs_max)
   nvfp4,           // the NVFP4 recipe (E4M3 block scale, fp32 tensor scale); only with Format::nvfp4
+  nvfp4_e5m3,      // UE5M3_RNE_sat(amax / 6), elements E2M1(x / s)   (vllm-qdq-plugin); only with
+                   // Format::nvfp4_e5m3
 };
 
 enum class Rounding : std::uint8_t { nearest_even, stochastic };
@@ -115,6 +118,7 @@ struct QuantOptions {
   Format format = Format::mxfp4;
   ScaleRule rule = ScaleRule::floor;
   int group_size = 0;  // 0: the format's default (32 for MX, 16 for NVFP4); else a power of two in [2, 256]
+                       // (nvfp4_e5m3: 16 or 32, the plugin's)
   Rounding rounding = Rounding::nearest_even;
   std::uint64_t seed = 0;    // stochastic rounding: Philox4x32-10 key
   std::uint64_t offset = 0;  // stochastic rounding: added to each element's linear index
@@ -157,6 +161,15 @@ struct QuantOptions {
     QuantOptions o;
     o.format = f;
     o.rule = r;
+    return o;
+  }
+  // NVFP4 with UE5M3 block scales (the vllm-qdq-plugin's nvfp4_e5m3): group_size 16 or 32, round to
+  // nearest even, no tensor scale, no rotation.
+  static QuantOptions nvfp4_e5m3(int group_size = 16) {
+    QuantOptions o;
+    o.format = Format::nvfp4_e5m3;
+    o.rule = ScaleRule::nvfp4_e5m3;
+    o.group_size = group_size;
     return o;
   }
   static QuantOptions nvfp4(std::optional<float> tensor_scale = std::nullopt) {

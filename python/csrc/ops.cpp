@@ -127,7 +127,9 @@ constexpr Option kFormat{"format", "str", "", [](Setting& s, const c10::IValue& 
     s.o.format = mxq::parse_format(v.toStringView());
     return 0;
   });
-  s.o.rule = s.o.format == mxq::Format::nvfp4 ? mxq::ScaleRule::nvfp4 : mxq::ScaleRule::floor;  // the default rule
+  s.o.rule = s.o.format == mxq::Format::nvfp4        ? mxq::ScaleRule::nvfp4  // the default rule
+             : s.o.format == mxq::Format::nvfp4_e5m3 ? mxq::ScaleRule::nvfp4_e5m3
+                                                     : mxq::ScaleRule::floor;
 }};
 // The fused producers' format: None for no QDQ of the output (their kernels check that first).
 constexpr Option kFormatOrNone{"format", "str?", "", kFormat.set};

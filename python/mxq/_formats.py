@@ -19,7 +19,8 @@ class FormatInfo:
     bits: int  # element bits: 4, 6 or 8 (FP4 packs two codes per byte, the others one per byte)
     default_group: int  # 32 for MX, 16 for NVFP4
     max_elem: float  # largest finite element value
-    e8m0_scale: bool  # True: E8M0 block scale (MX); False: E4M3 block scale + fp32 tensor scale (NVFP4)
+    e8m0_scale: bool  # True: E8M0 block scale (MX); False: E4M3 block scale + fp32 tensor scale (NVFP4) or
+    # UE5M3 block scale (nvfp4_e5m3)
 
 
 _INFO = {
@@ -30,9 +31,11 @@ _INFO = {
     "mxfp8_e5m2": FormatInfo("mxfp8_e5m2", "e5m2", 8, 32, 57344.0, True),
     "mxint8": FormatInfo("mxint8", "int8", 8, 32, 127.0 / 64.0, True),
     "nvfp4": FormatInfo("nvfp4", "e2m1", 4, 16, 6.0, False),
+    "nvfp4_e5m3": FormatInfo("nvfp4_e5m3", "e2m1", 4, 16, 6.0, False),
 }
 FORMATS: tuple[str, ...] = tuple(_INFO)
-RULES: tuple[str, ...] = ("floor", "ceil", "even", "rceil", "even_fp4", "quest", "qutlass_absmax", "nvfp4")
+RULES: tuple[str, ...] = ("floor", "ceil", "even", "rceil", "even_fp4", "quest", "qutlass_absmax", "nvfp4",
+                          "nvfp4_e5m3")
 _RULE_SET = frozenset(RULES)
 
 # The rules each format accepts, and why a rule is defined for its formats only: the library's catalogue
@@ -47,6 +50,7 @@ _RULES_OF = {
     "mxfp8_e5m2": _MX_RULES,
     "mxint8": _MX_RULES,
     "nvfp4": ("nvfp4", "quest"),
+    "nvfp4_e5m3": ("nvfp4_e5m3",),
 }
 _RULE_SCOPE = {
     **{r: "an E8M0 block scale from the element's own range" for r in _MX_RULES},
@@ -54,6 +58,7 @@ _RULE_SCOPE = {
     "quest": "its constant 2.92247856 / 6 fits the E2M1 grid",
     "qutlass_absmax": "QuTLASS's abs_max, whose elements are E2M1(3 x / 2^e)",
     "nvfp4": "NVFP4's recipe: an E4M3 block scale under an fp32 tensor scale",
+    "nvfp4_e5m3": "the vllm-qdq-plugin's UE5M3 block scale RNE(amax / 6)",
 }
 
 _FORMAT_ALIASES = {"mxfp8": "mxfp8_e4m3", "mxfp6e2m3": "mxfp6_e2m3", "mxfp6e3m2": "mxfp6_e3m2",
@@ -67,7 +72,7 @@ def _norm(s: str) -> str:
 
 def canonical_format(name: str) -> str:
     """The library's name of a format: exact names (mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3,
-    mxfp8_e5m2, mxint8, nvfp4), case-insensitive, '-' for '_', and the alias mxfp8 -> mxfp8_e4m3."""
+    mxfp8_e5m2, mxint8, nvfp4, nvfp4_e5m3), case-insensitive, '-' for '_', and the alias mxfp8 -> mxfp8_e4m3."""
     if name in _INFO:  # the fast path: already the library's name
         return name
     if not isinstance(name, str):
@@ -82,12 +87,13 @@ def canonical_format(name: str) -> str:
 
 
 def default_rule(fmt: str) -> str:
-    """The rule used when none is given: nvfp4 for NVFP4, the OCP MX v1.0 floor rule otherwise."""
-    return "nvfp4" if fmt == "nvfp4" else "floor"
+    """The rule used when none is given: nvfp4 for NVFP4, nvfp4_e5m3 for nvfp4_e5m3 (its only rule), the
+    OCP MX v1.0 floor rule otherwise."""
+    return fmt if fmt in ("nvfp4", "nvfp4_e5m3") else "floor"
 
 
 def canonical_rule(name: Optional[str], fmt: str) -> str:
-    """The library's name of a scale rule (floor, ceil, even, rceil, even_fp4, quest, qutlass_absmax, nvfp4;
+    """The library's name of a scale rule (floor, ceil, even, rceil, even_fp4, quest, qutlass_absmax, nvfp4, nvfp4_e5m3;
     abs_max is accepted for qutlass_absmax); None gives the format's default rule."""
     if name is None:
         return default_rule(fmt)
@@ -105,7 +111,8 @@ def canonical_rule(name: Optional[str], fmt: str) -> str:
 def rules_for(fmt: str) -> tuple[str, ...]:
     """The scale rules a format accepts (the library's mxq::rules_for; format aliases accepted): floor,
     ceil, even and rceil for every MX format, even_fp4 for mxfp4 and mxfp8_e4m3 as well, quest and
-    qutlass_absmax for mxfp4 as well; nvfp4 and quest for nvfp4. The ops refuse any other pairing."""
+    qutlass_absmax for mxfp4 as well; nvfp4 and quest for nvfp4; nvfp4_e5m3 for nvfp4_e5m3. The ops refuse any
+    other pairing."""
     return _RULES_OF[canonical_format(fmt)]
 
 

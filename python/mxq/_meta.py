@@ -51,10 +51,24 @@ def _rule(v: str, a: dict, op: str) -> None:
         raise ValueError(f"mxq::{op.rstrip('_')}: option 'rule': {why}")
 
 
+def _e5m3(a: dict) -> bool:
+    f = a.get("format")
+    return isinstance(f, str) and F.canonical_format(f) == "nvfp4_e5m3"
+
+
 def _group_size(v: int, a: dict, op: str) -> None:
     if v != 0 and (v < 2 or v > 256 or v & (v - 1)):
         raise ValueError(f"mxq.{op}: argument 'group_size': {v}, expected 0 (the format's default) "
                          "or a power of two in [2, 256]")
+    if _e5m3(a) and v not in (0, 16, 32):
+        raise ValueError(f"mxq::{op.rstrip('_')}: option 'group_size': {v} with format 'nvfp4_e5m3', expected 0 (16), "
+                         "16 or 32 (the vllm-qdq-plugin's group sizes)")
+
+
+def _stochastic(v: bool, a: dict, op: str) -> None:
+    if v and _e5m3(a):
+        raise ValueError(f"mxq::{op.rstrip('_')}: option 'rounding': 'stochastic' with format 'nvfp4_e5m3', expected rne "
+                         "(the format rounds to nearest even only)")
 
 
 def _layout(v: str, a: dict, op: str) -> None:
@@ -73,6 +87,10 @@ _ROTATION = re.compile(r"(r?had)(16|32|64|128|256)")
 def _rotation(v: str, a: dict, op: str) -> None:
     if v != "none" and not _ROTATION.fullmatch(v):
         raise ValueError(f"mxq: rotation '{v}': expected none, had<RS> or rhad<RS> with RS 16, 32, 64, 128 or 256")
+    if v != "none" and _e5m3(a):
+        name = "random_hadamard" if v.startswith("r") else "hadamard"
+        raise ValueError(f"mxq::{op.rstrip('_')}: option 'rotation': '{name}' with format 'nvfp4_e5m3', expected none "
+                         "(no rotation is defined for this format)")
 
 
 def _tensor_scale_tensor(t, a: dict, op: str) -> None:
@@ -133,6 +151,7 @@ CHECKS = {
     "format": _format,
     "rule": _rule,
     "group_size": _group_size,
+    "stochastic": _stochastic,
     "layout": _layout,
     "dtype": _dtype,
     "tensor_scale_tensor": _tensor_scale_tensor,

@@ -300,7 +300,11 @@ class QuantizedTensor:
         return self.codes.device
 
     def scales_as_float8(self) -> torch.Tensor:
-        """The scales viewed as torch.float8_e8m0fnu (MX) or torch.float8_e4m3fn (NVFP4)."""
+        """The scales viewed as torch.float8_e8m0fnu (MX) or torch.float8_e4m3fn (NVFP4). nvfp4_e5m3's UE5M3
+        scales have no torch dtype: ValueError (mxq.compat.vllm_qdq.decode_ue5m3 decodes them)."""
+        if self.format == "nvfp4_e5m3":
+            raise ValueError("mxq: nvfp4_e5m3's UE5M3 scales have no torch float8 dtype (decode them with "
+                             "mxq.compat.vllm_qdq.decode_ue5m3)")
         return self.scales.view(torch.float8_e4m3fn if self.format == "nvfp4" else torch.float8_e8m0fnu)
 
 
@@ -324,10 +328,13 @@ def quantize(
 ) -> QuantizedTensor:
     """Quantize `x` (float32, float16 or bfloat16, any rank) along its last dimension.
 
-    format:       mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3 (alias mxfp8), mxfp8_e5m2, mxint8, nvfp4.
+    format:       mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3 (alias mxfp8), mxfp8_e5m2, mxint8, nvfp4,
+                  nvfp4_e5m3 (the vllm-qdq-plugin's UE5M3 block scales: group_size 16 or 32, no tensor
+                  scale, round to nearest only, no rotation; its scales are uint8 UE5M3 bytes).
     rule:         block scale rule: floor (default for MX), ceil, even, rceil (every MX format), even_fp4
                   (mxfp4, mxfp8_e4m3), quest and qutlass_absmax (alias abs_max; mxfp4), nvfp4 (the default
-                  rule of nvfp4); nvfp4 also takes quest (QuTLASS's NVFP4 quest: tensor scale 1).
+                  rule of nvfp4); nvfp4 also takes quest (QuTLASS's NVFP4 quest: tensor scale 1);
+                  nvfp4_e5m3 (the only and default rule of nvfp4_e5m3).
                   mxq.rules_for(format) lists them; any other pairing raises ValueError.
     layout:       "linear" (default), "swizzled" (128x4, for block-scaled GEMMs) or "padded".
     group_size:   elements per block scale: None for the format's (32 MX, 16 NVFP4), or a power of

@@ -468,7 +468,8 @@ MXQ_HD_HOT int mx_scale_exp(ScaleRule rule, float amax, float quest, const Float
     }
     case ScaleRule::quest: e = floor_log2_bits(f2u(quest)); break;
     case ScaleRule::qutlass_absmax: e = floor_log2_bits(f2u(add_rn(amax, 1e-8f))); break;
-    case ScaleRule::nvfp4: break;
+    case ScaleRule::nvfp4:
+    case ScaleRule::nvfp4_e5m3: break;  // not E8M0 rules
   }
   return clamp_scale_exp(e);
 }
@@ -506,6 +507,40 @@ MXQ_HD std::uint32_t nvfp4_encode(std::uint32_t xbits, float m, bool stochastic 
 MXQ_HD float nvfp4_decode(std::uint32_t code, std::uint32_t scale_code, float S) {
   if ((scale_code & 0x7F) == kE4M3NaN) return u2f(0x7FC00000u);
   return div_rn(mul_rn(decode_f32(code, spec_e2m1()), decode_f32(scale_code, spec_e4m3())), S);
+}
+
+// ---- NVFP4 with UE5M3 scales (nvfp4_e5m3; docs/numerics.md) -----------------------------------------------
+// UE5M3: unsigned, 5 exponent bits (bias 15), 3 mantissa bits, subnormals m * 2^-17, no NaN or Inf (0xFF
+// decodes to 122880). Described as a sign-magnitude spec whose sign (bit 8) is never set. Quantizers saturate
+// at 0xFE (114688), the vllm-qdq-plugin's clamp; decode accepts every byte. Format::nvfp4_e5m3's backends
+// all take these (the block operations: core/problem.hpp's nvfp4_e5m3_* helpers).
+MXQ_HD constexpr FloatSpec spec_ue5m3() { return {9, 3, -14, 16, 0xFE, false}; }
+MXQ_HD constexpr FloatSpec spec_ue5m3_decode() { return {9, 3, -14, 16, 0xFF, false}; }
+MXQ_HD float ue5m3_decode(std::uint32_t code) { return decode_f32(code & 0xFFu, spec_ue5m3_decode()); }
+// Block-scale code UE5M3_RNE_sat(fp32(amax / 6)). A NaN amax gives 0xFE as in the plugin (its bit-level
+// rounding turns NaN into Inf before the clamp); +Inf saturates to 0xFE.
+MXQ_HD std::uint32_t ue5m3_block_scale_code(float amax_block) {
+  const float v = div_rn(amax_block, 6.0f);
+  if (v != v) return spec_ue5m3().maxcode;
+  return encode_f32(f2u(v), spec_ue5m3());
+}
+// Element code E2M1_RNE_sat(fp32(x / s)) (a division, as the plugin); a zero scale gives +0 for every x.
+// x must not be NaN (the block operations treat a NaN block on their own).
+MXQ_HD std::uint32_t nvfp4_e5m3_encode(std::uint32_t xbits, std::uint32_t scale_code) {
+  const float s = ue5m3_decode(scale_code);
+  if (s == 0.0f) return 0u;
+  return encode_f32(f2u(div_rn(u2f(xbits), s)), spec_e2m1());
+}
+// Dequantized fp32 value e2m1 * float(s) (exact).
+MXQ_HD float nvfp4_e5m3_decode(std::uint32_t code, std::uint32_t scale_code) {
+  return mul_rn(decode_f32(code, spec_e2m1()), ue5m3_decode(scale_code));
+}
+// fp32 -> fp16, RNE with IEEE overflow: |v| >= 65520 (the midpoint above 65504) gives Inf, NaN the quiet NaN.
+// nvfp4_e5m3's fp16 outputs take it (the plugin's cast, docs/numerics.md); mxq's other outputs saturate.
+MXQ_HD std::uint16_t f32_to_f16_rn(std::uint32_t u) {
+  const std::uint32_t a = u & 0x7FFFFFFFu;
+  if (a >= 0x477FF000u && a <= 0x7F800000u) return static_cast<std::uint16_t>(((u >> 16) & 0x8000u) | 0x7C00u);
+  return f32_to_f16_sat(u);
 }
 
 // ---- Philox4x32-10 (stochastic rounding) ---------------------------------------------------------------------

@@ -56,6 +56,10 @@ decltype(auto) dispatch_format(Format f, Fn&& fn) {
     case Format::mxfp8_e5m2: return fn(FormatTraits<Format::mxfp8_e5m2>{});
     case Format::mxint8: return fn(FormatTraits<Format::mxint8>{});
     case Format::nvfp4: break;
+    case Format::nvfp4_e5m3:
+      // Not a traits format: each backend that takes it does so before any dispatch (its own block code,
+      // core/problem.hpp).
+      throw Error(Error::Code::internal, "mxq: format nvfp4_e5m3 reached the traits dispatch");
   }
   return fn(FormatTraits<Format::nvfp4>{});
 }

@@ -24,9 +24,11 @@ E parse_enum(std::string_view s, const std::array<E, N>& all, const char* what) 
 }
 
 constexpr std::array kFormats{Format::mxfp4,      Format::mxfp6_e2m3, Format::mxfp6_e3m2, Format::mxfp8_e4m3,
-                              Format::mxfp8_e5m2, Format::mxint8,     Format::nvfp4};
+                              Format::mxfp8_e5m2, Format::mxint8,     Format::nvfp4,
+                              Format::nvfp4_e5m3};
 constexpr std::array kRules{ScaleRule::floor, ScaleRule::ceil,  ScaleRule::even,           ScaleRule::rceil,
-                            ScaleRule::even_fp4, ScaleRule::quest, ScaleRule::qutlass_absmax, ScaleRule::nvfp4};
+                            ScaleRule::even_fp4, ScaleRule::quest, ScaleRule::qutlass_absmax, ScaleRule::nvfp4,
+                            ScaleRule::nvfp4_e5m3};
 constexpr std::array kDTypes{DType::f32, DType::f16, DType::bf16, DType::u8, DType::i32, DType::i64};
 constexpr std::array kBackends{Backend::automatic, Backend::reference, Backend::cpu, Backend::cuda};
 
@@ -35,13 +37,15 @@ constexpr std::array kBackends{Backend::automatic, Backend::reference, Backend::
 // come from one project each, for its formats only: even_fp4 is compressed-tensors' rule, which it
 // computes for its MXFP4 and MXFP8 (E4M3) checkpoints; quest's constant 2.92247856 / 6 is the
 // Gaussian-fitted clipping point of the E2M1 grid (QuTLASS's fusedQuantizeMx and fusedQuantizeNv, both
-// E2M1); qutlass_absmax is QuTLASS's other E2M1 rule; nvfp4 is NVFP4's recipe.
+// E2M1); qutlass_absmax is QuTLASS's other E2M1 rule; nvfp4 is NVFP4's recipe; nvfp4_e5m3 the
+// vllm-qdq-plugin's UE5M3 scale (no other rule is defined for a UE5M3 scale).
 // NOTE: the amax rules first (amax_rules() is their prefix).
 constexpr std::array kMxfp4Rules{ScaleRule::floor,    ScaleRule::ceil,  ScaleRule::even,          ScaleRule::rceil,
                                  ScaleRule::even_fp4, ScaleRule::quest, ScaleRule::qutlass_absmax};
 constexpr std::array kMxfp8E4m3Rules{ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil, ScaleRule::even_fp4};
 constexpr std::array kMxRules{ScaleRule::floor, ScaleRule::ceil, ScaleRule::even, ScaleRule::rceil};
 constexpr std::array kNvfp4Rules{ScaleRule::nvfp4, ScaleRule::quest};
+constexpr std::array kNvfp4E5m3Rules{ScaleRule::nvfp4_e5m3};
 
 // Why a rule is defined for the formats above and for no other: the reason a refusal gives.
 std::string_view rule_scope(ScaleRule r) {
@@ -54,6 +58,7 @@ std::string_view rule_scope(ScaleRule r) {
     case ScaleRule::quest: return "its constant 2.92247856 / 6 fits the E2M1 grid";
     case ScaleRule::qutlass_absmax: return "QuTLASS's abs_max, whose elements are E2M1(3 x / 2^e)";
     case ScaleRule::nvfp4: return "NVFP4's recipe: an E4M3 block scale under an fp32 tensor scale";
+    case ScaleRule::nvfp4_e5m3: return "the vllm-qdq-plugin's UE5M3 block scale RNE(amax / 6)";
   }
   return "?";
 }
@@ -74,6 +79,7 @@ std::span<const ScaleRule> rules_for(Format f) {
     case Format::mxfp4: return kMxfp4Rules;
     case Format::mxfp8_e4m3: return kMxfp8E4m3Rules;
     case Format::nvfp4: return kNvfp4Rules;
+    case Format::nvfp4_e5m3: return kNvfp4E5m3Rules;
     default: return kMxRules;
   }
 }
@@ -100,6 +106,7 @@ std::string_view to_string(Format f) {
     case Format::mxfp8_e5m2: return "mxfp8_e5m2";
     case Format::mxint8: return "mxint8";
     case Format::nvfp4: return "nvfp4";
+    case Format::nvfp4_e5m3: return "nvfp4_e5m3";
   }
   return "?";
 }
@@ -113,6 +120,7 @@ std::string_view to_string(ScaleRule r) {
     case ScaleRule::quest: return "quest";
     case ScaleRule::qutlass_absmax: return "qutlass_absmax";
     case ScaleRule::nvfp4: return "nvfp4";
+    case ScaleRule::nvfp4_e5m3: return "nvfp4_e5m3";
   }
   return "?";
 }
@@ -188,6 +196,7 @@ FormatInfo format_info(Format f) {
     case Format::mxfp8_e5m2: return mk(ElemType::e5m2, 32, true);
     case Format::mxint8: return mk(ElemType::int8, 32, true);
     case Format::nvfp4: return mk(ElemType::e2m1, 16, false);
+    case Format::nvfp4_e5m3: return mk(ElemType::e2m1, 16, false);
   }
   throw Error(Error::Code::invalid_argument, "unknown format value " + std::to_string(int(f)));
 }

@@ -32,6 +32,8 @@ struct Problem {
   bool nvfp4() const { return opt.format == Format::nvfp4; }
   // NVFP4 under rule quest: block scales from the quest statistic, tensor scale 1.
   bool nvfp4_quest() const { return nvfp4() && opt.rule == ScaleRule::quest; }
+  // NVFP4 with UE5M3 block scales (the vllm-qdq-plugin's; no tensor scale).
+  bool e5m3() const { return opt.format == Format::nvfp4_e5m3; }
   // Byte offset of scale (r, b) in the scale tensor.
   std::int64_t scale_offset(std::int64_t r, std::int64_t b, std::int64_t linear_stride) const {
     return opt.scale_layout == ScaleLayout::swizzled ? swizzled_offset(r, b, scale_cols_padded)
@@ -96,6 +98,37 @@ MXQ_HD std::uint32_t mx_dequant_bits(std::uint32_t code, std::uint8_t sb, const 
   int pe = 0;
   if (decode_parts(code, elem, sign, n, pe)) return round_exact_to(sign, n, pe + (int(sb) - kE8M0Bias), out_spec(t));
   return f32_to_dtype_bits(decode_f32(code, elem), t);
+}
+
+// ---- nvfp4_e5m3 block operations (docs/numerics.md, "NVFP4 with UE5M3 scales"), for every backend ----------
+// The UE5M3 scale byte of a block whose largest |x| has fp32 bits amax_bits (the integer maximum of the
+// elements' bits with the sign cleared: a NaN element makes it a NaN, as torch's amax propagates NaN):
+// UE5M3_RNE_sat(amax / 6); a NaN or an Inf amax saturates to 0xFE.
+MXQ_HD std::uint32_t nvfp4_e5m3_scale_code(std::uint32_t amax_bits) { return ue5m3_block_scale_code(u2f(amax_bits)); }
+// The E2M1 code of an element (fp32 bits) under scale byte sc: E2M1_RNE_sat(x / s), every code +0 when s is 0.
+// NOTE: E2M1 has no NaN and UE5M3 no NaN scale, so quantize cannot carry a NaN: a NaN element gets code 0.
+// qdq() returns NaN there instead (nvfp4_e5m3_qdq_bits).
+MXQ_HD std::uint32_t nvfp4_e5m3_code(std::uint32_t xbits, std::uint32_t sc) {
+  return (xbits & 0x7FFFFFFFu) > 0x7F800000u ? 0u : nvfp4_e5m3_encode(xbits, sc);
+}
+// Its clip-mask bit: 1 where the element is not clipped, |fp32(x / s)| < 6, or s is 0 (every element of such a
+// block is within 6 * 2^-18 and quantizes to 0 by the rule); 0 for NaN and Inf elements.
+MXQ_HD bool nvfp4_e5m3_kept(std::uint32_t xbits, std::uint32_t sc) {
+  if ((xbits & 0x7FFFFFFFu) >= 0x7F800000u) return false;
+  const float s = ue5m3_decode(sc);
+  return s == 0.0f || (f2u(div_rn(u2f(xbits), s)) & 0x7FFFFFFFu) < 0x40C00000u;  // 6.0f
+}
+// Bits, in dtype t, of code x scale: exact in fp32 (at most 6 significant bits, never below 2^-18), hence in
+// bf16 and fp16 too, except that fp16 overflows to Inf from 65520 on (the plugin's cast, not saturation).
+MXQ_HD std::uint32_t nvfp4_e5m3_out_bits(std::uint32_t code, std::uint32_t sc, DType t) {
+  const std::uint32_t v = f2u(nvfp4_e5m3_decode(code, sc));
+  return t == DType::f16 ? f32_to_f16_rn(v) : t == DType::bf16 ? f32_to_bf16_sat(v) : v;
+}
+// QDQ of one element: the dequantized code, except that a NaN stays NaN (the dtype's quiet NaN), as in the
+// plugin's QDQ.
+MXQ_HD std::uint32_t nvfp4_e5m3_qdq_bits(std::uint32_t xbits, std::uint32_t sc, DType t) {
+  if ((xbits & 0x7FFFFFFFu) > 0x7F800000u) return nan_bits(t);
+  return nvfp4_e5m3_out_bits(nvfp4_e5m3_encode(xbits, sc), sc, t);
 }
 
 }  // namespace mxq::core

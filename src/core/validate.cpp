@@ -83,9 +83,9 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
   Problem p;
   p.fn = c.fn();
   p.opt = opt;
-  if (static_cast<unsigned>(opt.format) > static_cast<unsigned>(Format::nvfp4))
+  if (static_cast<unsigned>(opt.format) > static_cast<unsigned>(Format::nvfp4_e5m3))
     c.fail("option 'format': invalid value " + std::to_string(int(opt.format)));
-  if (static_cast<unsigned>(opt.rule) > static_cast<unsigned>(ScaleRule::nvfp4))
+  if (static_cast<unsigned>(opt.rule) > static_cast<unsigned>(ScaleRule::nvfp4_e5m3))
     c.fail("option 'rule': invalid value " + std::to_string(int(opt.rule)));
   p.info = format_info(opt.format);
   p.elem = elem_spec(p.info.elem);
@@ -100,6 +100,19 @@ Problem make_problem(const Checker& c, const QuantOptions& opt, std::int64_t row
     c.fail("option 'random_bits': " + std::to_string(opt.random_bits) + ", expected 32, 16 or 8 random bits per element");
   if (opt.scale_layout != ScaleLayout::linear && opt.scale_layout != ScaleLayout::swizzled)
     c.fail("option 'scale_layout': invalid value " + std::to_string(int(opt.scale_layout)));
+  if (opt.format == Format::nvfp4_e5m3) {
+    // The vllm-qdq-plugin's format as it defines it (docs/numerics.md, "NVFP4 with UE5M3 scales"): its two
+    // group sizes, round to nearest even; the scale is amax / 6 itself (no tensor scale), and no
+    // rotation is defined for it.
+    if (opt.group_size != 0 && opt.group_size != 16 && opt.group_size != 32)
+      c.fail("option 'group_size': " + std::to_string(opt.group_size) +
+             " with format 'nvfp4_e5m3', expected 0 (16), 16 or 32 (the vllm-qdq-plugin's group sizes)");
+    if (opt.rounding == Rounding::stochastic)
+      c.fail("option 'rounding': 'stochastic' with format 'nvfp4_e5m3', expected rne (the format rounds to nearest even only)");
+    if (opt.rotation != Rotation::none)
+      c.fail("option 'rotation': '" + std::string(to_string(opt.rotation)) +
+             "' with format 'nvfp4_e5m3', expected none (no rotation is defined for this format)");
+  }
   if (opt.tensor_scale) {
     if (opt.format != Format::nvfp4)
       c.fail("option 'tensor_scale' is only used by format nvfp4, got format '" + fmt + "'");

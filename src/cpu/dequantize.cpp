@@ -5,6 +5,7 @@
 #include "cpu/common/elements.hpp"
 #include "cpu/common/fp4_lookup.hpp"
 #include "cpu/common/nvfp4_scale.hpp"
+#include "cpu/quantize/e5m3.hpp"
 #include "cpu/common/vector_io.hpp"
 
 namespace mxq::cpu {
@@ -291,6 +292,7 @@ MXQ_CLONES void dequantize_tile(const Problem& p, const QuantizedIn& q, const Te
 }  // namespace
 
 void dequantize(const Problem& p, const QuantizedIn& q, const Tensor& y) {
+  if (p.e5m3()) return dequantize_e5m3(p, q, y);
   dispatch_elem(p.info.elem, [&](auto et) {
     dispatch_dtype(y.dtype, [&](auto dt) {
       std::vector<std::uint32_t> nvt;  // NVFP4's and MXFP4's output table (the fast paths above)

@@ -82,6 +82,34 @@ def plugin_mxfp8_qdq(x: torch.Tensor, g: int = 32) -> torch.Tensor:
     return (q * scale).to(x.dtype).reshape(m, -1)[:, :k]
 
 
+def plugin_nvfp4_e5m3_qdq(x: torch.Tensor, g: int = 16) -> torch.Tensor:
+    """The plugin's NVFP4-with-UE5M3 reference, from its documented recipe (docs/numerics.md, "NVFP4 with
+    UE5M3 scales"): K zero-padded to g; per block v = fp32(amax / 6) with amax NaN-propagating; v rounded
+    onto UE5M3 on v's fp32 bits (3 mantissa bits, RNE, carry into the exponent) where v >= 2^-14, else
+    round(v * 2^17) / 2^17 (torch's half-to-even), then min(., 114688) (a NaN/Inf v's bits give +Inf: the
+    clamp); elements 0 where the scale is 0, else RNE_E2M1_sat(fp32(x / s)) with x's sign (copysign), times
+    s in fp32, cast to x's dtype."""
+    rows, k = x.shape
+    xp = torch.nn.functional.pad(x.float(), (0, (-k) % g)).reshape(rows, -1, g)
+    v = xp.abs().amax(dim=-1) / 6.0
+    b = v.view(torch.int32)
+    e = ((b >> 23) & 0xFF) - 112  # the UE5M3 exponent field of a normal v
+    m = (b & 0x7FFFFF) >> 20
+    rest = b & 0xFFFFF
+    up = (rest > 0x80000) | ((rest == 0x80000) & ((m & 1) == 1))
+    m = m + up.to(torch.int32)
+    e = e + (m == 8).to(torch.int32)
+    m = torch.where(m == 8, torch.zeros_like(m), m)
+    normal = torch.ldexp(1.0 + m.float() / 8.0, e - 15)
+    s = torch.where(v < 2.0 ** -14, torch.round(v * 131072.0) / 131072.0, normal).clamp(max=114688.0)
+    s = s.unsqueeze(-1)
+    q = torch.where(s == 0, torch.zeros_like(xp), xp / s)
+    a = q.abs()
+    r = torch.where(a < 2.0, torch.round(a * 2.0) / 2.0,
+                    torch.where(a < 4.0, torch.round(a), 2.0 * torch.round(a / 2.0))).clamp(max=6.0)
+    return (torch.copysign(r, q) * s).reshape(rows, -1)[:, :k].to(x.dtype)
+
+
 # ---- QuTLASS's test reference, identity rotation --------------------------------------------------
 _CODE_GRID = torch.tensor([-6.0, -4.0, -3.0, -2.0, -1.5, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0],
                           dtype=torch.float64)

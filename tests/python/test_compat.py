@@ -16,7 +16,11 @@ from mxq.compat import vllm_qdq as V
 
 import anchors
 import oracle
-from conftest import CUDA, assert_bytes_equal
+from conftest import assert_bytes_equal, needs_cuda
+
+# nvfp4_e5m3 on CUDA: refused in this version; its kernels, and these tests without the skip, wait in
+# dev/pending/nvfp4-e5m3-cuda.patch.
+E5M3_CUDA_PENDING = "nvfp4_e5m3 CUDA kernels wait in dev/pending/nvfp4-e5m3-cuda.patch"
 
 
 def _bits(t):
@@ -108,6 +112,147 @@ def _qutlass_data():
     allp = allp[torch.isfinite(allp) & (allp.abs() < 1e30) & (allp.abs() > 1e-30)]
     allp = allp[torch.randperm(len(allp), generator=g)][: len(allp) // 512 * 512].reshape(-1, 512)
     return torch.cat([x.bfloat16(), allp])
+
+
+def _every_pattern_alone(dtype, g):
+    """Every bit pattern of a 16-bit dtype alone in a block (the rest +0), one block per row."""
+    x = torch.zeros(65536, g, dtype=dtype)
+    x[:, 0] = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    return x
+
+
+def _every_pattern_beside_maxima(dtype, g):
+    """Every bit pattern beside block maxima from 2^-20 to 1.7 * 2^20 (65504 in fp16), 63 of them spaced in log2."""
+    top = 65504.0 if dtype == torch.float16 else 1.7 * 2.0 ** 20
+    amax = torch.exp2(torch.linspace(-20.0, math.log2(top), 63, dtype=torch.float64))
+    pats = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    rows = []
+    for j in range(8):  # 8 blocks per pattern, maxima cycling
+        blk = (torch.arange(g, dtype=torch.float64) * 0.37 % 1.0 - 0.5).repeat(65536, 1)
+        a = amax[(torch.arange(65536) * 8 + j) % 63].unsqueeze(1)
+        blk = blk * a
+        blk[:, (j + 5) % g] = a.squeeze(1)
+        b = blk.to(dtype)
+        b[:, j % g] = pats
+        rows.append(b)
+    return torch.cat(rows, dim=1)
+
+
+def _same_or_both_nan(got, want):
+    both_nan = torch.isnan(got) & torch.isnan(want)
+    same = (_bits(got) == _bits(want)) | both_nan
+    return int((~same).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("g", [16, 32])
+def test_vllm_nvfp4_e5m3_qdq_equals_the_reference_on_every_pattern(dtype, g):
+    for x in (_every_pattern_alone(dtype, g), _every_pattern_beside_maxima(dtype, g)):
+        want = anchors.plugin_nvfp4_e5m3_qdq(x, g)
+        for f in (V.nvfp4_e5m3_qdq, V._nvfp4_e5m3_qdq_reference, V.nvfp4_e5m3_qdq_cute):
+            got = f(x, g)
+            assert got.dtype == dtype and got.shape == x.shape
+            assert _same_or_both_nan(got, want) == 0, f.__name__
+        # NaN comes back as NaN, never as a finite value; fp16 overflows to Inf as the reference's cast does
+        y = V.nvfp4_e5m3_qdq(x, g)
+        assert torch.equal(torch.isnan(y), torch.isnan(x))
+    if dtype == torch.float16:
+        assert torch.isinf(V.nvfp4_e5m3_qdq(torch.tensor([[65504.0] + [0.0] * 15], dtype=dtype))).any()
+
+
+@needs_cuda
+@pytest.mark.skip(reason=E5M3_CUDA_PENDING)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("g", [16, 32])
+def test_vllm_nvfp4_e5m3_qdq_cuda_equals_cpu(dtype, g):
+    x = _every_pattern_beside_maxima(dtype, g)
+    assert_bytes_equal(V.nvfp4_e5m3_qdq(x.cuda(), g).cpu(), V.nvfp4_e5m3_qdq(x, g), "nvfp4_e5m3 cuda vs cpu")
+
+
+def test_vllm_nvfp4_e5m3_tails_and_strides():
+    g = torch.Generator().manual_seed(3)
+    for k in (1, 15, 17, 100):
+        x = (torch.randn(5, k, generator=g) * 3).to(torch.bfloat16)
+        assert torch.equal(V.nvfp4_e5m3_qdq(x), anchors.plugin_nvfp4_e5m3_qdq(x, 16))
+    x = (torch.randn(64, 96, generator=g)).to(torch.float16)[:, ::2]  # non-contiguous
+    assert torch.equal(V.nvfp4_e5m3_qdq(x, 32), anchors.plugin_nvfp4_e5m3_qdq(x, 32))
+
+
+def test_vllm_nvfp4_e5m3_weight_dequant_and_decode():
+    for g in (16, 32):
+        x = (torch.randn(7, 4 * g) * 5).to(torch.bfloat16)
+        q = mxq.quantize(x, "nvfp4_e5m3", group_size=g)
+        w = V.nvfp4_e5m3_weight_dequant_cute(q.codes, q.scales, g)
+        assert w.dtype == torch.bfloat16 and w.shape == x.shape
+        assert torch.equal(w, V.nvfp4_e5m3_qdq(x, g))  # no NaN in x: dequantize(quantize) is the QDQ
+        # by hand: code * decode_ue5m3(scale), element 2i in the low nibble
+        lut = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+        codes = torch.stack([q.codes & 0xF, q.codes >> 4], dim=-1).reshape(7, -1).long()
+        manual = lut[codes] * V.decode_ue5m3(q.scales).repeat_interleave(g, dim=1)
+        assert torch.equal(w, manual.to(torch.bfloat16))
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    d = V.decode_ue5m3(every)
+    assert d.dtype == torch.float32
+    assert d[0] == 0 and d[1] == 2.0 ** -17 and d[8] == 2.0 ** -14 and d[0x78] == 1.0 and d[0xFE] == 114688 and d[0xFF] == 122880
+    assert bool((d[1:] > d[:-1]).all())
+    with pytest.raises(TypeError):
+        V.decode_ue5m3(every.to(torch.int32))
+    ok = torch.zeros(2, 8, dtype=torch.uint8), torch.zeros(2, 1, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="16 or 32"):
+        V.nvfp4_e5m3_weight_dequant_cute(*ok, 8)
+    with pytest.raises(ValueError, match="incompatible"):
+        V.nvfp4_e5m3_weight_dequant_cute(ok[0], torch.zeros(2, 2, dtype=torch.uint8), 16)
+    with pytest.raises(TypeError):
+        V.nvfp4_e5m3_weight_dequant_cute(ok[0].float(), ok[1], 16)
+
+
+@needs_cuda
+@pytest.mark.skip(reason=E5M3_CUDA_PENDING)
+def test_vllm_nvfp4_e5m3_weight_dequant_cuda_equals_cpu():
+    for g in (16, 32):
+        x = (torch.randn(7, 4 * g) * 5).to(torch.bfloat16)
+        q = mxq.quantize(x, "nvfp4_e5m3", group_size=g)
+        w = V.nvfp4_e5m3_weight_dequant_cute(q.codes, q.scales, g)
+        assert torch.equal(V.nvfp4_e5m3_weight_dequant_cute(q.codes.cuda(), q.scales.cuda(), g).cpu(), w)
+
+
+@needs_cuda
+def test_nvfp4_e5m3_refused_on_cuda():
+    """The CUDA backend refuses nvfp4_e5m3 in this version, with the library's NotImplementedError
+    (E5M3_CUDA_PENDING: the patch deletes this test)."""
+    want = "format 'nvfp4_e5m3' on the CUDA backend: the CUDA kernels for it are not in this build yet"
+    x = torch.randn(4, 64, dtype=torch.bfloat16, device="cuda")
+    q = mxq.quantize(x.cpu(), "nvfp4_e5m3", layout="linear")
+    for call in (lambda: mxq.qdq(x, "nvfp4_e5m3"), lambda: mxq.quantize(x, "nvfp4_e5m3"),
+                 lambda: V.nvfp4_e5m3_qdq(x), lambda: V.nvfp4_e5m3_qdq_cute(x, 32),
+                 lambda: V.nvfp4_e5m3_weight_dequant_cute(q.codes.cuda(), q.scales.cuda(), 16)):
+        with pytest.raises(NotImplementedError, match=want):
+            call()
+
+
+def test_vllm_nvfp4_e5m3_checks():
+    x = torch.zeros(2, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="2D"):
+        V.nvfp4_e5m3_qdq(x.reshape(1, 2, 32))
+    with pytest.raises(TypeError, match="BF16/FP16"):
+        V.nvfp4_e5m3_qdq(x.float())
+    with pytest.raises(ValueError, match="group_size 16 or 32"):
+        V.nvfp4_e5m3_qdq(x, 64)
+    # the library's own refusals through the generic ops, and the fakes agree
+    with pytest.raises(ValueError, match="option 'group_size'"):
+        mxq.qdq(x, "nvfp4_e5m3", group_size=8)
+    with pytest.raises(ValueError, match="option 'rounding'"):
+        mxq.qdq(x, "nvfp4_e5m3", stochastic=True)
+    with pytest.raises(ValueError, match="rule 'floor' is not defined for format 'nvfp4_e5m3'"):
+        mxq.qdq(x, "nvfp4_e5m3", rule="floor")
+    assert mxq.rules_for("nvfp4_e5m3") == ("nvfp4_e5m3",)
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        xf = torch.empty(2, 32, dtype=torch.bfloat16)
+        assert mxq.qdq(xf, "nvfp4_e5m3").shape == (2, 32)
+        with pytest.raises(ValueError, match="option 'group_size'"):
+            mxq.qdq(xf, "nvfp4_e5m3", group_size=8)
+        with pytest.raises(ValueError, match="option 'rounding'"):
+            mxq.qdq(xf, "nvfp4_e5m3", stochastic=True)
 
 
 @pytest.mark.parametrize("method", ["quest", "abs_max"])

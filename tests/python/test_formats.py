@@ -17,6 +17,14 @@ from mxq import _formats as F
 def test_format_facts_match_the_kernels(fmt):
     info = F.format_info(fmt)
     g, K = info.default_group, 64
+    if fmt == "nvfp4_e5m3":  # UE5M3 byte of amax / 6: 1 / 6 -> 1.375 * 2^-3 (0x63); 6 comes back exactly
+        q = mxq.quantize(torch.ones(3, K), fmt, layout="linear")
+        assert q.codes.shape == (3, K // 2) and q.scales.shape == (3, K // g)
+        assert q.scales.unique().tolist() == [0x63]
+        x = torch.zeros(1, g)
+        x[0, 0] = info.max_elem
+        assert mxq.qdq(x, fmt)[0, 0].item() == info.max_elem
+        return
     if info.e8m0_scale:
         q = mxq.quantize(torch.ones(3, K), fmt, rule="floor", layout="linear")
     else:

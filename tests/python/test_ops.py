@@ -229,7 +229,8 @@ def test_errors_name_the_argument():
 
 
 def test_format_names_and_aliases():
-    assert mxq.FORMATS == ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "nvfp4")
+    assert mxq.FORMATS == ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "nvfp4",
+                           "nvfp4_e5m3")
     x = _data(torch.bfloat16, rows=4, k=64)
     assert_bytes_equal(mxq.qdq(x, "MXFP8"), mxq.qdq(x, "mxfp8_e4m3"), "mxfp8 alias")
     assert_bytes_equal(mxq.qdq(x, "mxfp8-e5m2"), mxq.qdq(x, "mxfp8_e5m2"), "'-' for '_'")

@@ -74,7 +74,7 @@ class Conversion {
              const std::map<std::string, ScaleAmax>& scales, const ConvertSpec& spec, Phases& ph, Progress& progress,
              DeviceLine& device)
       : eng_(eng), c_(c), out_(out), plan_(plan), scales_(scales), spec_(spec), ph_(ph), progress_(progress), device_(device),
-        g_(spec.format == Format::nvfp4 ? 16 : 32), total_(plan.tensors.size()) {}
+        g_(format_info(spec.format).default_group), total_(plan.tensors.size()) {}
 
   Converted run() {
     for (std::size_t si = 0; si < c_.shards.size(); ++si) {
@@ -375,8 +375,13 @@ void Conversion::finish_tensor(const st::File& f, std::size_t idx, const st::Ten
   if (err.bad_in) {
     const std::int64_t N = t.shape[0], K = t.shape[1];
     const NonFinite nf = count_nonfinite(xp, t.dtype, N, K, g_);
-    r_.not_finite.push_back(fmt::format("{}: {} NaN/Inf values in {} of {} blocks of {}: those blocks decode to NaN", t.name,
-                                        nf.values, nf.blocks, N * ((K + g_ - 1) / g_), g_));
+    // nvfp4_e5m3 has no NaN scale (docs/numerics.md): the QDQ keeps a NaN, an Inf gives +-688128, the rest of
+    // the block is quantized under the largest scale.
+    const char* what = spec_.format == Format::nvfp4_e5m3 ? "NaN stays NaN, Inf becomes +-688128 and the other values of "
+                                                            "those blocks take the largest scale, 114688"
+                                                          : "those blocks decode to NaN";
+    r_.not_finite.push_back(fmt::format("{}: {} NaN/Inf values in {} of {} blocks of {}: {}", t.name, nf.values, nf.blocks,
+                                        N * ((K + g_ - 1) / g_), g_, what));
   }
   f.release(t);
   ++r_.n_quant;

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include <mxq/ops.hpp>
+
 #include "fail.hpp"
 #include "safetensors.hpp"
 
@@ -38,7 +40,7 @@ float group_amax_of(float a, float b) { return std::isnan(a) || std::isnan(b) ? 
 
 QuantizePlan plan_quantize(const std::vector<TensorEntry>& tensors, const PlanOptions& o) {
   QuantizePlan plan;
-  const int g = o.format == Format::nvfp4 ? 16 : 32;
+  const int g = format_info(o.format).default_group;
   const std::pair<Rotation, int>& rot = o.rotation;
   std::vector<std::string> ignored_modules;
   std::vector<std::string>& unfit = plan.unfit;

@@ -64,11 +64,13 @@ int main(int argc, char** argv) {
   c_qdq->add_option("in", fq.in, "a .safetensors file or a checkpoint directory")->required();
   c_qdq->add_option("-o,--output", fq.out, "output directory")->required();
   c_qdq->add_flag("--overwrite", fq.overwrite, "replace the contents of a non-empty output directory");
-  c_qdq->add_option("--format", fq.format, "any format: mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3, mxfp8_e5m2, mxint8, nvfp4")
+  c_qdq->add_option("--format", fq.format,
+                    "any format: mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3, mxfp8_e5m2, mxint8, nvfp4, nvfp4_e5m3")
       ->capture_default_str();
   c_qdq->add_option("--rule", fq.rule,
                    "MX scale rule: floor, ceil, even or rceil (every MX format), even_fp4 (mxfp4, mxfp8), quest or "
-                   "qutlass_absmax (mxfp4) (default: even_fp4 for mxfp8, even otherwise)");
+                   "qutlass_absmax (mxfp4); nvfp4_e5m3 takes its own rule only (default: even_fp4 for mxfp8, even for the "
+                   "other MX formats)");
   c_qdq->add_option("--include", fq.include, "fake-quantize only weights whose name matches this regex (repeatable)");
   c_qdq->add_option("--exclude", fq.exclude, "leave weights whose name matches this regex (repeatable)");
   c_qdq->add_option("--device", fq.device, "cpu, cuda or auto")->capture_default_str();

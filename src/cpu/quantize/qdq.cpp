@@ -1,6 +1,7 @@
 // qdq on the fast CPU path: full blocks of the amax rules straight from x to y (two passes), the rest
 // staged. The block and chunk code is quantize's (mx_blocks.hpp, nvfp4_chunk.hpp, QDQ = true).
 #include "cpu/quantize/mx_blocks.hpp"
+#include "cpu/quantize/e5m3.hpp"
 #include "cpu/quantize/nvfp4_chunk.hpp"
 
 namespace mxq::cpu {
@@ -169,6 +170,7 @@ MXQ_CLONES void qdq_tile(const Problem& p, const Tensor& x, const Tensor& y, con
 }  // namespace
 
 void qdq(const Problem& p, const Tensor& x, const Tensor& y) {
+  if (p.e5m3()) return qdq_e5m3(p, x, y);
   NvTables nv{};
   if (p.nvfp4()) nv = make_nv_tables(p.S);
   dispatch_elem(p.info.elem, [&](auto et) {

@@ -4,6 +4,7 @@
 
 #include "core/format_traits.hpp"
 #include "cpu/quantize/mx_blocks.hpp"
+#include "cpu/quantize/e5m3.hpp"
 #include "cpu/quantize/nvfp4_chunk.hpp"
 
 namespace mxq::cpu {
@@ -248,6 +249,7 @@ void quantize(const Problem& p, const Tensor& x, const QuantizedOut& out) {
   if (out.clip_mask.data)
     for (std::int64_t r = 0; r < p.rows; ++r)
       std::memset(static_cast<std::uint8_t*>(out.clip_mask.data) + r * out.clip_mask.stride(), 0, out.clip_mask.cols);
+  if (p.e5m3()) return quantize_e5m3(p, x, out);
   NvTables nv{};
   if (p.nvfp4()) nv = make_nv_tables(p.S);
   dispatch_elem(p.info.elem, [&](auto et) {

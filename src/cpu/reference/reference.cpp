@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace mxq::ref {
@@ -34,6 +35,44 @@ std::uint32_t get_code(const Problem& p, const Tensor& codes, std::int64_t r, st
   return *byte_ptr(codes, r, k);
 }
 
+// nvfp4_e5m3 (docs/numerics.md, "NVFP4 with UE5M3 scales"): per block, amax as torch computes it (a NaN
+// anywhere makes it NaN), s = UE5M3_RNE_sat(amax / 6), each element E2M1_RNE_sat(x / s) (+0 when s is 0;
+// a NaN element, which no code can hold, code 0). The mask is zeroed by quantize.
+void quantize_e5m3(const Problem& p, const Tensor& x, const QuantizedOut& out) {
+  const int g = p.g;
+  std::vector<float> v(g);
+  for (std::int64_t r = 0; r < p.rows; ++r) {
+    for (std::int64_t b = 0; b < p.nblocks; ++b) {
+      float amax = 0.0f;
+      bool nan = false;
+      for (int i = 0; i < g; ++i) {
+        const std::int64_t k = b * g + i;
+        v[i] = k < p.K ? load_f32(x, r, k) : 0.0f;
+        if (std::isnan(v[i])) nan = true;
+        else amax = std::fmax(amax, std::fabs(v[i]));
+      }
+      const std::uint32_t sc = ue5m3_block_scale_code(nan ? std::nanf("") : amax);
+      const float s = ue5m3_decode(sc);
+      for (int i = 0; i < g && b * g + i < p.K; ++i) {
+        const std::int64_t k = b * g + i;
+        put_code(p, out.codes, r, k, std::isnan(v[i]) ? 0u : nvfp4_e5m3_encode(f2u(v[i]), sc));
+        // not clipped: |x / s| < 6, or a zero scale (whose elements all quantize to 0); never NaN or Inf
+        if (out.clip_mask.data && std::isfinite(v[i]) && (s == 0.0f || std::fabs(v[i] / s) < 6.0f))
+          *byte_ptr(out.clip_mask, r, k / 8) |= 1u << (k % 8);
+      }
+      static_cast<std::uint8_t*>(out.scales.data)[p.scale_offset(r, b, out.scales.stride())] = static_cast<std::uint8_t>(sc);
+    }
+  }
+}
+
+// code x scale in fp32 (exact), then to y's dtype: fp16 overflows to Inf (the plugin's cast), bf16 is exact.
+std::uint32_t e5m3_out(std::uint32_t code, std::uint32_t sc, DType t) {
+  const float v = nvfp4_e5m3_decode(code, sc);
+  if (t == DType::f16) return f32_to_f16_rn(f2u(v));
+  if (t == DType::bf16) return f32_to_bf16_sat(f2u(v));
+  return f2u(v);
+}
+
 }  // namespace
 
 float tensor_amax(const Tensor& x) {
@@ -61,6 +100,7 @@ void quantize(const Problem& p, const Tensor& x, const QuantizedOut& out) {
     for (std::int64_t r = 0; r < out.clip_mask.rows; ++r)
       std::memset(byte_ptr(out.clip_mask, r, 0), 0, out.clip_mask.cols);
 
+  if (p.e5m3()) return quantize_e5m3(p, x, out);
   std::vector<float> v(g);
   for (std::int64_t r = 0; r < p.rows; ++r) {
     for (std::int64_t b = 0; b < p.nblocks; ++b) {
@@ -120,7 +160,9 @@ void dequantize(const Problem& p, const QuantizedIn& q, const Tensor& y) {
       const std::uint32_t code = get_code(p, q.codes, r, k);
       const std::uint8_t sb = static_cast<const std::uint8_t*>(q.scales.data)[p.scale_offset(r, k / p.g, q.scales.stride())];
       std::uint32_t bits;
-      if (p.nvfp4()) {
+      if (p.e5m3()) {
+        bits = e5m3_out(code, sb, y.dtype);
+      } else if (p.nvfp4()) {
         bits = f32_to_dtype_bits(nvfp4_decode(code, sb, p.S), y.dtype);
       } else {
         bits = mx_dequant_bits(code, sb, p.elem, y.dtype);
@@ -141,7 +183,15 @@ void qdq(const Problem& p, const Tensor& x, const Tensor& y) {
   out.codes = Tensor::of(codes.data(), DType::u8, p.rows, cc);
   out.scales = Tensor::of(scales.data(), DType::u8, p.rows, p.nblocks);
   quantize(lin, x, out);
+  // nvfp4_e5m3: a NaN input stays NaN (quantize cannot hold it; the plugin's QDQ keeps it). Noted before
+  // dequantize writes y, which may be x itself.
+  std::vector<std::pair<std::int64_t, std::int64_t>> nans;
+  if (p.e5m3())
+    for (std::int64_t r = 0; r < p.rows; ++r)
+      for (std::int64_t k = 0; k < p.K; ++k)
+        if (std::isnan(load_f32(x, r, k))) nans.emplace_back(r, k);
   dequantize(lin, QuantizedIn{out.codes, out.scales}, y);
+  for (const auto& [r, k] : nans) store_bits(y, r, k, nan_bits(y.dtype));
 }
 
 void swizzle_scales(const Tensor& linear, const Tensor& swizzled) {
