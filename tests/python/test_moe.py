@@ -242,7 +242,7 @@ def _tiny_gpt_oss(transformers):
     return model
 
 
-def _dequantize_experts(model, fmt):
+def _dequantize_experts(model, fmt, **quantize_kwargs):
     """The model's experts replaced by their quantize-dequantize (bf16): the reference the packed model should match."""
     with torch.no_grad():
         for _, mod in model.named_modules():
@@ -251,7 +251,7 @@ def _dequantize_experts(model, fmt):
                 for pname in ("gate_up_proj", "down_proj"):
                     w = getattr(mod, pname).detach().float()
                     w = w.transpose(1, 2) if gpt else w
-                    d = mxq.quantize(w.contiguous(), fmt).dequantize(torch.float32)
+                    d = mxq.quantize(w.contiguous(), fmt, **quantize_kwargs).dequantize(torch.float32)
                     getattr(mod, pname).copy_((d.transpose(1, 2) if gpt else d).to(torch.bfloat16))
 
 
@@ -328,6 +328,54 @@ def test_load_quantized_moe_gpt_oss_native_mxfp4(tmp_path):
     ids = torch.tensor([[1, 5, 9, 2]])
     with torch.no_grad():
         assert_bytes_equal(model(ids).logits, want(ids).logits, "gpt-oss blocks == pack_experts")
+
+
+def test_mxq_quantize_gpt_oss_writes_native_mxfp4(tmp_path):
+    """`mxq quantize --format mxfp4` of a bf16 gpt-oss checkpoint (transformers' save_pretrained) writes gpt-oss's own
+    MXFP4 experts: load_quantized_moe reads them to exactly pack_experts' model, within the bf16 tolerance of the
+    model with QDQ'd experts; generate() runs; transformers' own loader (dequantize mode, on the CPU) reads them too."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "GptOssForCausalLM"):
+        pytest.skip("this transformers has no GptOss")
+    import json
+
+    from test_checkpoint_consumers import mxq as tool
+
+    src, out = tmp_path / "bf16", tmp_path / "mxfp4"
+    _tiny_gpt_oss(transformers).save_pretrained(src)
+    tool("quantize", str(src), "-o", str(out), "--format", "mxfp4", "--device", "cpu")
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "mxfp4" and "lm_head" in qc["modules_to_not_convert"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).eval()
+    assert mxq.load_quantized_moe(model, str(out)) == 2
+    assert isinstance(model.model.layers[1].mlp.experts, mxq.QuantExperts)
+    want = _tiny_gpt_oss(transformers)  # the tool's MX scale rule is `even` (compressed-tensors'; docs/cli.md)
+    mxq.pack_experts(want, "mxfp4", rule="even")
+    ref, ref32 = _tiny_gpt_oss(transformers), _tiny_gpt_oss(transformers)
+    _dequantize_experts(ref, "mxfp4", rule="even")
+    _dequantize_experts(ref32, "mxfp4", rule="even")
+    ref32 = ref32.float()
+    ids = torch.tensor([[1, 5, 9, 2, 77, 3, 3, 120]])
+    with torch.no_grad():
+        lp, lr, l32 = model(ids).logits, ref(ids).logits, ref32(ids).logits
+        assert_bytes_equal(lp, want(ids).logits, "mxq quantize's gpt-oss blocks == pack_experts")
+        gen = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert torch.isfinite(lp).all()
+    assert _mean_err(lp, l32) <= 1.5 * _mean_err(lr, l32) + 1e-3, (_mean_err(lp, l32), _mean_err(lr, l32))
+    assert gen.shape == (1, 12)
+    # transformers' gpt-oss MXFP4 loader, dequantizing to bf16 on the CPU: the QDQ'd model's logits
+    try:
+        tm = transformers.AutoModelForCausalLM.from_pretrained(
+            out, dtype=torch.bfloat16, quantization_config=transformers.Mxfp4Config(dequantize=True)).eval()
+    except (ImportError, RuntimeError, ValueError) as e:  # a transformers without a CPU path for it
+        pytest.skip(f"transformers does not load gpt-oss MXFP4 on the CPU here: {e}")
+    with torch.no_grad():
+        lt = tm(ids).logits
+    assert_bytes_equal(tm.model.layers[0].mlp.experts.down_proj.detach(), ref.model.layers[0].mlp.experts.down_proj.detach(),
+                       "transformers' dequantized down_proj == mxq's QDQ")
+    assert_bytes_equal(tm.model.layers[1].mlp.experts.gate_up_proj.detach(),
+                       ref.model.layers[1].mlp.experts.gate_up_proj.detach(), "transformers' dequantized gate_up_proj == mxq's QDQ")
+    assert _mean_err(lt, l32) <= 1.5 * _mean_err(lr, l32) + 1e-3, (_mean_err(lt, l32), _mean_err(lr, l32))
 
 
 # ---- CUDA ---------------------------------------------------------------------------------------------------

@@ -125,14 +125,19 @@ class Conversion {
   // A quantized tensor's conversion started, and its job queued (qdq: fake_quantize's).
   void quantize_tensor(const std::string& shard, const std::shared_ptr<const st::File>& file,
                        const std::shared_ptr<st::Writer>& writer, const st::TensorInfo& t, std::size_t idx);
+  // A gpt-oss experts tensor [E, K, N]: transposed to [E, N, K] and quantized along K (one-shot, with
+  // nothing in flight), written as X_blocks / X_scales (the codes' and scales' bytes as they are).
+  void quantize_experts(const std::string& shard, const std::shared_ptr<const st::File>& file,
+                        const std::shared_ptr<st::Writer>& writer, const st::TensorInfo& t, std::size_t idx);
   void fake_quantize(const std::string& shard, const std::shared_ptr<const st::File>& file,
                      const std::shared_ptr<st::Writer>& writer, const st::TensorInfo& t, std::size_t idx,
                      const std::uint8_t* xp, const std::shared_ptr<std::vector<std::uint8_t>>& xcopy, const QuantOptions& o);
   // A converted tensor's error line: NaN/Inf weights counted per block (such a block is stored as NaN
   // and decodes to NaN everywhere; the error pass saw them first, so finite tensors cost no extra
   // pass), its pages released, the line printed.
+  // rows, cols: of the 2-D weight xp holds (-1: t's shape)
   void finish_tensor(const st::File& f, std::size_t idx, const st::TensorInfo& t, const std::uint8_t* xp,
-                     const std::string& to, const ErrorSum& err);
+                     const std::string& to, const ErrorSum& err, std::int64_t rows = -1, std::int64_t cols = -1);
 
   Engine& eng_;
   const Checkpoint& c_;
@@ -172,6 +177,13 @@ void Conversion::convert_shard(const std::string& shard) {
     if (!plan_.quantized(shard, t.name) || spec_.fake) {
       w.declare(t.name, t.dtype, t.shape);
       r_.weight_map[t.name] = shard;
+      continue;
+    }
+    if (plan_.tensors.at(shard + "/" + t.name).gpt_oss_experts) {
+      for (const ExpertsDecl& d : gpt_oss_experts_tensors(t.name, t.shape)) {
+        w.declare(d.name, d.dtype, d.shape);
+        r_.weight_map[d.name] = shard;
+      }
       continue;
     }
     for (const TensorDecl& d : quantized_tensors(spec_.format, t.name.substr(0, t.name.size() - 7), t.shape[0], t.shape[1])) {
@@ -227,6 +239,10 @@ void Conversion::convert_shard(const std::string& shard) {
 
 void Conversion::quantize_tensor(const std::string& shard, const std::shared_ptr<const st::File>& file,
                                  const std::shared_ptr<st::Writer>& writer, const st::TensorInfo& t, std::size_t idx) {
+  if (plan_.tensors.at(shard + "/" + t.name).gpt_oss_experts) {
+    quantize_experts(shard, file, writer, t, idx);
+    return;
+  }
   const st::File& f = *file;
   const auto src = f.view().data(t);
   const Format format = spec_.format;
@@ -370,10 +386,63 @@ void Conversion::fake_quantize(const std::string& shard, const std::shared_ptr<c
   complete_ready();
 }
 
+void Conversion::quantize_experts(const std::string& shard, const std::shared_ptr<const st::File>& file,
+                                  const std::shared_ptr<st::Writer>& writer, const st::TensorInfo& t, std::size_t idx) {
+  const auto src = file->view().data(t);
+  const std::int64_t E = t.shape.at(0), K = t.shape.at(1), N = t.shape.at(2);
+  const int es = st::find_dtype(t.dtype)->bytes;
+  if (std::int64_t(src.size()) != E * K * N * es)
+    fail((c_.dir / shard).string() + ": tensor '" + t.name + "': its data does not hold its shape");
+  // [E, K, N] -> [E, N, K], element by element (memcpy: the mapped data need not be aligned)
+  auto xt_bytes = std::make_shared<std::vector<std::uint8_t>>(src.size());
+  for (std::int64_t e = 0; e < E; ++e)
+    for (std::int64_t k = 0; k < K; ++k) {
+      const std::uint8_t* row = src.data() + ((e * K + k) * N) * es;
+      std::uint8_t* dst = xt_bytes->data() + (e * N * K + k) * es;
+      for (std::int64_t n = 0; n < N; ++n) std::memcpy(dst + n * K * es, row + n * es, std::size_t(es));
+    }
+  const std::int64_t rows = E * N;
+  const Tensor xt = Tensor::of(xt_bytes->data(), mxq_dtype(t.dtype), rows, K);
+  const QuantOptions o = QuantOptions::mx(Format::mxfp4, spec_.rule);
+  const Shape2 ss = scale_shape(o, rows, K);
+  const std::int64_t cc = code_cols(Format::mxfp4, K);
+  auto codes = pool_.get(rows * cc);
+  auto scales = pool_.get(ss.rows * ss.cols);
+  QuantizedOut q;
+  q.codes = Tensor::of(codes->data(), DType::u8, rows, cc);
+  q.scales = Tensor::of(scales->data(), DType::u8, ss.rows, ss.cols);
+  try {
+    while (!jobs_.empty()) complete_front();  // the one-shot API runs with nothing in flight; the lines in order
+    ph_.time(ph_.convert, [&] { eng_.quantize(xt, q, o); });
+  } catch (const std::exception& e) {
+    fail((c_.dir / shard).string() + ": tensor '" + t.name + "': " + e.what());
+  }
+  r_.bytes_out += double(codes->size() + scales->size());
+  ErrorSum err;
+  ph_.time(ph_.error, [&] {
+    QuantOptions oh = o;
+    oh.backend = Backend::cpu;
+    err = error_sum(xt_bytes->data(), src_type(t.dtype), es, rows, K, [&](std::int64_t r0, std::int64_t nr, float* y) {
+      mxq::dequantize(QuantizedIn{Tensor::of(codes->data() + r0 * cc, DType::u8, nr, cc),
+                                  Tensor::of(scales->data() + r0 * ss.cols, DType::u8, nr, ss.cols)},
+                      Tensor::of(y, DType::f32, nr, K), oh);
+    });
+  });
+  then([&ph = ph_, &wb = wb_, writer, name = t.name, codes, scales] {
+    ph.time(ph.write, [&] {
+      wb.submit([writer, name, codes, scales] {
+        writer->write(name + "_blocks", *codes);
+        writer->write(name + "_scales", *scales);
+      });
+    });
+  });
+  finish_tensor(*file, idx, t, xt_bytes->data(), spec_.label + " (gpt-oss blocks)", err, rows, K);
+}
+
 void Conversion::finish_tensor(const st::File& f, std::size_t idx, const st::TensorInfo& t, const std::uint8_t* xp,
-                               const std::string& to, const ErrorSum& err) {
+                               const std::string& to, const ErrorSum& err, std::int64_t rows, std::int64_t cols) {
   if (err.bad_in) {
-    const std::int64_t N = t.shape[0], K = t.shape[1];
+    const std::int64_t N = rows >= 0 ? rows : t.shape[0], K = cols >= 0 ? cols : t.shape[1];
     const NonFinite nf = count_nonfinite(xp, t.dtype, N, K, g_);
     // nvfp4_e5m3 has no NaN scale (docs/numerics.md): the QDQ keeps a NaN, an Inf gives +-688128, the rest of
     // the block is quantized under the largest scale.
@@ -386,7 +455,9 @@ void Conversion::finish_tensor(const st::File& f, std::size_t idx, const st::Ten
   f.release(t);
   ++r_.n_quant;
   progress_.clear_line();
-  fmt::print("[{}/{}] {} [{}, {}] {} -> {}: {}\n", idx, total_, printable(t.name), t.shape[0], t.shape[1], t.dtype, to, err.str());
+  std::string shape;
+  for (std::size_t i = 0; i < t.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(t.shape[i]);
+  fmt::print("[{}/{}] {} [{}] {} -> {}: {}\n", idx, total_, printable(t.name), shape, t.dtype, to, err.str());
   std::fflush(stdout);
 }
 

@@ -36,6 +36,29 @@ std::regex user_pattern(const std::string& flag, const std::string& s) {
   }
 }
 
+std::vector<ExpertsDecl> gpt_oss_experts_tensors(const std::string& name, const std::vector<std::int64_t>& shape) {
+  const std::int64_t E = shape.at(0), K = shape.at(1), N = shape.at(2);
+  return {{name + "_blocks", "U8", {E, N, K / 32, 16}}, {name + "_scales", "U8", {E, N, K / 32}}};
+}
+
+namespace {
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// gpt-oss's experts tensors: X.mlp.experts.gate_up_proj / down_proj
+bool gpt_oss_experts_name(const std::string& name) {
+  return name.ends_with(".mlp.experts.gate_up_proj") || name.ends_with(".mlp.experts.down_proj");
+}
+
+struct ExpertsPair {
+  const TensorEntry *gate_up = nullptr, *down = nullptr;
+  std::string gate_up_key, down_key;
+};
+}  // namespace
+
 float group_amax_of(float a, float b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
 
 QuantizePlan plan_quantize(const std::vector<TensorEntry>& tensors, const PlanOptions& o) {
@@ -44,12 +67,57 @@ QuantizePlan plan_quantize(const std::vector<TensorEntry>& tensors, const PlanOp
   const std::pair<Rotation, int>& rot = o.rotation;
   std::vector<std::string> ignored_modules;
   std::vector<std::string>& unfit = plan.unfit;
+  plan.gpt_oss = !o.fake && o.format == Format::mxfp4 && o.fusion.experts_layout == "gpt_oss";
+  if (plan.gpt_oss && rot.first != Rotation::none)
+    fail("--rotate: gpt-oss's MXFP4 experts layout (--format mxfp4 on a gpt-oss checkpoint) has no rotation");
+  std::map<std::string, ExpertsPair> experts;  // gpt-oss: by experts module
   for (const TensorEntry& t : tensors) {
     ++plan.shard_tensors[t.shard];
     TensorPlan p;
     const bool is_weight = t.name.ends_with(".weight");
     const std::string module = is_weight ? t.name.substr(0, t.name.size() - 7) : t.name;
     const bool floating = t.dtype == "BF16" || t.dtype == "F16" || t.dtype == "F32";
+    if (plan.gpt_oss) {
+      const std::string key = t.shard + "/" + t.name;
+      if (gpt_oss_experts_name(t.name)) {
+        const std::string what = fmt::format("gpt-oss experts tensor '{}' ({} {})", t.name, t.dtype, shape_text(t.shape));
+        if (!floating || t.shape.size() != 3)
+          fail(what + ": expected a 3-D BF16, F16 or F32 tensor ([E, H, 2I] gate_up_proj, [E, I, H] down_proj)");
+        if (t.shape[0] <= 0 || t.shape[1] <= 0 || t.shape[2] <= 0) fail(what + ": empty");
+        if (t.shape[1] % 32 != 0)
+          fail(what + fmt::format(": its input dimension {} is not a multiple of 32 (gpt-oss's MXFP4 blocks)", t.shape[1]));
+        if (t.name.size() + std::strlen("_blocks") > st::kMaxNameBytes)
+          fail(what + fmt::format(": name too long for its quantized tensors (limit {} bytes)", st::kMaxNameBytes));
+        const std::string em = t.name.substr(0, t.name.rfind('.'));
+        ExpertsPair& pair = experts[em];
+        const bool gu = t.name.ends_with(".gate_up_proj");
+        if (gu ? pair.gate_up != nullptr : pair.down != nullptr) fail(what + ": stored twice in the checkpoint");
+        (gu ? pair.gate_up : pair.down) = &t;
+        (gu ? pair.gate_up_key : pair.down_key) = key;
+        if (!o.include.empty() &&
+            std::none_of(o.include.begin(), o.include.end(), [&](const std::regex& r) { return std::regex_search(t.name, r); })) {
+          p.why = "not matched by --include";
+        } else if (std::any_of(o.exclude.begin(), o.exclude.end(), [&](const std::regex& r) { return std::regex_search(t.name, r); })) {
+          p.why = "matched by --exclude";
+        } else {
+          p.quantize = p.gpt_oss_experts = true;
+          const std::int64_t E = t.shape[0], K = t.shape[1], N = t.shape[2];
+          const std::size_t xb = std::size_t(E * N * K * st::find_dtype(t.dtype)->bytes);
+          Engine::Sizes& largest = plan.largest;
+          largest.x = std::max(largest.x, xb);
+          largest.y = std::max(largest.y, std::size_t(E * N * code_cols(o.format, K)));
+          largest.scales = std::max(largest.scales, std::size_t(E * N * (K / 32)));
+          largest.elems = std::max(largest.elems, std::size_t(E * N * K));
+        }
+      } else if (is_weight && t.shape.size() == 2 && floating) {
+        p.why = "gpt-oss's MXFP4 layout quantizes the MoE experts only";
+        ignored_modules.push_back(module);
+      } else {
+        p.why = "not a 2-D floating weight";
+      }
+      plan.tensors[key] = p;
+      continue;
+    }
     if (!is_weight || t.shape.size() != 2 || !floating) {
       p.why = "not a 2-D floating weight";
     } else if (default_ignored(module)) {
@@ -97,6 +165,27 @@ QuantizePlan plan_quantize(const std::vector<TensorEntry>& tensors, const PlanOp
     }
     plan.tensors[t.shard + "/" + t.name] = p;
   }
+  // gpt-oss: each experts module needs both tensors, of one E, H and I; one left out leaves both out.
+  for (const auto& [em, pair] : experts) {
+    if (!pair.gate_up || !pair.down)
+      fail(fmt::format("gpt-oss experts '{}': {} without {}", em, pair.gate_up ? "gate_up_proj" : "down_proj",
+                       pair.gate_up ? "down_proj" : "gate_up_proj"));
+    const std::vector<std::int64_t>&gu = pair.gate_up->shape, &dn = pair.down->shape;
+    if (gu[0] != dn[0] || gu[1] != dn[2] || gu[2] != 2 * dn[1])
+      fail(fmt::format("gpt-oss experts '{}': gate_up_proj {} and down_proj {} do not fit [E, H, 2I] and [E, I, H]", em,
+                       shape_text(gu), shape_text(dn)));
+    TensorPlan &pg = plan.tensors[pair.gate_up_key], &pd = plan.tensors[pair.down_key];
+    if (pg.quantize && pd.quantize) continue;
+    const bool g_out = !pg.quantize;
+    for (TensorPlan* q : {&pg, &pd})
+      if (q->quantize) {
+        q->quantize = q->gpt_oss_experts = false;
+        q->why = fmt::format("its experts' {} is left unquantized (gpt-oss's layout quantizes both or neither)",
+                             g_out ? "gate_up_proj" : "down_proj");
+        unfit.push_back((q == &pg ? pair.gate_up : pair.down)->name + " (" + q->why + ")");
+      }
+    ignored_modules.push_back(em);
+  }
   // A fused parameter holds one precision (vLLM refuses a layer with some shards quantized and
   // others not): a member left unquantized (--exclude, --include, a name too long) leaves the whole
   // group unquantized, each member saying why.
@@ -110,7 +199,7 @@ QuantizePlan plan_quantize(const std::vector<TensorEntry>& tensors, const PlanOp
   }
   for (auto& [key, p] : plan.tensors) {
     const std::string name = key.substr(key.find('/') + 1);
-    if (!p.quantize) continue;
+    if (!p.quantize || p.gpt_oss_experts) continue;
     const std::string module = name.substr(0, name.size() - 7);
     const auto it = group_unquantized.find(fused_group(o.fusion, module));
     if (it == group_unquantized.end()) continue;

@@ -37,7 +37,17 @@ struct PlanOptions {
 struct TensorPlan {
   bool quantize = false;
   std::string why;  // why not
+  // A gpt-oss experts tensor X ([E, K, N], stored transposed) quantized along K into gpt-oss's MXFP4
+  // layout: X_blocks U8 [E, N, K/32, 16] and X_scales U8 [E, N, K/32] (gpt_oss_experts_tensors).
+  bool gpt_oss_experts = false;
 };
+
+// The two tensors gpt-oss's MXFP4 layout stores for the experts tensor `name` of shape [E, K, N].
+struct ExpertsDecl {
+  std::string name, dtype;
+  std::vector<std::int64_t> shape;
+};
+std::vector<ExpertsDecl> gpt_oss_experts_tensors(const std::string& name, const std::vector<std::int64_t>& shape);
 
 struct QuantizePlan {
   std::map<std::string, TensorPlan> tensors;          // by "<shard>/<name>"
@@ -50,6 +60,9 @@ struct QuantizePlan {
   // quantize --rotate: where the transform's matrix is stored, beside the first rotated module (as
   // compressed-tensors' save_pretrained does); empty when nothing is rotated.
   std::string rotation_shard, rotation_module;
+  // --format mxfp4 on the gpt-oss family: the checkpoint takes gpt-oss's own MXFP4 layout (only the
+  // experts quantized; config quant_method "mxfp4" with modules_to_not_convert = ignore).
+  bool gpt_oss = false;
   bool quantized(const std::string& shard, const std::string& name) const { return tensors.at(shard + "/" + name).quantize; }
 };
 
@@ -59,6 +72,11 @@ struct QuantizePlan {
 // (quantize), or it is empty; a fused parameter holds one precision, so a member left unquantized
 // leaves its whole group unquantized (quantize). quantize --rotate refuses (std::runtime_error,
 // naming the tensor) what vLLM would rotate wrongly: MoE experts and Linear layers with a bias.
+// gpt-oss (PlanOptions.fusion.experts_layout "gpt_oss", quantize --format mxfp4): only the experts'
+// X.mlp.experts.gate_up_proj [E, H, 2I] and down_proj [E, I, H] are quantized (gpt-oss's MXFP4 layout
+// holds nothing else); a malformed pair (not 3-D floating, E/H/I not matching, H or I not a multiple of
+// 32, empty, one without the other) is refused (std::runtime_error naming the tensor); a pair one of
+// which --include/--exclude leave out is left unquantized whole, its experts module in the ignore list.
 QuantizePlan plan_quantize(const std::vector<TensorEntry>& tensors, const PlanOptions& o);
 
 // Modules vLLM expects unquantized (docs/cli.md): the LM head, embeddings, MoE routers,

@@ -48,6 +48,10 @@ std::vector<float> hadamard_matrix(int n) {
   return h;
 }
 
+json gpt_oss_quantization_config(const std::vector<std::string>& ignore) {
+  return json{{"quant_method", "mxfp4"}, {"modules_to_not_convert", ignore}};
+}
+
 json quantization_config(Format format, const std::vector<std::string>& ignore, int rotation_size) {
   const int g = format == Format::nvfp4 ? 16 : 32;
   const std::string ct_format = compressed_tensors_format(format);

@@ -55,6 +55,10 @@ std::vector<float> hadamard_matrix(int n);
 // ignore list).
 nlohmann::json quantization_config(Format f, const std::vector<std::string>& ignore, int rotation_size);
 
+// gpt-oss's own MXFP4 quantization_config (transformers' Mxfp4Config, vLLM's gpt-oss loader):
+// {"quant_method": "mxfp4", "modules_to_not_convert": ignore}.
+nlohmann::json gpt_oss_quantization_config(const std::vector<std::string>& ignore);
+
 // config.json with quantization_config qc, as text to write. A config that names no dtype gets
 // bfloat16 (the decompressed weights' dtype; said on stdout); an explicit other dtype stays, with a
 // note on stderr.

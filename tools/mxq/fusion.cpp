@@ -18,6 +18,7 @@ struct Family {
   std::vector<std::string> architectures, model_types;
   std::vector<FusionRule> rules;
   std::vector<std::string> transposed = {};
+  const char* experts_layout = "";
 };
 
 // NOTE: a rule only groups modules that exist, so a family whose checkpoints already hold a fused
@@ -69,6 +70,9 @@ const std::vector<Family>& families() {
        {}},
       // GPT-2: c_attn is one tensor, and its Conv1D weights are [K, N] (loaders transpose them)
       {"gpt2", {"GPT2LMHeadModel", "GPT2Model"}, {"gpt2"}, {}, {"c_attn", "c_proj", "c_fc"}},
+      // gpt-oss: q/k/v -> qkv_proj; its experts are 3-D tensors ([E, H, 2I] gate/up interleaved, [E, I, H]),
+      // which --format mxfp4 writes in gpt-oss's own MXFP4 layout (the only one its loaders read)
+      {"gpt-oss", {"GptOssForCausalLM"}, {"gpt_oss"}, {kQkv}, {}, "gpt_oss"},
   };
   return kFamilies;
 }
@@ -91,10 +95,10 @@ LoaderFusion loader_fusion(const std::optional<json>& config) {
   }
   for (const std::string& a : archs)
     for (const Family& f : families())
-      if (in(f.architectures, a)) return {f.name, "architectures: " + a, true, f.rules, f.transposed};
+      if (in(f.architectures, a)) return {f.name, "architectures: " + a, true, f.rules, f.transposed, f.experts_layout};
   for (const Family& f : families())
     if (!model_type.empty() && in(f.model_types, model_type))
-      return {f.name, "model_type: " + model_type, true, f.rules, f.transposed};
+      return {f.name, "model_type: " + model_type, true, f.rules, f.transposed, f.experts_layout};
   r.family = "common names";
   r.rules = {kQkv, kGateUp, {"w13", {"w1", "w3"}}};
   if (!config) r.source = "no config.json";

@@ -26,6 +26,10 @@ struct LoaderFusion {
   // Modules whose weights the family stores transposed ([K, N], GPT-2's Conv1D): not Linear weights,
   // left unquantized.
   std::vector<std::string> transposed;
+  // The layout the family's own MoE experts take when quantized, "" for none: "gpt_oss" (gpt-oss's
+  // 3-D `mlp.experts.gate_up_proj` [E, H, 2I] / `down_proj` [E, I, H] written as its MXFP4
+  // `_blocks` / `_scales`, docs/cli.md "gpt-oss MXFP4 experts").
+  std::string experts_layout = {};
 };
 
 // The fusion rules of the model config.json describes: its `architectures` first, then `model_type`.

@@ -185,7 +185,8 @@ int run_quantize(const QuantizeArgs& a) {
   // config.json with the quantization_config vLLM reads (and the transform_config where a weight is rotated).
   if (req.rotation.first != Rotation::none && plan.rotation_shard.empty())
     fmt::print("--rotate: no weight is quantized, so nothing is rotated and no transform_config is written\n");
-  const json qc = quantization_config(req.format, plan.ignore, plan.rotation_shard.empty() ? 0 : req.rotation.second);
+  const json qc = plan.gpt_oss ? gpt_oss_quantization_config(plan.ignore)
+                               : quantization_config(req.format, plan.ignore, plan.rotation_shard.empty() ? 0 : req.rotation.second);
   if (config) {
     fin.config_name = "config.json";
     fin.config_text = config_with_quantization(*config, qc);

@@ -1,0 +1,188 @@
+// `mxq quantize --format mxfp4` on a gpt-oss checkpoint: the experts written in gpt-oss's own MXFP4
+// layout (docs/cli.md "gpt-oss MXFP4 experts"), read here as transformers' loader reads it (low
+// nibble first, E8M0 scale bytes with bias 127) and compared with the library's MXFP4 QDQ of the
+// transposed bf16 weights; malformed experts are refused naming the tensor.
+#include "checkpoint_test_util.hpp"
+
+namespace {
+
+using namespace checkpoint_test;
+
+constexpr std::int64_t kE = 4, kH = 64, kI = 64;
+
+// A tiny gpt-oss-shaped checkpoint: experts [E, H, 2I] / [E, I, H] with biases, attention, router.
+std::map<std::string, std::vector<std::uint16_t>> write_gpt_oss(const fs::path& dir,
+                                                                std::vector<std::pair<std::string, std::vector<std::int64_t>>> ts = {}) {
+  fs::create_directories(dir);
+  if (ts.empty())
+    ts = {{"model.embed_tokens.weight", {100, kH}},
+          {"model.layers.0.self_attn.q_proj.weight", {kH, kH}},
+          {"model.layers.0.mlp.router.weight", {kE, kH}},
+          {"model.layers.0.mlp.router.bias", {kE}},
+          {"model.layers.0.mlp.experts.gate_up_proj", {kE, kH, 2 * kI}},
+          {"model.layers.0.mlp.experts.gate_up_proj_bias", {kE, 2 * kI}},
+          {"model.layers.0.mlp.experts.down_proj", {kE, kI, kH}},
+          {"model.layers.0.mlp.experts.down_proj_bias", {kE, kH}},
+          {"lm_head.weight", {100, kH}}};
+  std::map<std::string, std::vector<std::uint16_t>> data;
+  std::mt19937 rng(38);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  st::Writer w((dir / "model.safetensors").string());
+  for (const auto& [name, shape] : ts) {
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) n *= d;
+    auto& v = data[name];
+    v.resize(std::size_t(n));
+    for (auto& x : v) x = to_bf16(nd(rng));
+    w.declare(name, "BF16", shape);
+  }
+  for (const auto& [name, shape] : ts)
+    w.write(name, {reinterpret_cast<const std::uint8_t*>(data[name].data()), data[name].size() * 2});
+  w.commit();
+  std::ofstream(dir / "config.json") << R"({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss"})";
+  return data;
+}
+
+// transformers' reading of gpt-oss's blocks: element 2j of a block row from the low nibble of byte j,
+// 2j + 1 from the high one, times 2^(scale - 127)
+std::vector<float> decode_blocks(const std::vector<std::uint8_t>& blocks, const std::vector<std::uint8_t>& scales,
+                                 std::int64_t rows, std::int64_t K) {
+  static const float lut[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  std::vector<float> y(std::size_t(rows * K));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t k = 0; k < K; ++k) {
+      const std::uint8_t b = blocks[std::size_t(r * K / 2 + k / 2)];
+      const float s = std::ldexp(1.0f, int(scales[std::size_t(r * K / 32 + k / 32)]) - 127);
+      y[std::size_t(r * K + k)] = lut[k % 2 ? b >> 4 : b & 15] * s;
+    }
+  return y;
+}
+
+// the library's MXFP4 quantize-dequantize (rule even, the tool's) of x [E, K, N] transposed to [E, N, K]
+std::vector<float> qdq_transposed(const std::vector<std::uint16_t>& x, std::int64_t E, std::int64_t K, std::int64_t N) {
+  std::vector<std::uint16_t> t(x.size());
+  for (std::int64_t e = 0; e < E; ++e)
+    for (std::int64_t k = 0; k < K; ++k)
+      for (std::int64_t n = 0; n < N; ++n) t[std::size_t((e * N + n) * K + k)] = x[std::size_t((e * K + k) * N + n)];
+  const std::int64_t rows = E * N;
+  const mxq::QuantOptions o = mxq::QuantOptions::mx(mxq::Format::mxfp4, mxq::ScaleRule::even);
+  std::vector<std::uint8_t> codes(std::size_t(rows * K / 2)), scales(std::size_t(rows * K / 32));
+  mxq::QuantizedOut q;
+  q.codes = mxq::Tensor::of(codes.data(), mxq::DType::u8, rows, K / 2);
+  q.scales = mxq::Tensor::of(scales.data(), mxq::DType::u8, rows, K / 32);
+  mxq::quantize(mxq::Tensor::of(t.data(), mxq::DType::bf16, rows, K), q, o);
+  std::vector<float> y(t.size());
+  mxq::dequantize(mxq::QuantizedIn{q.codes, q.scales}, mxq::Tensor::of(y.data(), mxq::DType::f32, rows, K), o);
+  return y;
+}
+
+// one tensor of an output's model.safetensors (the input had no index, so neither has the output)
+std::vector<std::uint8_t> load1(const fs::path& dir, const std::string& name, const std::string& dtype,
+                                const std::vector<std::int64_t>& shape) {
+  const st::File f((dir / "model.safetensors").string());
+  const st::TensorInfo* t = f.view().find(name);
+  EXPECT_NE(t, nullptr) << name;
+  if (!t) return {};
+  EXPECT_EQ(t->dtype, dtype) << name;
+  EXPECT_EQ(t->shape, shape) << name;
+  return {f.view().data(*t).begin(), f.view().data(*t).end()};
+}
+
+bool has_tensor(const fs::path& dir, const std::string& name) {
+  const st::File f((dir / "model.safetensors").string());
+  return f.view().find(name) != nullptr;
+}
+
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(GptOssQuantize, ExpertsTakeGptOssMxfp4Layout) {
+  const fs::path root = scratch("gptoss");
+  const auto x = write_gpt_oss(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  qa.device = "cpu";
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  const fs::path q = root / "q";
+  const std::string gu = "model.layers.0.mlp.experts.gate_up_proj", dn = "model.layers.0.mlp.experts.down_proj";
+  const auto gb = load1(q, gu + "_blocks", "U8", {kE, 2 * kI, kH / 32, 16});
+  const auto gs = load1(q, gu + "_scales", "U8", {kE, 2 * kI, kH / 32});
+  const auto db = load1(q, dn + "_blocks", "U8", {kE, kH, kI / 32, 16});
+  const auto ds = load1(q, dn + "_scales", "U8", {kE, kH, kI / 32});
+  ASSERT_FALSE(gb.empty() || gs.empty() || db.empty() || ds.empty());
+  EXPECT_TRUE(same_floats(decode_blocks(gb, gs, kE * 2 * kI, kH), qdq_transposed(x.at(gu), kE, kH, 2 * kI)));
+  EXPECT_TRUE(same_floats(decode_blocks(db, ds, kE * kH, kI), qdq_transposed(x.at(dn), kE, kI, kH)));
+  // everything else as it was, in bf16; no bf16 experts left
+  for (const char* name : {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.router.weight",
+                           "model.layers.0.mlp.experts.gate_up_proj_bias", "model.layers.0.mlp.experts.down_proj_bias",
+                           "model.embed_tokens.weight", "lm_head.weight"}) {
+    const auto v = x.at(name);
+    std::vector<std::int64_t> shape;
+    if (std::string(name).ends_with("_bias")) shape = {kE, std::int64_t(v.size()) / kE};
+    else shape = {std::int64_t(v.size()) / kH, kH};
+    const auto got = load1(q, name, "BF16", shape);
+    EXPECT_EQ(got.size(), v.size() * 2) << name;
+    EXPECT_EQ(std::memcmp(got.data(), v.data(), std::min(got.size(), v.size() * 2)), 0) << name;
+  }
+  EXPECT_FALSE(has_tensor(q, gu));
+  EXPECT_FALSE(has_tensor(q, dn));
+  const json cfg = json::parse(std::ifstream(q / "config.json"));
+  const json& qc = cfg["quantization_config"];
+  EXPECT_EQ(qc["quant_method"], "mxfp4");
+  const auto ignore = qc["modules_to_not_convert"].get<std::vector<std::string>>();
+  for (const char* m : {"lm_head", "model.embed_tokens", "model.layers.0.mlp.router", "model.layers.0.self_attn.q_proj"})
+    EXPECT_NE(std::find(ignore.begin(), ignore.end(), m), ignore.end()) << m;
+  EXPECT_EQ(std::find(ignore.begin(), ignore.end(), "model.layers.0.mlp.experts"), ignore.end());
+  fs::remove_all(root);
+}
+
+TEST(GptOssQuantize, ExcludingOneExpertsTensorLeavesThePairUnquantized) {
+  const fs::path root = scratch("gptoss_excl");
+  write_gpt_oss(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  qa.device = "cpu";
+  qa.exclude = {"down_proj$"};
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  EXPECT_TRUE(has_tensor(root / "q", "model.layers.0.mlp.experts.gate_up_proj"));
+  EXPECT_FALSE(has_tensor(root / "q", "model.layers.0.mlp.experts.gate_up_proj_blocks"));
+  const json cfg = json::parse(std::ifstream(root / "q" / "config.json"));
+  const auto ignore = cfg["quantization_config"]["modules_to_not_convert"].get<std::vector<std::string>>();
+  EXPECT_NE(std::find(ignore.begin(), ignore.end(), "model.layers.0.mlp.experts"), ignore.end());
+  fs::remove_all(root);
+}
+
+TEST(GptOssQuantize, MalformedExpertsAreRefusedNamingTheTensor) {
+  struct Case {
+    std::vector<std::pair<std::string, std::vector<std::int64_t>>> ts;
+    std::string says;
+  };
+  const std::string gu = "model.layers.0.mlp.experts.gate_up_proj", dn = "model.layers.0.mlp.experts.down_proj";
+  const std::vector<Case> cases = {
+      {{{gu, {kE, kH, 2 * kI}}}, "gate_up_proj without down_proj"},
+      {{{gu, {kE, kH, 2 * kI}}, {dn, {kE, kI, kH + 32}}}, "do not fit"},
+      {{{gu, {kE, kH, 2 * kI}}, {dn, {kE + 1, kI, kH}}}, "do not fit"},
+      {{{gu, {kE, 48, 2 * kI}}, {dn, {kE, kI, 48}}}, "not a multiple of 32"},
+      {{{gu, {kE * kH, 2 * kI}}, {dn, {kE, kI, kH}}}, "expected a 3-D"},
+      {{{gu, {0, kH, 2 * kI}}, {dn, {0, kI, kH}}}, "empty"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    const fs::path root = scratch("gptoss_bad" + std::to_string(i++));
+    write_gpt_oss(root / "in", c.ts);
+    mxq::cli::QuantizeArgs qa;
+    qa.in = (root / "in").string();
+    qa.out = (root / "q").string();
+    qa.device = "cpu";
+    const std::string msg = quantize_failure(qa, c.says);
+    EXPECT_NE(msg.find(c.says), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model.layers.0.mlp.experts"), std::string::npos) << msg;
+    EXPECT_FALSE(fs::exists(root / "q"));
+    fs::remove_all(root);
+  }
+}
+
+}  // namespace
