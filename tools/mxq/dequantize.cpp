@@ -48,6 +48,14 @@ int run_dequantize(const DequantizeArgs& a) {
   Engine eng(a.device);
   const Checkpoint c = open_checkpoint(a.in);
   std::optional<json> config = read_config(c, a.in);
+  // gpt-oss's MXFP4 experts layout (what `mxq quantize --format mxfp4` writes for gpt-oss) is not a
+  // compressed-tensors one: refused, rather than copying its blocks under a config that no longer says so.
+  if (config && config->is_object() && config->contains("quantization_config")) {
+    const json& qc = (*config)["quantization_config"];
+    if (qc.is_object() && qc.contains("quant_method") && qc["quant_method"].is_string() && qc["quant_method"] == "mxfp4")
+      fail(a.in + ": config.json's quantization_config has quant_method 'mxfp4' (gpt-oss's MXFP4 experts layout); "
+           "mxq dequantize converts compressed-tensors checkpoints only");
+  }
   // A rotated checkpoint: its weights are W @ (H / sqrt(n)); they are rotated back, the transform's
   // matrix dropped, and the config no longer names the transform.
   const CheckpointRotation rot = checkpoint_rotation(c, config, a.in);
@@ -71,6 +79,9 @@ int run_dequantize(const DequantizeArgs& a) {
       if (md.global) consumed.insert(md.global->name);
     }
     for (const st::TensorInfo& t : v.tensors()) {
+      if (t.name.ends_with(".mlp.experts.gate_up_proj_blocks") || t.name.ends_with(".mlp.experts.down_proj_blocks"))
+        fail(path + ": tensor '" + t.name + "' is in gpt-oss's MXFP4 experts layout; mxq dequantize converts "
+             "compressed-tensors checkpoints only");
       if (rot.is_matrix(t.name)) {  // the transform's matrix: not part of the model
         consumed.insert(t.name);
         // ... but what it is: a matrix of another size than head_dim says which transform is wrong

@@ -155,6 +155,35 @@ TEST(GptOssQuantize, ExcludingOneExpertsTensorLeavesThePairUnquantized) {
   fs::remove_all(root);
 }
 
+// mxq dequantize reads compressed-tensors checkpoints: it refuses gpt-oss's layout (with or without its
+// config) instead of copying the blocks under a config that no longer names a quantization.
+TEST(GptOssQuantize, DequantizeRefusesTheGptOssLayout) {
+  const fs::path root = scratch("gptoss_deq");
+  write_gpt_oss(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "q").string();
+  qa.device = "cpu";
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  for (bool with_config : {true, false}) {
+    if (!with_config) fs::remove(root / "q" / "config.json");
+    mxq::cli::DequantizeArgs da;
+    da.in = (root / "q").string();
+    da.out = (root / "dq").string();
+    da.device = "cpu";
+    std::string msg;
+    try {
+      mxq::cli::run_dequantize(da);
+    } catch (const std::exception& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find(with_config ? "quant_method 'mxfp4'" : "gate_up_proj_blocks"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("compressed-tensors checkpoints only"), std::string::npos) << msg;
+    EXPECT_FALSE(fs::exists(root / "dq"));
+  }
+  fs::remove_all(root);
+}
+
 TEST(GptOssQuantize, MalformedExpertsAreRefusedNamingTheTensor) {
   struct Case {
     std::vector<std::pair<std::string, std::vector<std::int64_t>>> ts;
