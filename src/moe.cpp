@@ -5,7 +5,6 @@
 
 #include <array>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -103,15 +102,7 @@ i64 id_at(const Tensor& ids, i64 t, i64 j) {
   return ids.dtype == DType::i32 ? i64(static_cast<const std::int32_t*>(ids.data)[i])
                                  : static_cast<const std::int64_t*>(ids.data)[i];
 }
-void st(const Tensor& t, i64 r, i64 col, float v) {
-  const std::uint32_t b = core::round_to_dtype_bits(v, t.dtype);
-  const i64 i = r * t.stride() + col;
-  if (t.dtype == DType::f32) {
-    std::memcpy(static_cast<float*>(t.data) + i, &b, 4);
-  } else {
-    static_cast<std::uint16_t*>(t.data)[i] = static_cast<std::uint16_t>(b);
-  }
-}
+void st(const Tensor& t, i64 r, i64 col, float v) { core::store_bits(t, r, col, core::round_to_dtype_bits(v, t.dtype)); }
 std::int32_t* i32p(const Tensor& t) { return static_cast<std::int32_t*>(t.data); }
 
 // Expert e of w as a PackedWeight (host memory; no checks).

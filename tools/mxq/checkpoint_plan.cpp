@@ -42,12 +42,6 @@ std::vector<ExpertsDecl> gpt_oss_experts_tensors(const std::string& name, const 
 }
 
 namespace {
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 // gpt-oss's experts tensors: X.mlp.experts.gate_up_proj / down_proj
 bool gpt_oss_experts_name(const std::string& name) {
   return name.ends_with(".mlp.experts.gate_up_proj") || name.ends_with(".mlp.experts.down_proj");
@@ -80,7 +74,7 @@ QuantizePlan plan_quantize(const std::vector<TensorEntry>& tensors, const PlanOp
     if (plan.gpt_oss) {
       const std::string key = t.shard + "/" + t.name;
       if (gpt_oss_experts_name(t.name)) {
-        const std::string what = fmt::format("gpt-oss experts tensor '{}' ({} {})", t.name, t.dtype, shape_text(t.shape));
+        const std::string what = fmt::format("gpt-oss experts tensor '{}' ({} {})", t.name, t.dtype, st::shape_text(t.shape));
         if (!floating || t.shape.size() != 3)
           fail(what + ": expected a 3-D BF16, F16 or F32 tensor ([E, H, 2I] gate_up_proj, [E, I, H] down_proj)");
         if (t.shape[0] <= 0 || t.shape[1] <= 0 || t.shape[2] <= 0) fail(what + ": empty");
@@ -173,7 +167,7 @@ QuantizePlan plan_quantize(const std::vector<TensorEntry>& tensors, const PlanOp
     const std::vector<std::int64_t>&gu = pair.gate_up->shape, &dn = pair.down->shape;
     if (gu[0] != dn[0] || gu[1] != dn[2] || gu[2] != 2 * dn[1])
       fail(fmt::format("gpt-oss experts '{}': gate_up_proj {} and down_proj {} do not fit [E, H, 2I] and [E, I, H]", em,
-                       shape_text(gu), shape_text(dn)));
+                       st::shape_text(gu), st::shape_text(dn)));
     TensorPlan &pg = plan.tensors[pair.gate_up_key], &pd = plan.tensors[pair.down_key];
     if (pg.quantize && pd.quantize) continue;
     const bool g_out = !pg.quantize;

@@ -99,19 +99,25 @@ inline std::map<std::string, std::vector<std::uint16_t>> make_checkpoint(const f
   return data;
 }
 
-// Loads one tensor of an output checkpoint through its index.
-inline std::vector<std::uint8_t> load(const fs::path& dir, const std::string& name, const std::string& dtype,
-                               std::vector<std::int64_t> shape) {
-  json idx = json::parse(std::ifstream(dir / "model.safetensors.index.json"));
-  EXPECT_TRUE(idx["weight_map"].contains(name)) << name;
-  if (!idx["weight_map"].contains(name)) return {};
-  const st::File f((dir / idx["weight_map"][name].get<std::string>()).string());
+// One tensor of a safetensors file, its dtype and shape checked.
+inline std::vector<std::uint8_t> load_from(const fs::path& file, const std::string& name, const std::string& dtype,
+                                           const std::vector<std::int64_t>& shape) {
+  const st::File f(file.string());
   const st::TensorInfo* t = f.view().find(name);
   EXPECT_NE(t, nullptr) << name;
   if (!t) return {};
   EXPECT_EQ(t->dtype, dtype) << name;
   EXPECT_EQ(t->shape, shape) << name;
   return {f.view().data(*t).begin(), f.view().data(*t).end()};
+}
+
+// Loads one tensor of an output checkpoint through its index.
+inline std::vector<std::uint8_t> load(const fs::path& dir, const std::string& name, const std::string& dtype,
+                               std::vector<std::int64_t> shape) {
+  json idx = json::parse(std::ifstream(dir / "model.safetensors.index.json"));
+  EXPECT_TRUE(idx["weight_map"].contains(name)) << name;
+  if (!idx["weight_map"].contains(name)) return {};
+  return load_from(dir / idx["weight_map"][name].get<std::string>(), name, dtype, shape);
 }
 
 // The message run_quantize fails with; a test failure (and "") when it does not fail.

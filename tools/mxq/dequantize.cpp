@@ -30,16 +30,6 @@ using json = nlohmann::json;
 
 namespace mxq::cli {
 
-namespace {
-
-std::string shape_text(const std::vector<std::int64_t>& s) {
-  std::string r = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
-}  // namespace
-
 int run_dequantize(const DequantizeArgs& a) {
   const DType odt = a.dtype == "bf16" ? DType::bf16 : a.dtype == "f16" ? DType::f16 : a.dtype == "f32" ? DType::f32 : DType::u8;
   if (odt == DType::u8) fail("--dtype '" + a.dtype + "': expected bf16, f16 or f32");
@@ -87,7 +77,7 @@ int run_dequantize(const DequantizeArgs& a) {
         // ... but what it is: a matrix of another size than head_dim says which transform is wrong
         if (t.name.ends_with("_input.weight") &&
             (t.shape.size() != 2 || t.shape[0] != rot.size || t.shape[1] != rot.size))
-          fail(path + ": tensor '" + t.name + "' is the transform's matrix, of shape " + shape_text(t.shape) +
+          fail(path + ": tensor '" + t.name + "' is the transform's matrix, of shape " + st::shape_text(t.shape) +
                ", but transform_config's head_dim is " + std::to_string(rot.size) + " (a [" + std::to_string(rot.size) +
                ", " + std::to_string(rot.size) + "] matrix): the checkpoint contradicts itself");
       }

@@ -79,13 +79,7 @@ std::vector<float> qdq_transposed(const std::vector<std::uint16_t>& x, std::int6
 // one tensor of an output's model.safetensors (the input had no index, so neither has the output)
 std::vector<std::uint8_t> load1(const fs::path& dir, const std::string& name, const std::string& dtype,
                                 const std::vector<std::int64_t>& shape) {
-  const st::File f((dir / "model.safetensors").string());
-  const st::TensorInfo* t = f.view().find(name);
-  EXPECT_NE(t, nullptr) << name;
-  if (!t) return {};
-  EXPECT_EQ(t->dtype, dtype) << name;
-  EXPECT_EQ(t->shape, shape) << name;
-  return {f.view().data(*t).begin(), f.view().data(*t).end()};
+  return load_from(dir / "model.safetensors", name, dtype, shape);
 }
 
 bool has_tensor(const fs::path& dir, const std::string& name) {

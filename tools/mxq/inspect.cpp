@@ -27,11 +27,6 @@ namespace fs = std::filesystem;
 namespace mxq::cli {
 
 namespace {
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  std::string r = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
 std::string human(double b) {
   const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int i = 0;
@@ -59,7 +54,7 @@ std::uint64_t inspect_file(const std::string& file) {
     const std::string name = printable(t.name);
     const bool long_name = name.size() > wname;
     if (long_name) fmt::print("{}\n", name);
-    fmt::print("{:<{}}  {:<8} {:<22} {:>12}\n", long_name ? "" : name, wname, t.dtype, shape_str(t.shape), t.bytes());
+    fmt::print("{:<{}}  {:<8} {:<22} {:>12}\n", long_name ? "" : name, wname, t.dtype, st::shape_text(t.shape), t.bytes());
     total += t.bytes();
   }
   fmt::print("total {} ({} bytes)\n", human(double(total)), total);

@@ -35,6 +35,13 @@ struct DTypeInfo {
 };
 const DTypeInfo* find_dtype(const std::string& name);  // nullptr when unknown
 
+// A tensor shape as "[a, b, c]", the form every message and listing of the tool uses.
+inline std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string r = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) r += (i ? ", " : "") + std::to_string(shape[i]);
+  return r + "]";
+}
+
 struct TensorInfo {
   std::string name;
   std::string dtype;
