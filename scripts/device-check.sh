@@ -10,6 +10,7 @@
 #   MXQ_CHECK_PYTEST  the pytest targets (default tests/python)
 #   MXQ_CHECK_GPU_TESTS  the GPU suites (default: every op's test and cuda_test, linear_test)
 #   MXQ_CHECK_SANITIZE_TESTS  the suites run under compute-sanitizer (default: the GPU suites)
+#   MXQ_CHECK_SANITIZE_FILTER  the gtest filter run under them (default: a representative subset)
 #   MXQ_CHECK_SANITIZERS  the compute-sanitizer tools (default: memcheck racecheck synccheck initcheck)
 #   MXQ_CHECK_LINEAR  linear_bench arguments (e.g. "--quick"): the W4A16 GEMM against cuBLAS, into $OUT/linear_bench.txt
 #   MXQ_CHECK_LINEAR_PEERS  bench/linear_peers.py arguments (e.g. "--quick"): mxq.linear against cuBLAS and
@@ -52,7 +53,7 @@ fi
 
 # The GPU suites: every op test's CUDA cases (named <op>/<backend>_...) and the CUDA-only tests.
 GPU_TESTS=${MXQ_CHECK_GPU_TESTS:-"quantize_test dequantize_test qdq_test layout_test fused_test rotation_test cuda_test linear_test known_answer_test"}
-GPU_FILTER='*cuda*:Cuda*'
+GPU_FILTER='*cuda*:*Cuda*'
 if ! skipped gpu-tests; then
   t0=$SECONDS; passed=0; failed=0; rc=0
   # run_suite TEST LOGNAME [ENV=VALUE...]: one suite's CUDA cases; adds to passed/failed/rc
@@ -60,14 +61,14 @@ if ! skipped gpu-tests; then
     local t=$1 log=$LOG/$2.log; shift 2
     env "$@" "$BUILD/tests/$t" --gtest_filter="$GPU_FILTER" --gtest_brief=1 > "$log" 2>&1 || rc=1
     passed=$((passed + $(grep -oE '^\[  PASSED  \] [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)))
-    failed=$((failed + $(grep -oE '^\[  FAILED  \] [0-9]+ test' "$log" | grep -oE '[0-9]+' || echo 0)))
+    failed=$((failed + $(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$log")))  # --gtest_brief: one line per failed test
     grep -q 'Failure' "$log" && grep -B2 -A12 'Failure' "$log" | head -40
   }
   for t in $GPU_TESTS; do run_suite $t $t; done
   # Small QDQ launches take 8-element chunks (small_qdq_plan): the QDQ suites again with the plan's
   # 16-element chunks forced, so the small cases cover both widths.
-  for t in qdq_test rotation_test; do run_suite $t $t-c16 MXQ_CUDA_QDQ_CHUNK=16; done
-  status "GPU suites (CUDA vs reference)" "$passed passed, $failed failed rc=$rc ($((SECONDS - t0)) s; qdq and rotation twice)"
+  for t in qdq_test rotation_test; do [[ " $GPU_TESTS " == *" $t "* ]] && run_suite $t $t-c16 MXQ_CUDA_QDQ_CHUNK=16; done
+  status "GPU suites (CUDA vs reference)" "$passed passed, $failed failed rc=$rc ($((SECONDS - t0)) s; qdq and rotation, where run, twice)"
 fi
 
 if ! skipped cli && [ -x "$BUILD/tools/mxq/mxq" ]; then  # the tool's self-test on this GPU
@@ -89,7 +90,8 @@ fi
 if ! skipped sanitizer; then
   # A representative subset (every kernel: both chunk widths, shuffles up to 32 lanes, atomics,
   # the fused amax, swizzle, graph capture); the full grid is too slow under the tools.
-  FILTER='*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*:*Fused*cuda_rms_norm:CudaRotation.SpecialValuesAndInPlace:LinearCuda.RowStride*:LinearCuda.Dequantize*:*StochasticRoundingBytes/cuda*:*SwizzleLayoutBytes/cuda*'
+  #   (MXQ_CHECK_SANITIZE_FILTER replaces it.)
+  FILTER=${MXQ_CHECK_SANITIZE_FILTER:-'*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*:*Fused*cuda_rms_norm:CudaRotation.SpecialValuesAndInPlace:LinearCuda.RowStride*:LinearCuda.Dequantize*:LinearCuda.EveryKernelKindOnce:MoeCuda.*:*StochasticRoundingBytes/cuda*:*SwizzleLayoutBytes/cuda*'}
   for tool in ${MXQ_CHECK_SANITIZERS:-memcheck racecheck synccheck initcheck}; do
     errors=0; rc=0
     # sanitize TEST LOGNAME [ENV=VALUE...]: one suite's subset under the tool; adds to errors/rc
@@ -102,7 +104,7 @@ if ! skipped sanitizer; then
     }
     for t in ${MXQ_CHECK_SANITIZE_TESTS:-$GPU_TESTS}; do sanitize $t $t; done
     if [ $tool = memcheck ]; then  # small QDQ cases at the 16-element chunks the rule passes over
-      for t in qdq_test rotation_test; do sanitize $t $t-c16 MXQ_CUDA_QDQ_CHUNK=16; done
+      for t in qdq_test rotation_test; do [[ " ${MXQ_CHECK_SANITIZE_TESTS:-$GPU_TESTS} " == *" $t "* ]] && sanitize $t $t-c16 MXQ_CUDA_QDQ_CHUNK=16; done
     fi
     status "compute-sanitizer $tool" "ERROR SUMMARY: $errors errors over ${MXQ_CHECK_SANITIZE_TESTS:-$GPU_TESTS} rc=$rc"
   done

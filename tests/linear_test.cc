@@ -311,6 +311,7 @@ TEST(Linear, EveryPlanHasAKernel) {
           const mxq::core::LinearPlan p = mxq::core::plan_linear(N, K, M, sm);
           EXPECT_TRUE(mxq::core::has_kernel(p)) << "sm" << sm << " M=" << M << " N=" << N << " K=" << K << ": " << mxq::core::to_string(p);
           if (sm < 90) EXPECT_EQ(p.cluster, 1) << "clusters need sm90";
+          if (p.xstage) EXPECT_GE(p.tokens, 32) << "x staging is for the medium-M tiles";
           EXPECT_EQ(p.grid_n, ((N + 31) / 32 + p.groups - 1) / p.groups * p.cluster);
         }
 }
@@ -349,25 +350,14 @@ TEST(LinearCuda, DequantizePackedMatchesTheReference) {
     }
 }
 
-TEST(LinearCuda, MatchesReferenceOnExactSums) {
-  TH_REQUIRE_BACKEND(Backend::cuda);
-  struct Case {
-    std::int64_t M, N, K;
-  };
-  std::vector<Case> cases;
-  for (std::int64_t M : {1, 7, 16, 17, 33, 64, 129})
-    for (auto [N, K] : {std::pair<std::int64_t, std::int64_t>{1, 32}, {40, 96}, {100, 2880}, {360, 2880}}) cases.push_back({M, N, K});
-  cases.push_back({1000, 40, 96});
-  cases.push_back({1000, 300, 320});
-  cases.push_back({16, 4096, 4096});
-  cases.push_back({3, 4100, 1024});
-  // the table's other rows on sm90: two 32-row groups per CTA (an odd last group past N), a 2-CTA cluster
-  cases.push_back({1, 12300, 128});
-  cases.push_back({16, 12300, 192});
-  cases.push_back({1, 100, 8192});
-  cases.push_back({5, 4096, 8192});
-  for (Format f : kFormats)
-    for (DType dt : {DType::bf16, DType::f16})
+struct Case {
+  std::int64_t M, N, K;
+};
+
+// Each case, format and dtype: the CUDA linear against the reference, with a bias (and once without).
+void expect_cases_match(const std::vector<Case>& cases, const std::vector<Format>& formats, const std::vector<DType>& dtypes) {
+  for (Format f : formats)
+    for (DType dt : dtypes)
       for (const Case& c : cases) {
         const QWeight q = make_weight(f, c.N, c.K, std::uint32_t(c.M * 31 + c.N + c.K));
         const float S = f == Format::nvfp4 ? 2688.0f / 3.7f : 1.0f;
@@ -381,6 +371,40 @@ TEST(LinearCuda, MatchesReferenceOnExactSums) {
         expect_same(want, run(Backend::cuda, x, p, &bias), what);
         if (c.M == 17 && c.N == 100) expect_same(run(Backend::reference, x, p, nullptr), run(Backend::cuda, x, p, nullptr), what + " no bias");
       }
+}
+
+// One small case per kernel kind (the sanitizers' subset): tokens 1/8/16, two groups per CTA, a cluster,
+// x staged with 4 and 2 groups (K slices with different atom counts), and M = 260.
+TEST(LinearCuda, EveryKernelKindOnce) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  expect_cases_match({{1, 100, 2880}, {7, 40, 96}, {16, 12300, 192}, {1, 100, 8192}, {33, 12300, 320}, {64, 5700, 2880},
+                      {260, 12300, 128}},
+                     {Format::mxfp4}, {DType::bf16});
+}
+
+TEST(LinearCuda, MatchesReferenceOnExactSums) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  std::vector<Case> cases;
+  for (std::int64_t M : {1, 7, 16, 17, 33, 64, 129})
+    for (auto [N, K] : {std::pair<std::int64_t, std::int64_t>{1, 32}, {40, 96}, {100, 2880}, {360, 2880}}) cases.push_back({M, N, K});
+  cases.push_back({1000, 40, 96});
+  cases.push_back({1000, 300, 320});
+  cases.push_back({16, 4096, 4096});
+  cases.push_back({3, 4100, 1024});
+  // the table's other rows on sm90: two 32-row groups per CTA (an odd last group past N), a 2-CTA cluster
+  cases.push_back({1, 12300, 128});
+  cases.push_back({16, 12300, 192});
+  cases.push_back({1, 100, 8192});
+  cases.push_back({5, 4096, 8192});
+  // x staged in shared memory (M >= 17): 4 and 2 groups per CTA, odd last groups, K slices without atoms,
+  // rows past M
+  cases.push_back({20, 12300, 192});
+  cases.push_back({32, 5700, 96});
+  cases.push_back({33, 12300, 320});
+  cases.push_back({64, 5700, 2880});
+  cases.push_back({129, 2900, 2880});
+  cases.push_back({1000, 1000, 320});
+  expect_cases_match(cases, {std::begin(kFormats), std::end(kFormats)}, {DType::bf16, DType::f16});
 }
 
 TEST(LinearCuda, RowStrideNanScalesAndDeterminism) {

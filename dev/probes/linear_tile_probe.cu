@@ -29,10 +29,10 @@ using namespace mxq::cuda::gemm;
     }                                                                                                \
   } while (0)
 
-template <int TOKENS, int DEPTH, int WN, int CLUSTER>
+template <int TOKENS, int DEPTH, int WN, int CLUSTER, bool XS = false>
 void launch_reg(const LinearArgs& a, cudaStream_t s) {
-  auto k = w4a16_kernel<TOKENS, DEPTH, WN, CLUSTER, false, false>;
-  constexpr int smem = reduce_floats<TOKENS>() * 4;
+  auto k = w4a16_kernel<TOKENS, DEPTH, WN, CLUSTER, false, false, XS>;
+  constexpr int smem = linear_smem_bytes<TOKENS, WN, XS>();
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned((a.N + 32 * WN - 1) / (32 * WN) * CLUSTER), unsigned((a.M + TOKENS - 1) / TOKENS), 1);
@@ -140,11 +140,15 @@ int main(int argc, char** argv) {
         V("t16 d4 w4", launch_reg<16, 4, 4, 1>);
         V("t16 d4 w2 c2", launch_reg<16, 4, 2, 2>);
         V("t16 d4 w4 c2", launch_reg<16, 4, 4, 2>);
+        V("t16 d4 w2 xs", launch_reg<16, 4, 2, 1, true>);
       } else if (M <= 32) {
         V("t32 d4", launch_reg<32, 4, 1, 1>);
         V("t32 d4 w4", launch_reg<32, 4, 4, 1>);
         V("t32 d4 w4 c2", launch_reg<32, 4, 4, 2>);
         V("t32 d4 w8 c4", launch_reg<32, 4, 8, 4>);
+        V("t32 d4 w4 xs", launch_reg<32, 4, 4, 1, true>);
+        V("t32 d4 w8 xs c2", launch_reg<32, 4, 8, 2, true>);
+        V("t32 d4 w2 xs", launch_reg<32, 4, 2, 1, true>);
       } else {
         V("t64 d4", launch_reg<64, 4, 1, 1>);
         V("t64 d4 w4", launch_reg<64, 4, 4, 1>);
@@ -153,6 +157,12 @@ int main(int argc, char** argv) {
         V("t64 d4 w8 c2", launch_reg<64, 4, 8, 2>);
         V("t64 d4 w8 c4", launch_reg<64, 4, 8, 4>);
         V("t64 d2 w8 c4", launch_reg<64, 2, 8, 4>);
+        V("t64 d4 w2 xs", launch_reg<64, 4, 2, 1, true>);
+        V("t64 d4 w4 xs", launch_reg<64, 4, 4, 1, true>);
+        V("t64 d4 w4 xs c2", launch_reg<64, 4, 4, 2, true>);
+        V("t64 d4 w8 xs c2", launch_reg<64, 4, 8, 2, true>);
+        V("t64 d4 w8 xs c4", launch_reg<64, 4, 8, 4, true>);
+        V("t64 d2 w8 xs c4", launch_reg<64, 2, 8, 4, true>);
       }
       // Exactness: copy 0 has scale 1.0 everywhere; x in -2..2: every fp32 sum is exact.
       std::vector<std::uint16_t> r0(std::size_t(M) * N), r1(r0.size());

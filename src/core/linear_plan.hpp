@@ -11,6 +11,7 @@ struct LinearPlan {
   int depth;            // 64-column weight tiles each warp keeps in flight
   int groups;           // 32-row groups of W per CTA; the warps of a group split the CTA's share of K
   int cluster;          // CTAs of a cluster (sm90) splitting K further, reduced in rank order
+  bool xstage;          // x staged per K slice in a shared-memory ring (cp.async) instead of read through L1
   int sm;               // the architecture the plan is for (major * 10 + minor)
   std::int64_t grid_n;  // CTAs along N: groups x 32 weight rows each, times the cluster
   std::int64_t grid_m;  // CTAs along M
@@ -21,6 +22,8 @@ struct LinearPlan {
 // at M <= 16 a wave of about two 4-deep CTAs per SM streams best; more 32-row strips than that go two to
 // a CTA, and few strips of a long K (4096 x 14336) split K over a 2-CTA cluster. Wider groups and
 // clusters at M >= 32 measured slower (the x fragments, read from L2 at 1 CTA per SM, bound those tiles).
+// From M = 17 on, x staged in shared memory per K slice lifts that bound where 2 or 4 groups per CTA
+// still give about two thirds of a wave of CTAs (88 of 132 SMs): the widest such tile is taken.
 inline LinearPlan plan_linear(std::int64_t N, std::int64_t K, std::int64_t M, int sm) {
   LinearPlan p{};
   p.tokens = M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64;
@@ -30,7 +33,17 @@ inline LinearPlan plan_linear(std::int64_t N, std::int64_t K, std::int64_t M, in
   const std::int64_t pairs = (N + 31) / 32, katoms = (K + 63) / 64;
   if (p.tokens <= 16 && pairs >= 384) p.groups = 2;
   if (p.tokens == 8 && sm >= 90 && pairs <= 128 && katoms >= 128) p.cluster = 2;
+  p.xstage = false;
   p.sm = sm;
+  if (p.tokens >= 32) {
+    const std::int64_t mtiles = (M + p.tokens - 1) / p.tokens;
+    for (int wn : {4, 2})
+      if ((pairs + wn - 1) / wn * mtiles >= 88) {
+        p.groups = wn;
+        p.xstage = true;
+        break;
+      }
+  }
   p.depth = p.tokens <= 16 && p.groups == 1 && p.cluster == 1 && pairs < 256 ? 8 : 4;
   p.grid_n = (pairs + p.groups - 1) / p.groups * p.cluster;
   p.grid_m = (M + p.tokens - 1) / p.tokens;
@@ -38,15 +51,18 @@ inline LinearPlan plan_linear(std::int64_t N, std::int64_t K, std::int64_t M, in
 }
 
 // The kernels compiled (cuda/gemm/linear_launch.cuh instantiates exactly these rows): tokens, depth,
-// groups, cluster.
+// groups, cluster, x staged.
 struct LinearKernelRow {
   int tokens, depth, groups, cluster;
+  bool xstage;
   constexpr bool matches(const LinearPlan& p) const {
-    return tokens == p.tokens && depth == p.depth && groups == p.groups && cluster == p.cluster;
+    return tokens == p.tokens && depth == p.depth && groups == p.groups && cluster == p.cluster && xstage == p.xstage;
   }
 };
-constexpr LinearKernelRow kLinearKernels[] = {{8, 8, 1, 1},  {8, 4, 1, 1},  {8, 4, 2, 1},  {8, 4, 1, 2}, {16, 8, 1, 1},
-                                              {16, 4, 1, 1}, {16, 4, 2, 1}, {32, 4, 1, 1}, {64, 4, 1, 1}};
+constexpr LinearKernelRow kLinearKernels[] = {
+    {8, 8, 1, 1, false},  {8, 4, 1, 1, false},  {8, 4, 2, 1, false}, {8, 4, 1, 2, false}, {16, 8, 1, 1, false},
+    {16, 4, 1, 1, false}, {16, 4, 2, 1, false}, {32, 4, 1, 1, false}, {32, 4, 2, 1, true}, {32, 4, 4, 1, true},
+    {64, 4, 1, 1, false}, {64, 4, 2, 1, true},  {64, 4, 4, 1, true}};
 inline bool has_kernel(const LinearPlan& p) {
   for (const LinearKernelRow& r : kLinearKernels)
     if (r.matches(p)) return true;

@@ -14,10 +14,10 @@
 
 namespace mxq::cuda::gemm {
 
-template <int TOKENS, int DEPTH, int WN, int CLUSTER, bool NV, bool F16>
+template <int TOKENS, int DEPTH, int WN, int CLUSTER, bool XS, bool NV, bool F16>
 void launch_one(const LinearArgs& args, const core::LinearPlan& p, cudaStream_t stream) {
-  auto kernel = w4a16_kernel<TOKENS, DEPTH, WN, CLUSTER, NV, F16>;
-  constexpr int smem = reduce_floats<TOKENS>() * 4;
+  auto kernel = w4a16_kernel<TOKENS, DEPTH, WN, CLUSTER, NV, F16, XS>;
+  constexpr int smem = linear_smem_bytes<TOKENS, WN, XS>();
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   check(attr, "linear", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   cudaLaunchConfig_t cfg{};
@@ -47,7 +47,7 @@ template <bool NV, bool F16, std::size_t... I>
 void launch_row(const LinearArgs& args, const core::LinearPlan& p, cudaStream_t stream, std::index_sequence<I...>) {
   constexpr auto& rows = core::kLinearKernels;
   const bool launched =
-      ((rows[I].matches(p) && (launch_one<rows[I].tokens, rows[I].depth, rows[I].groups, rows[I].cluster, NV, F16>(args, p, stream), true)) || ...);
+      ((rows[I].matches(p) && (launch_one<rows[I].tokens, rows[I].depth, rows[I].groups, rows[I].cluster, rows[I].xstage, NV, F16>(args, p, stream), true)) || ...);
   if (!launched) core::fail(Error::Code::internal, "linear", "no kernel for the plan: " + core::to_string(p));
 }
 

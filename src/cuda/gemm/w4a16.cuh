@@ -142,12 +142,23 @@ __device__ __forceinline__ float load_rank_f32(const float* local, std::uint32_t
 template <int TOKENS>
 constexpr int reduce_floats() { return kWarps * kStrips * (TOKENS / 8) * 4 * 32; }
 
+// XS (x staged): each K slice's warps share a ring of kXStages x tiles (TOKENS rows x 64 columns, rows
+// padded to 144 bytes so that a warp's 16-byte fragment loads hit distinct banks), filled by cp.async.
+constexpr int kXStages = 3;
+constexpr int kXRow = 144;
+template <int TOKENS, int WN>
+constexpr int xring_bytes() { return (kWarps / WN) * kXStages * TOKENS * kXRow; }
+template <int TOKENS, int WN, bool XS>
+constexpr int linear_smem_bytes() {
+  return XS && xring_bytes<TOKENS, WN>() > reduce_floats<TOKENS>() * 4 ? xring_bytes<TOKENS, WN>() : reduce_floats<TOKENS>() * 4;
+}
+
 // TOKENS: rows of x per CTA (8 .. 64); DEPTH: 64-column weight tiles each warp keeps in flight; WN: strip
 // pairs per CTA (warp w takes pair w % WN and K slice w / WN of the CTA's kWarps / WN, so the WN warps of
 // one K slice read the same x, once from L2); CLUSTER: CTAs of a cluster (sm90; grid.x = pairs / WN *
 // CLUSTER) splitting K further. Sums: over the CTA's K slices in order, then over the cluster's ranks in
 // order (deterministic, no atomics, no workspace).
-template <int TOKENS, int DEPTH, int WN, int CLUSTER, bool NV, bool F16>
+template <int TOKENS, int DEPTH, int WN, int CLUSTER, bool NV, bool F16, bool XS = false>
 __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 1) w4a16_kernel(const LinearArgs a) {
   constexpr int NT = TOKENS / 8;  // n8 fragments of tokens
   constexpr int kDepth = DEPTH;
@@ -168,11 +179,14 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 
   const int ng = warp % WN, ks = warp / WN;
   const std::int64_t pair0 = std::int64_t(blockIdx.x / CLUSTER) * WN;   // the CTA's first strip pair
   const std::int64_t strip0 = (pair0 + ng) * kStrips;                  // this warp's first strip
-  const bool rows_exist = strip0 * 16 < a.N;  // the last CTA's groups may lie past Np
+  // The last CTA's groups may lie past Np. With XS such a warp still runs the loop (the slice's barriers)
+  // on strip 0's tiles, and its outputs are never written.
+  const bool rows_exist = strip0 * 16 < a.N;
+  const bool run_loop = XS || rows_exist;
   const std::int64_t m0 = std::int64_t(blockIdx.y) * TOKENS;
   const int slice = rank * KS + ks, slices = KS * CLUSTER;
   const int a_begin = int(std::int64_t(slice) * a.katoms / slices);
-  const int n_atoms = rows_exist ? int(std::int64_t(slice + 1) * a.katoms / slices) - a_begin : 0;
+  const int n_atoms = run_loop ? int(std::int64_t(slice + 1) * a.katoms / slices) - a_begin : 0;
   const int slot = NV ? lane : 2 * g + (tq >> 1);
   constexpr int kScaleStride = scale_bytes<NV>() / 2;  // u16 per tile
   // The next tile each strip loads: tiles advance along K, 32 uint4 / kScaleStride u16 apart.
@@ -227,6 +241,35 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 
   }
   std::int64_t kleft = a.K - (std::int64_t(a_begin) * 64 + 16 * tq);  // columns of x left from xp on
 
+  // XS: the slice's x ring. Stage i (atom a_begin + i) goes to slot i % kXStages; the WN warps of the
+  // slice copy it 16 bytes at a time (zeros for rows past M and columns past K) and meet at the slice's
+  // named barrier before reading it.
+  unsigned char* xring = reinterpret_cast<unsigned char*>(red) + ks * kXStages * TOKENS * kXRow;
+  const auto x_issue = [&](int i) {
+    if constexpr (XS) {
+      if (i < n_atoms) {
+        unsigned char* dst = xring + (i % kXStages) * TOKENS * kXRow;
+        const std::int64_t col0 = std::int64_t(a_begin + i) * 64;
+        for (int c = ng * 32 + lane; c < TOKENS * 8; c += WN * 32) {
+          const int r = c >> 3, q = c & 7;
+          const std::int64_t m = m0 + r, col = col0 + 8 * q;
+          const bool ok = m < a.M && col < a.K;
+          const std::uint16_t* src = ok ? a.x + m * a.x_stride + col : a.x;
+          const std::uint32_t d = static_cast<std::uint32_t>(__cvta_generic_to_shared(dst + r * kXRow + 16 * q));
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+        }
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+  };
+  const auto slice_sync = [&] {
+    if constexpr (XS) asm volatile("bar.sync %0, %1;" ::"r"(1 + ks), "r"(WN * 32) : "memory");
+  };
+  if constexpr (XS) {
+#pragma unroll
+    for (int i = 0; i < kXStages - 1; ++i) x_issue(i);
+  }
+
   for (int base = 0; base < n_atoms; base += kDepth) {
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
@@ -241,13 +284,26 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 
           cm[s][1] = lut[sb >> 8];
         }
         if (base + d + kDepth < n_atoms) load_tile(d);
+        const unsigned char* xs = nullptr;
+        if constexpr (XS) {
+          // Stage base + d has landed (the newest kXStages - 2 may still be in flight) and every warp of
+          // the slice is done with stage base + d - 1, whose slot the next copy reuses.
+          asm volatile("cp.async.wait_group %0;" ::"n"(kXStages - 2) : "memory");
+          slice_sync();
+          x_issue(base + d + kXStages - 1);
+          xs = xring + ((base + d) % kXStages) * TOKENS * kXRow + g * kXRow + 32 * tq;
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint4 xv[NT];
 #pragma unroll
-          for (int t = 0; t < NT; ++t)
-            xv[t] = ((xmask >> t) & 1u) && kleft > 8 * h ? *reinterpret_cast<const uint4*>(xp + xoff[t] + 8 * h)
-                                                         : make_uint4(0, 0, 0, 0);
+          for (int t = 0; t < NT; ++t) {
+            if constexpr (XS)
+              xv[t] = *reinterpret_cast<const uint4*>(xs + 8 * t * kXRow + 16 * h);
+            else
+              xv[t] = ((xmask >> t) & 1u) && kleft > 8 * h ? *reinterpret_cast<const uint4*>(xp + xoff[t] + 8 * h)
+                                                           : make_uint4(0, 0, 0, 0);
+          }
 #pragma unroll
           for (int jj = 0; jj < 2; ++jj) {
             const int j = 2 * h + jj;
@@ -276,6 +332,14 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
 
+  if constexpr (XS) {
+    // Every slice's warps pass the same number of slice barriers (slices differ by at most one atom), so
+    // that the barrier phases line up across the CTA for the sanitizer's model as well.
+    const int most = (a.katoms + slices - 1) / slices;
+    for (int i = n_atoms; i < most; ++i) slice_sync();
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();  // the x rings share their memory with the partial tiles
+  }
   // Partial tiles to shared memory; each output summed over the CTA's K slices in order (into slice 0's
   // slot, by the one thread that read them), then over the cluster's ranks in order.
   constexpr int per = kStrips * NT * 4 * 32;
