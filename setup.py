@@ -1,12 +1,14 @@
 """Build of mxq's PyTorch package: `pip install --no-build-isolation .` (or plain `pip install .`).
 
 build_ext first builds the C++ library libmxq with CMake (static, position-independent; no tests,
-tools, benchmarks or examples) into build-py/, then compiles python/csrc/ops.cpp against the
-installed torch with torch.utils.cpp_extension and links libmxq into the extension mxq._C.
+tools, benchmarks or examples) into build-py/, then compiles python/csrc/ops.cpp (and, with CUDA,
+python/csrc/hadamard_rotate.cu) against the installed torch with torch.utils.cpp_extension and links
+libmxq into the extension mxq._C.
 
 Environment:
   MXQ_ENABLE_CUDA         auto (default: when torch has CUDA and nvcc is found), 1 (required) or 0
-  MXQ_CUDA_ARCHITECTURES  CUDA architectures of the kernels (default "80;89;90a")
+  MXQ_CUDA_ARCHITECTURES  CUDA architectures of the kernels (default "80;89;90a"; with MXQ_LIBMXQ_BUILD_DIR,
+                          that build's for the extension's own .cu file)
   MAX_JOBS                parallel compile jobs (default: every core), as torch's extensions use it
   CMAKE                   the cmake executable (default: cmake on PATH)
   MXQ_LIBMXQ_BUILD_DIR    link the libmxq.a of this existing CMake build of mxq (e.g. the build dir of
@@ -177,6 +179,26 @@ def _torch_openmp_runtime(archive: Path):
     return runtime, None
 
 
+def _nvcc_arch_flags():
+    """-gencode flags for the extension's own CUDA file: MXQ_CUDA_ARCHITECTURES, else the prebuilt
+    libmxq's (its CMakeCache), else DEFAULT_ARCHS, in CMake's spelling ("80;89;90a", "-real" /
+    "-virtual" suffixes). Anything else ("native", "all"): none given, torch's defaults
+    (TORCH_CUDA_ARCH_LIST or the visible GPUs) apply."""
+    archs = os.environ.get("MXQ_CUDA_ARCHITECTURES")
+    if not archs and PREBUILT:
+        cache = PREBUILT[0].parent / "CMakeCache.txt"
+        m = re.search(r"^MXQ_CUDA_ARCHITECTURES:STRING=(.*)$", cache.read_text(), re.M) if cache.exists() else None
+        archs = m.group(1).strip() if m else None
+    flags = []
+    for a in (archs or DEFAULT_ARCHS).replace(",", ";").split(";"):
+        m = re.fullmatch(r"([0-9]+[af]?)(-real|-virtual)?", a.strip())
+        if not m:
+            return []
+        code = f"compute_{m.group(1)}" if m.group(2) == "-virtual" else f"sm_{m.group(1)}"
+        flags.append(f"-gencode=arch=compute_{m.group(1)},code={code}")
+    return flags
+
+
 def _extension():
     cxx = ["-O2", "-std=c++20", "-ffp-contract=off", "-fno-fast-math", "-Wall"]
     kw = dict(
@@ -186,6 +208,10 @@ def _extension():
         extra_compile_args={"cxx": cxx},
     )
     if WITH_CUDA:
+        # python/csrc/hadamard_rotate.cu: the kernel of torch.ops.mxq.hadamard_rotate_f64 (the QuTLASS
+        # shim's rotation), compiled here by nvcc for the architectures of libmxq's kernels
+        kw["sources"].append("python/csrc/hadamard_rotate.cu")
+        kw["extra_compile_args"]["nvcc"] = ["-O3", "--fmad=false", *_nvcc_arch_flags()]
         return tce.CUDAExtension(define_macros=[("MXQ_TORCH_CUDA", "1")], **kw)
     return tce.CppExtension(**kw)
 

@@ -15,6 +15,16 @@ The MoE config runs transformers' "grouped_mm" experts function (torch grouped G
 synchronisation), which mxq.QDQExperts follows, so its decode step is captured in a graph too; a
 transformers without it falls back to the eager experts loop (a host synchronisation per call),
 measured without graphs.
+
+Packed 4-bit weights (W4A16): "mxq.linear mxfp4" / "nvfp4" put every nn.Linear but lm_head on mxq.linear
+(random packed bytes); on an MoE model "mxq.linear+moe mxfp4" / "nvfp4" do that (attention, any dense
+MLP) and replace every experts module by mxq.QuantExperts (mxq.pack_experts: the experts' bf16 weights
+quantized and prepacked, one torch.ops.mxq.moe call per layer; packed once per format, kept across
+rounds). A build without the MoE's CUDA kernels refuses the op (NotImplementedError): the variant is then
+skipped with the reason printed and the rest of the table still runs. Below the table, each variant's
+issue targets (x bf16) and whether the run met them.
+
+    python bench/generate_bench.py --model qwen3-moe --only mxq-linear-moe-mxfp4 mxq-linear-moe-nvfp4
 """
 from __future__ import annotations
 
@@ -92,6 +102,64 @@ class _Swap:
             setattr(parent, child, mod)
 
 
+class _SwapExperts:
+    """_Swap's Linears, and every experts module replaced by mxq.QuantExperts (mxq.pack_experts, the model's
+    own expert weights quantized to `fmt`); restore() undoes both. The packed modules are made once per model
+    and format and kept (packing 7B parameters on the host takes a while), so later rounds only swap them in.
+    A tiny mxq.moe call on the model's device first: a build whose MoE refuses the device raises
+    NotImplementedError here, before anything is packed or measured."""
+
+    _packed: dict = {}  # (id(model), fmt) -> [(name, QuantExperts)]
+
+    def __init__(self, model: torch.nn.Module, fmt: str):
+        _probe_moe(model, fmt)
+        key = (id(model), fmt)
+        before = dict(model.named_modules())
+        if key not in self._packed:
+            if mxq.pack_experts(model, fmt) == 0:
+                raise NotImplementedError("no experts module in the model (mxq.pack_experts replaced none)")
+            self._packed[key] = [(n, m) for n, m in model.named_modules() if isinstance(m, mxq.QuantExperts)]
+        self.experts = [(n, before[n]) for n, _ in self._packed[key]]
+        for n, m in self._packed[key]:
+            _set_submodule(model, n, m)
+        self.model = model
+        try:
+            self.linears = _Swap(model, fmt)
+        except BaseException:
+            for n, m in self.experts:
+                _set_submodule(model, n, m)
+            raise
+
+    def restore(self) -> None:
+        self.linears.restore()
+        for n, m in self.experts:
+            _set_submodule(self.model, n, m)
+
+
+def _set_submodule(model: torch.nn.Module, name: str, mod: torch.nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, mod)
+
+
+def _probe_moe(model: torch.nn.Module, fmt: str) -> None:
+    """One mxq.moe call of the model's expert shapes with a single expert of random packed bytes: raises what the
+    op raises on this device (NotImplementedError where the build has no MoE kernels for it)."""
+    cfg, dev = model.config, next(model.parameters()).device
+    H, I = cfg.hidden_size, cfg.moe_intermediate_size
+    g = torch.Generator(device=dev.type).manual_seed(0)
+
+    def one(N, K):
+        w = random_packed(N, K, fmt, dev, g)
+        return mxq.PackedExperts(w.codes.reshape(1, -1), w.scales.reshape(1, -1),
+                                 torch.tensor([w.exp_shift], dtype=torch.int32, device=dev),
+                                 torch.tensor([w.tensor_scale], dtype=torch.float32, device=dev), fmt, 1, N, K, w.f16_exact)
+
+    x = torch.zeros((1, H), dtype=torch.bfloat16, device=dev)
+    ids = torch.zeros((1, 1), dtype=torch.int64, device=dev)
+    mxq.moe(x, one(2 * I, H), one(H, I), ids, torch.ones((1, 1), dtype=torch.bfloat16, device=dev))
+    sync(dev.type)
+
+
 def random_packed(N: int, K: int, fmt: str, device, g) -> "mxq.PackedLinearWeight":
     """A packed weight of random bytes made on the device: the packed layout is a permutation of the codes,
     so random codes there are random codes in the checkpoint; scales from a narrow range of sane values
@@ -106,8 +174,9 @@ def random_packed(N: int, K: int, fmt: str, device, g) -> "mxq.PackedLinearWeigh
     return mxq.PackedLinearWeight(codes, scales, "nvfp4", N, K, 8, True, 100.0)
 
 
-def variants():
-    """name -> a function that emulates the variant on a model and returns a handle (restore()), or None."""
+def variants(moe: bool = False):
+    """name -> a function that emulates the variant on a model and returns a handle (restore()), or None.
+    moe: the model has experts modules (the packed-experts variants too)."""
     compiled = torch.compile(reference_qdq, dynamic=True)
     mx = {"format": "mxfp4", "rule": "even"}
 
@@ -127,7 +196,29 @@ def variants():
         # packed 4-bit weights run by mxq.linear (W4A16; every Linear but lm_head)
         "mxq.linear mxfp4": lambda m: _Swap(m, "mxfp4"),
         "mxq.linear nvfp4": lambda m: _Swap(m, "nvfp4"),
-    }
+    } | ({
+        # ... and the experts on mxq.moe (mxq.pack_experts: W4A16 experts, one torch.ops.mxq.moe per layer)
+        "mxq.linear+moe mxfp4": lambda m: _SwapExperts(m, "mxfp4"),
+        "mxq.linear+moe nvfp4": lambda m: _SwapExperts(m, "nvfp4"),
+    } if moe else {})
+
+
+# variant -> (issue, {case prefix: the least x bf16}), checked below the table (stated for the H200)
+TARGETS = {
+    **{f"mxq.linear {f}": ("36", {"decode B=1": 2.2, "decode B=16": 2.0, "prefill": 0.95}) for f in ("mxfp4", "nvfp4")},
+    **{f"mxq.linear+moe {f}": ("38", {"decode B=1": 1.8, "decode B=16": 1.6, "prefill": 0.95}) for f in ("mxfp4", "nvfp4")},
+}
+
+
+def target_lines(ratios: dict[tuple[str, str], float]) -> list[str]:
+    """The targets of the variants measured: a markdown table (empty when none applies)."""
+    rows = []
+    for name, (issue, want) in TARGETS.items():
+        for prefix, least in want.items():
+            for (n, c), v in ratios.items():
+                if n == name and (c == prefix or (prefix == "prefill" and c.startswith("prefill "))):
+                    rows.append(f"| issue {issue}: {c} >= {least}x bf16 | {name} | {v:.2f}x | {'yes' if v >= least else 'no'} |")
+    return ["", "| target | variant | measured | met |", "|---|---|---:|---|"] + rows if rows else []
 
 
 def sync(device: str) -> None:
@@ -179,8 +270,13 @@ def profile_prefill(a) -> None:
     ids = torch.randint(0, model.config.vocab_size, (a.prefill_batch, a.prefill), device=a.device)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
     out = []
-    for name, spec in variants().items():
-        handle = None if spec is None else spec(model)
+    for name, spec in variants(is_moe(a.model)).items():
+        try:
+            handle = None if spec is None else spec(model)
+        except NotImplementedError as e:
+            out.append(f"== {name}: skipped: {reason(e)}")
+            print(f"{name}: skipped: {reason(e)}", file=sys.stderr, flush=True)
+            continue
         try:
             for _ in range(2):  # warm-up (compilation, allocator)
                 model(input_ids=ids, use_cache=False)
@@ -202,6 +298,15 @@ def profile_prefill(a) -> None:
     print(text)
     with open(a.profile, "w") as f:
         f.write(text + "\n")
+
+
+def is_moe(model: str) -> bool:
+    return MODELS[model][0] != "llama"
+
+
+def reason(e: BaseException) -> str:
+    """The first line of an exception's message (what the table says of a skipped variant)."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def main() -> None:
@@ -227,24 +332,33 @@ def main() -> None:
     if a.profile:
         return profile_prefill(a)
     model = build(a.model, a.device)
-    experts = getattr(model.config, "_experts_implementation", None) if MODELS[a.model][0] != "llama" else None
+    experts = getattr(model.config, "_experts_implementation", None) if is_moe(a.model) else None
     # an eager experts loop synchronises with the host on every call: no graph then
     graph = a.device == "cuda" and not a.no_graph and experts in (None, "grouped_mm", "batched_mm")
     results: dict[tuple[str, str], list[float]] = {}
-    vs = variants()
+    vs = variants(is_moe(a.model))
     if a.only:
         def slug(n: str) -> str:
             return re.sub(r"[^a-z0-9]+", "-", n.lower()).strip("-")
         known = {n: n for n in vs} | {slug(n): n for n in vs}
         unknown = [o for o in a.only if o not in known]
         if unknown:
-            ap.error(f"--only: unknown variants {unknown}; known: {list(vs)} or {[slug(n) for n in vs]}")
+            moe_only = "" if is_moe(a.model) else " (the packed-experts variants, mxq-linear-moe-*, exist for MoE models only)"
+            ap.error(f"--only: unknown variants {unknown}; known: {list(vs)} or {[slug(n) for n in vs]}{moe_only}")
         want = {known[o] for o in a.only}
         vs = {k: v for k, v in vs.items() if k == "bf16" or k in want}
+    skipped: dict[str, str] = {}  # variant -> why (NotImplementedError: e.g. a build without the MoE's CUDA kernels)
     for r in range(a.rounds):
         order = list(vs) if r % 2 == 0 else list(reversed(vs))  # alternate the order between rounds
         for name in order:
-            handle = None if vs[name] is None else vs[name](model)
+            if name in skipped:
+                continue
+            try:
+                handle = None if vs[name] is None else vs[name](model)
+            except NotImplementedError as e:
+                skipped[name] = reason(e)
+                print(f"round {r + 1}: {name}: skipped: {skipped[name]}", file=sys.stderr, flush=True)
+                continue
             try:
                 for b in a.batch:
                     results.setdefault((name, f"decode B={b}"), []).append(
@@ -254,21 +368,35 @@ def main() -> None:
                 # progress on stderr, so that a run cut short still shows what it measured
                 print(f"round {r + 1}: {name}: " + ", ".join(f"{c} {v[-1]:,.0f}" for (n, c), v in results.items()
                                                               if n == name), file=sys.stderr, flush=True)
+            except NotImplementedError as e:  # raised while measuring: no row for it
+                skipped[name] = reason(e)
+                print(f"round {r + 1}: {name}: skipped: {skipped[name]}", file=sys.stderr, flush=True)
             finally:
                 if handle is not None:
                     handle.restore()
+    for name in skipped:
+        for key in [k for k in results if k[0] == name]:
+            del results[key]
     cases = list(dict.fromkeys(c for _, c in results))
     dev = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     lines = [f"{a.model} on {dev}, torch {torch.__version__}, {'CUDA graph' if graph else 'eager'} decode, "
              + (f"experts_implementation {experts}, " if experts else "") +
              f"median of {a.rounds} rounds (tokens/s; x bf16)", "",
              "| variant | " + " | ".join(cases) + " |", "|---|" + "---:|" * len(cases)]
+    ratios = {}
     for name in vs:
+        if name in skipped:
+            lines.append(f"| {name} | " + " | ".join("skipped" for _ in cases) + " |")
+            continue
         cells = []
         for c in cases:
             v, base = statistics.median(results[(name, c)]), statistics.median(results[("bf16", c)])
+            ratios[(name, c)] = v / base
             cells.append(f"{v:,.0f} ({v / base:.2f})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if skipped:
+        lines += [""] + [f"{name}: skipped: {why}" for name, why in skipped.items()]
+    lines += target_lines(ratios)
     print("\n".join(lines))
     if a.markdown:
         with open(a.markdown, "w") as f:

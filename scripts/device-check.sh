@@ -6,7 +6,10 @@
 #                     pytest (python without its tests: the package is still installed)
 #   MXQ_CHECK_E2E     bench/generate_bench.py models to run after the package is installed (end-to-end
 #                     tokens/s, e.g. "llama-1.3b qwen3-moe"); tables into $OUT/e2e-<model>.md
-#   MXQ_CHECK_E2E_ARGS  extra generate_bench.py arguments, e.g. "--only mxq mxq-fused bf16-mxq-norm-silu --rounds 3"
+#   MXQ_CHECK_E2E_ARGS  extra generate_bench.py arguments, e.g. "--only mxq mxq-fused bf16-mxq-norm-silu --rounds 3";
+#                     packed weights: "--only mxq-linear-mxfp4 mxq-linear-nvfp4" (llama-8b), and on an MoE model
+#                     (qwen3-moe) "--only mxq-linear-moe-mxfp4 mxq-linear-moe-nvfp4" (experts on mxq.moe too; these
+#                     names exist for MoE models only); issue targets below each table
 #   MXQ_CHECK_PYTEST  the pytest targets (default tests/python)
 #   MXQ_CHECK_GPU_TESTS  the GPU suites (default: every op's test and cuda_test, linear_test)
 #   MXQ_CHECK_SANITIZE_TESTS  the suites run under compute-sanitizer (default: the GPU suites)
@@ -16,6 +19,9 @@
 #   MXQ_CHECK_LINEAR_PEERS  bench/linear_peers.py arguments (e.g. "--quick"): mxq.linear against cuBLAS and
 #                     Humming, into $OUT/linear_peers.md; Humming from humming-kernels wheels in .whl/
 #                     (installed with --no-index), else that column says why it is missing
+#   MXQ_CHECK_MOE_PEERS  bench/moe_peers.py arguments (e.g. "--quick"): mxq.moe against bf16 grouped GEMM,
+#                     Humming's MoE GEMM and triton_kernels matmul_ogs (if importable), into $OUT/moe_peers.md
+#                     (rows also in $OUT/moe_peers.jsonl); Humming from .whl/ as for MXQ_CHECK_LINEAR_PEERS
 #   MXQ_CHECK_E2E_PROFILE  models whose prefill is profiled per variant (torch.profiler) into $OUT
 #   MXQ_CHECK_NCU     ';'-separated cuda_bench rows to profile with Nsight Compute (summary lines printed);
 #                     'ROW@REGEX' profiles the kernel matching REGEX (default block_kernel / dequant_kernel)
@@ -166,15 +172,23 @@ if ! skipped python; then  # the PyTorch package against the installed torch (no
       status "python: pytest tests/python" "$(tail -1 "$OUT/pytest.txt") rc=$rc ($((SECONDS - t0)) s)"
       [ $rc -ne 0 ] && grep -E '^(FAILED|ERROR)' "$OUT/pytest.txt" | head -20
     fi
+    PEERS_PATH=""  # the peers' wheels (.whl/, e.g. humming-kernels), installed once into a target dir
+    if [ -n "${MXQ_CHECK_LINEAR_PEERS:-}${MXQ_CHECK_MOE_PEERS:-}" ] && ls "$ROOT"/.whl/*.whl > /dev/null 2>&1; then
+      "$PYV/bin/python" -m pip install --no-index --no-deps --target "$BUILD/peers-site" "$ROOT"/.whl/*.whl > "$LOG/peers-pip.log" 2>&1
+      PEERS_PATH="$BUILD/peers-site"
+    fi
     if [ -n "${MXQ_CHECK_LINEAR_PEERS:-}" ]; then
-      PEERS_PATH=""
-      if ls "$ROOT"/.whl/*.whl > /dev/null 2>&1; then
-        "$PYV/bin/python" -m pip install --no-index --no-deps --target "$BUILD/peers-site" "$ROOT"/.whl/*.whl > "$LOG/peers-pip.log" 2>&1
-        PEERS_PATH="$BUILD/peers-site"
-      fi
       PYTHONPATH="$PEERS_PATH${PYTHONPATH:+:$PYTHONPATH}" "$PYV/bin/python" "$ROOT/bench/linear_peers.py" $MXQ_CHECK_LINEAR_PEERS \
         > "$OUT/linear_peers.md" 2> "$LOG/linear_peers.txt"
       status "python: linear_peers $MXQ_CHECK_LINEAR_PEERS" "rc=$? (linear_peers.md)"
+    fi
+    if [ -n "${MXQ_CHECK_MOE_PEERS:-}" ]; then  # the W4A16 MoE against bf16 grouped GEMM, Humming, triton
+      t0=$SECONDS
+      PYTHONPATH="$PEERS_PATH${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 "$PYV/bin/python" "$ROOT/bench/moe_peers.py" \
+        $MXQ_CHECK_MOE_PEERS --out "$OUT/moe_peers.jsonl" > "$OUT/moe_peers.md" 2> "$LOG/moe_peers.txt"
+      rc=$?
+      status "python: moe_peers $MXQ_CHECK_MOE_PEERS" "rc=$rc ($((SECONDS - t0)) s, moe_peers.md)"
+      [ $rc -ne 0 ] && tail -20 "$LOG/moe_peers.txt"
     fi
     for m in ${MXQ_CHECK_E2E_PROFILE:-}; do  # torch.profiler of one prefill per variant
       PYTHONUNBUFFERED=1 "$PYV/bin/python" "$ROOT/bench/generate_bench.py" --model "$m" --profile "$OUT/profile-$m.txt" > "$LOG/profile-$m.txt" 2>&1
@@ -210,6 +224,7 @@ if [ -s "$OUT/perf_table.md" ]; then cat "$OUT/perf_table.md"; elif [ -s "$OUT/c
 [ -s "$OUT/torch_ops_bench.md" ] && { echo; cat "$OUT/torch_ops_bench.md"; }
 [ -s "$OUT/linear_bench.txt" ] && { echo; cat "$OUT/linear_bench.txt"; }
 [ -s "$OUT/linear_peers.md" ] && { echo; cat "$OUT/linear_peers.md"; }
+[ -s "$OUT/moe_peers.md" ] && { echo; sed -n '/^# summary/,$p' "$OUT/moe_peers.md"; }
 [ -s "$OUT/checkpoint_bench.md" ] && { echo; cat "$OUT/checkpoint_bench.md"; }
 for f in "$OUT"/e2e-*.md; do [ -s "$f" ] && { echo; cat "$f"; }; done
 rm -rf "$LOG"

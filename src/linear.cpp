@@ -323,7 +323,12 @@ std::string linear_plan(const PackedWeight& w, std::int64_t M, int sm) {
   if (M < 1) c.fail("M " + std::to_string(M) + ": expected >= 1");
   if (sm < 0 || sm > 1000) c.fail("sm " + std::to_string(sm) + ": expected 0 (the current device) or a compute capability such as 90");
   if (sm == 0) sm = current_device_sm();
-  return core::to_string(core::plan_linear(w.N, w.K, M, sm));
+#if defined(MXQ_HAVE_SM90A)
+  constexpr bool sm90a = true;  // this build holds the sm90a prefill kernels
+#else
+  constexpr bool sm90a = false;
+#endif
+  return core::to_string(core::plan_linear(w.N, w.K, M, sm, sm == 90 && sm90a));
 }
 
 void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Tensor& y, Backend backend, void* stream) {

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,10 @@
 #include "core/validate.hpp"
 #include "cpu/reference/linear_reference.hpp"
 #include "entry.hpp"
+
+#if defined(MXQ_HAVE_CUDA)
+#include "cuda/backend.hpp"
+#endif
 
 namespace mxq {
 
@@ -89,10 +94,11 @@ void check_float_dtype(const Checker& c, const char* arg, const Tensor& t, bool 
            (f32_too ? "f32, bf16 or f16" : "bf16 or f16"));
 }
 
-// The CUDA kernels of the MoE are written separately; until they exist the CUDA backend refuses.
-[[noreturn]] void cuda_pending(const Checker& c) {
-  c.unsupported("the CUDA backend of the MoE is not implemented yet (docs/moe.md, status); run it on host data "
-                "(the reference)");
+// The CUDA kernels read x (and the activations) in 16-byte vectors.
+void check_x_aligned(const Checker& c, const char* arg, const Tensor& x) {
+  if (reinterpret_cast<std::uintptr_t>(x.data) % 16 != 0 || (x.stride() * 2) % 16 != 0)
+    c.unsupported(std::string(arg) + ": the CUDA kernels read it in 16-byte vectors; its data pointer and row stride (" +
+                  std::to_string(x.stride()) + " elements) must be 16-byte aligned");
 }
 
 // ---- host helpers -----------------------------------------------------------------------------------
@@ -318,8 +324,11 @@ void moe_route(const Tensor& topk_ids, i64 E, const Tensor& expert_offsets, cons
                                    {{"topk_ids", topk_ids.data}, {"expert_offsets", expert_offsets.data},
                                     {"sorted_pairs", sorted_pairs.data}, {"pair_pos", pair_pos.data}, {"error_flag", error_flag.data}},
                                    backend, true);
+#if defined(MXQ_HAVE_CUDA)
+  if (b == Backend::cuda) return cuda::moe_route(topk_ids, E, expert_offsets, sorted_pairs, pair_pos, error_flag, stream);
+#endif
+  (void)b;
   (void)stream;
-  if (b == Backend::cuda) cuda_pending(c);
   ref_check_ids(c, topk_ids, E);
   ref_route(topk_ids, E, expert_offsets, sorted_pairs, pair_pos, error_flag);
 }
@@ -368,8 +377,14 @@ void moe_linear(const Tensor& x, MoeRows rows, i64 k, const PackedExperts& w, co
                                     {"bias", bias ? bias->data : nullptr}, {"row_scale", row_scale ? row_scale->data : nullptr},
                                     {"expert_offsets", expert_offsets.data}, {"sorted_pairs", sorted_pairs.data}, {"y", y.data}},
                                    backend, true);
+#if defined(MXQ_HAVE_CUDA)
+  if (b == Backend::cuda) {
+    check_x_aligned(c, "x", x);
+    return cuda::moe_linear(x, rows == MoeRows::token, k, w, bias, expert_offsets, sorted_pairs, row_scale, y, stream);
+  }
+#endif
+  (void)b;
   (void)stream;
-  if (b == Backend::cuda) cuda_pending(c);
   ref_check_routing(c, w.E, P, expert_offsets, sorted_pairs);
   ref_linear(x, rows, k, w, bias, expert_offsets, sorted_pairs, row_scale, y);
 }
@@ -387,8 +402,11 @@ void moe_activation(const Tensor& h, MoeActivation kind, float alpha, float limi
   c.record("a", a, true);
   c.no_overlap();
   const Backend b = detail::choose("moe_activation", nullptr, h, {{"h", h.data}, {"a", a.data}}, backend, true);
+#if defined(MXQ_HAVE_CUDA)
+  if (b == Backend::cuda) return cuda::moe_activation(h, kind, alpha, limit, a, stream);
+#endif
+  (void)b;
   (void)stream;
-  if (b == Backend::cuda) cuda_pending(c);
   ref_activation(h, kind, alpha, limit, a);
 }
 
@@ -407,8 +425,11 @@ void moe_combine(const Tensor& o, const Tensor& pair_pos, i64 k, const Tensor& y
   c.record("y", y, true);
   c.no_overlap();
   const Backend b = detail::choose("moe_combine", nullptr, y, {{"o", o.data}, {"pair_pos", pair_pos.data}, {"y", y.data}}, backend, true);
+#if defined(MXQ_HAVE_CUDA)
+  if (b == Backend::cuda) return cuda::moe_combine(o, pair_pos, k, y, stream);
+#endif
+  (void)b;
   (void)stream;
-  if (b == Backend::cuda) cuda_pending(c);
   for (i64 p = 0; p < P; ++p)
     if (const std::int32_t q = i32p(pair_pos)[p]; q < -1 || q >= P)
       c.fail("pair_pos[" + std::to_string(p) + "] = " + std::to_string(q) + ", expected -1 or a position in [0, " +
@@ -512,8 +533,13 @@ void moe(const Tensor& x, const PackedExperts& w13, const Tensor* b13, const Pac
     c.record("workspace", *workspace, true);
   }
   c.no_overlap();
+#if defined(MXQ_HAVE_CUDA)
+  if (b == Backend::cuda) {
+    check_x_aligned(c, "x", x);
+    return cuda::moe(x, w13, b13, w2, b2, topk_ids, topk_weights, activation, alpha, limit, y, *workspace, stream);
+  }
+#endif
   (void)stream;
-  if (b == Backend::cuda) cuda_pending(c);
   ref_check_ids(c, topk_ids, E);
   if (T == 0) return;
 

@@ -194,15 +194,6 @@ void check_rotation_on_cuda(const Checker& c, const Problem& p, Backend b, bool 
                   " on the CUDA backend: rotations there need groups of 8 or more elements (the CPU backends take any)");
 }
 
-// nvfp4_e5m3 on the CUDA backend: refused in this version. Its kernels have not yet run on a GPU and wait in
-// dev/pending/nvfp4-e5m3-cuda.patch; the reference and CPU backends take the format. Checked before any
-// launch (empty tensors included: quantize's write_empty is a launch too).
-void check_format_on_cuda(const Checker& c, const Problem& p, Backend b) {
-  if (b == Backend::cuda && p.e5m3())
-    c.unsupported("format 'nvfp4_e5m3' on the CUDA backend: the CUDA kernels for it are not in this build yet "
-                  "(the reference and CPU backends take it; copy the data to the host)");
-}
-
 // quantize and qdq rotate by R: a matrix rotation needs R there; its bf16 precision needs bf16 data and
 // a bf16 R (the tensor cores' operands, exact).
 void check_rotation_matrix(const Checker& c, const QuantOptions& opt, const Tensor& x) {
@@ -280,7 +271,6 @@ void quantize(const Tensor& x, const QuantizedOut& out, const QuantOptions& opt)
                            {{"x", x.data}, {"codes", out.codes.data}, {"scales", out.scales.data},
                             {"clip_mask", out.clip_mask.data}, {"tensor_scale", out.tensor_scale}, {"workspace", opt.workspace}},
                            opt.backend);
-  check_format_on_cuda(c, p, b);
   Scratch rot;
   const Tensor xin = rotated_input(c, p, x, b, rot);
   plan_tensor_scale(c, p, xin, b, out.tensor_scale);
@@ -315,7 +305,6 @@ void dequantize(const QuantizedIn& q, const Tensor& y, const QuantOptions& opt) 
   record_matrix(c, opt, true);
   c.no_overlap();
   const Backend b = choose("dequantize", &opt, y, {{"codes", q.codes.data}, {"scales", q.scales.data}, {"y", y.data}}, opt.backend);
-  check_format_on_cuda(c, p, b);
   if (opt.rotation != Rotation::none) {  // dequantize into fp32, un-rotate, round to y's dtype
     check_rotation_on_cuda(c, p, b, true);
     check_rotation_inverse(c, opt);
@@ -354,7 +343,6 @@ void qdq(const Tensor& x, const Tensor& y, const QuantOptions& opt) {
   record_matrix(c, opt, false);
   c.no_overlap();
   const Backend b = choose("qdq", &opt, x, {{"x", x.data}, {"y", y.data}, {"workspace", opt.workspace}}, opt.backend);
-  check_format_on_cuda(c, p, b);
   if (opt.rotation != Rotation::none) {  // QDQ of the rotated fp32 tensor (exact in fp32), rounded to y's dtype
     Scratch rot;
     const Tensor t = rotated_input(c, p, x, b, rot);

@@ -33,18 +33,6 @@ inline std::string unusable(mxq::Backend b) {
     if (!why_.empty()) GTEST_SKIP() << "backend " << mxq::to_string(b) << " not usable: " << why_; \
   } while (0)
 
-// nvfp4_e5m3 on the CUDA backend: refused in this version (src/ops.cpp); its kernels have not yet run on a GPU
-// and wait in dev/pending/nvfp4-e5m3-cuda.patch, which deletes these and every use, so that the CUDA cases
-// of the format run again. Whole test cases skip with the reason; cases inside a loop are passed over.
-#define TH_E5M3_CUDA_PENDING "nvfp4_e5m3 CUDA kernels wait in dev/pending/nvfp4-e5m3-cuda.patch"
-inline bool e5m3_cuda_pending(mxq::Backend b, mxq::Format f) {
-  return b == mxq::Backend::cuda && f == mxq::Format::nvfp4_e5m3;
-}
-#define TH_SKIP_E5M3_CUDA_PENDING(b, f)                                \
-  do {                                                                 \
-    if (th::e5m3_cuda_pending(b, f)) GTEST_SKIP() << TH_E5M3_CUDA_PENDING; \
-  } while (0)
-
 // A HostTensor's layout on a backend: its data in host memory, or a device copy.
 class Placed {
  public:

@@ -208,7 +208,6 @@ void for_each_sweep_case(mxq::Backend b, F&& f) {
   const HostTensor shuffled = all_bf16_shuffled(), narrow = all_bf16_shuffled(2048), anchored = all_bf16_anchored();
   Placed sb(b, shuffled), nb(b, narrow), ab(b, anchored);
   for (mxq::QuantOptions o : sweep_options()) {
-    if (e5m3_cuda_pending(b, o.format)) continue;  // TH_E5M3_CUDA_PENDING
     for (const HostTensor* x : {&shuffled, &narrow, &anchored}) {
       if (o.format != mxq::Format::nvfp4_e5m3) o.group_size = x == &anchored ? 2 : 0;
       SCOPED_TRACE(name_of(o) + (x == &anchored ? " anchored" : (x == &narrow ? " shuffled [2048, 32]" : " shuffled")));

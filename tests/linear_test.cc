@@ -2,6 +2,7 @@
 // (mxq::dequantize to fp32, sums in double), and the CUDA kernels against the reference byte for byte
 // on inputs whose fp32 sums are exact in any order; NaN scales, scale padding, strides, determinism,
 // argument errors.
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -203,6 +204,28 @@ TEST(Linear, PackedLayoutMatchesTheDocumentedFormula) {
         }
 }
 
+// The prefill kernel's x tile order against the packed layout: for every k16 step i and lane (g, q), the
+// columns the lane's A fragment holds as k = 0..15 are the x columns the wgmma reads as k = 0..15.
+TEST(Linear, WgmmaXTileOrderMatchesThePackedLayout) {
+  std::array<int, 64> seen{};
+  for (int c = 0; c < 64; ++c) {
+    const int p = mxq::core::wgmma_x_column(c);
+    ASSERT_TRUE(p >= 0 && p < 64) << c;
+    ++seen[p];
+  }
+  for (int p = 0; p < 64; ++p) EXPECT_EQ(seen[p], 1) << "position " << p << " is not the image of exactly one column";
+  for (int i = 0; i < 4; ++i)
+    for (int q = 0; q < 4; ++q)
+      for (int pair = 0; pair < 4; ++pair)
+        for (int half = 0; half < 2; ++half) {
+          // the documented layout: nibble (pair, half) of word i of lane (g, q) is column 16 q + 4 i + 2 (pair >> 1) + half
+          const int col = 16 * q + 4 * i + 2 * (pair >> 1) + half;
+          // the m16n8k16 A fragment: pairs 0-1 are k = 2 q + half, pairs 2-3 are k = 2 q + 8 + half
+          const int k = 2 * q + 8 * (pair >> 1) + half;
+          EXPECT_EQ(mxq::core::wgmma_x_column(col), 16 * i + k) << "step " << i << " lane q " << q << " pair " << pair << " half " << half;
+        }
+}
+
 TEST(Linear, ReferenceMatchesOracleOnExactSums) {
   for (Format f : kFormats)
     for (DType dt : {DType::bf16, DType::f16})
@@ -305,10 +328,12 @@ HostTensor wide_x() {
 
 TEST(Linear, EveryPlanHasAKernel) {
   for (int sm : {80, 89, 90})
-    for (std::int64_t M : {1, 7, 8, 9, 16, 17, 32, 33, 64, 65, 129, 4096})
+   for (bool wgmma : {false, true})
+    for (std::int64_t M : {1, 7, 8, 9, 16, 17, 32, 33, 64, 65, 129, 300, 4096})
       for (std::int64_t N : {1, 100, 4096, 4097, 8192, 12288, 14336, 28672})
         for (std::int64_t K : {32, 2880, 4096, 8192, 14336}) {
-          const mxq::core::LinearPlan p = mxq::core::plan_linear(N, K, M, sm);
+          const mxq::core::LinearPlan p = mxq::core::plan_linear(N, K, M, sm, wgmma);
+          if (p.wgmma) EXPECT_EQ(sm, 90) << "the prefill kernel is sm90a code";
           EXPECT_TRUE(mxq::core::has_kernel(p)) << "sm" << sm << " M=" << M << " N=" << N << " K=" << K << ": " << mxq::core::to_string(p);
           if (sm < 90) EXPECT_EQ(p.cluster, 1) << "clusters need sm90";
           if (p.xstage) EXPECT_GE(p.tokens, 32) << "x staging is for the medium-M tiles";
@@ -374,7 +399,7 @@ void expect_cases_match(const std::vector<Case>& cases, const std::vector<Format
 }
 
 // One small case per kernel kind (the sanitizers' subset): tokens 1/8/16, two groups per CTA, a cluster,
-// x staged with 4 and 2 groups (K slices with different atom counts), and M = 260.
+// x staged with 4 and 2 groups (K slices with different atom counts), the sm90a prefill kernel.
 TEST(LinearCuda, EveryKernelKindOnce) {
   TH_REQUIRE_BACKEND(Backend::cuda);
   expect_cases_match({{1, 100, 2880}, {7, 40, 96}, {16, 12300, 192}, {1, 100, 8192}, {33, 12300, 320}, {64, 5700, 2880},
@@ -404,6 +429,10 @@ TEST(LinearCuda, MatchesReferenceOnExactSums) {
   cases.push_back({64, 5700, 2880});
   cases.push_back({129, 2900, 2880});
   cases.push_back({1000, 1000, 320});
+  // the sm90a prefill kernel (an sm90a build on an sm_90 device): N, K and M off its tiles
+  cases.push_back({260, 12300, 128});
+  cases.push_back({1000, 4100, 704});
+  cases.push_back({2050, 1000, 96});
   expect_cases_match(cases, {std::begin(kFormats), std::end(kFormats)}, {DType::bf16, DType::f16});
 }
 

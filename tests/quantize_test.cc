@@ -18,7 +18,6 @@ class Quantize : public testing::TestWithParam<th::BackendCase> {};
 TEST_P(Quantize, MatchesReferenceBitExact) {
   const auto [b, c] = GetParam();
   TH_REQUIRE_BACKEND(b);
-  TH_SKIP_E5M3_CUDA_PENDING(b, c.format);
   QuantOptions o = th::options_of(c);
   th::Scalar workspace(b);
   std::uint32_t seed = 1;
@@ -124,7 +123,6 @@ TEST_P(EdgeBlocks, QuantizeDequantizeQdqMatchReference) {
     }
     th::Placed xb(b, x);
     for (QuantOptions o : opts) {
-      if (th::e5m3_cuda_pending(b, o.format)) continue;  // TH_E5M3_CUDA_PENDING
       SCOPED_TRACE(th::name_of(o) + " " + std::string(to_string(dt)) + " K " + std::to_string(K));
       QuantOptions oref = o;
       oref.backend = Backend::reference;

@@ -23,6 +23,7 @@
 #include <string_view>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/stack.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -38,6 +39,14 @@
 #include <mxq/moe.hpp>
 #include <mxq/ops.hpp>
 #include <mxq/types.hpp>
+
+#if defined(MXQ_TORCH_CUDA)
+namespace mxq_torch {
+// python/csrc/hadamard_rotate.cu (compiled into this extension when it is built with CUDA)
+cudaError_t hadamard_rotate_f64_cuda(const void* a, int dtype, float* y, int64_t groups, int rs, double c,
+                                     cudaStream_t stream);
+}  // namespace mxq_torch
+#endif
 
 namespace mxq_torch {
 namespace {
@@ -627,6 +636,81 @@ at::Tensor unswizzle_scales(const at::Tensor& swizzled, int64_t rows, int64_t co
   return out;
 }
 
+// ---- hadamard_rotate_f64 --------------------------------------------------------------------------
+// The QuTLASS shim's rotation by c * H (H the Sylvester Hadamard matrix, H[i][j] = (-1)^popcount(i & j))
+// without a float64 matmul: each group of rs consecutive elements of `a` becomes
+// y_j = RN32(RN64(c * S_j) + 0), S the float64 fast Walsh-Hadamard butterfly of the group (stages
+// h = 1, 2, .., rs/2; each pair (lo, hi) -> (lo + hi, lo - hi) in double). The CPU loop below and the
+// CUDA kernel (python/csrc/hadamard_rotate.cu) run the same operations in the same order: the same
+// bits. Not in libmxq: an interim step before a rotation fused into the quantize kernels (issue 39).
+// When it equals the float64 matmul `g.double() @ (c * H).double()`: docs/numerics.md.
+void hadamard_groups_cpu(const at::Tensor& x, float* y, int64_t groups, int64_t rs, double c) {
+  auto run = [&](auto load) {
+    at::parallel_for(0, groups, 256, [&](int64_t g0, int64_t g1) {
+      double v[256];
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t base = g * rs;
+        for (int64_t i = 0; i < rs; ++i) v[i] = load(base + i);
+        for (int64_t h = 1; h < rs; h <<= 1)
+          for (int64_t i = 0; i < rs; i += 2 * h)
+            for (int64_t k = i; k < i + h; ++k) {
+              const double lo = v[k], hi = v[k + h];
+              v[k] = lo + hi;
+              v[k + h] = lo - hi;
+            }
+        // + 0: a zero result is +0, as the matmul's sums starting from +0 give it
+        for (int64_t i = 0; i < rs; ++i) y[base + i] = static_cast<float>(v[i] * c + 0.0);
+      }
+    });
+  };
+  switch (x.scalar_type()) {
+    case at::kFloat: {
+      const float* p = x.const_data_ptr<float>();
+      run([p](int64_t i) { return static_cast<double>(p[i]); });
+      break;
+    }
+    case at::kHalf: {
+      const at::Half* p = x.const_data_ptr<at::Half>();
+      run([p](int64_t i) { return static_cast<double>(static_cast<float>(p[i])); });
+      break;
+    }
+    default: {
+      const at::BFloat16* p = x.const_data_ptr<at::BFloat16>();
+      run([p](int64_t i) { return static_cast<double>(static_cast<float>(p[i])); });
+      break;
+    }
+  }
+}
+
+at::Tensor hadamard_rotate_f64(const at::Tensor& a, int64_t rs, double c) {
+  const at::ScalarType st = a.scalar_type();
+  TORCH_CHECK_VALUE(st == at::kFloat || st == at::kHalf || st == at::kBFloat16, "mxq.hadamard_rotate_f64: argument 'a': dtype ",
+                    st, ", expected float32, float16 or bfloat16");
+  TORCH_CHECK_VALUE(a.dim() >= 1, "mxq.hadamard_rotate_f64: argument 'a': a 0-dimensional tensor, expected [..., K]");
+  TORCH_CHECK_VALUE(rs >= 16 && rs <= 256 && (rs & (rs - 1)) == 0, "mxq.hadamard_rotate_f64: argument 'rs': ",
+                    std::to_string(rs), ", expected a power of two in [16, 256]");
+  TORCH_CHECK_VALUE(a.size(-1) % rs == 0, "mxq.hadamard_rotate_f64: argument 'a': shape ", shape_str(a),
+                    ", expected K (the last dimension) to be a multiple of rs = ", std::to_string(rs));
+  at::Tensor y = at::empty(a.sizes(), a.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous));
+  const int64_t groups = a.numel() / rs;
+  if (groups == 0) return y;
+  const at::Tensor x = a.contiguous();
+  if (!x.is_cuda()) {
+    hadamard_groups_cpu(x, y.data_ptr<float>(), groups, rs, c);
+    return y;
+  }
+#if defined(MXQ_TORCH_CUDA)
+  DeviceContext ctx(x);
+  const int dtype = st == at::kFloat ? 0 : st == at::kHalf ? 1 : 2;
+  const cudaError_t e = hadamard_rotate_f64_cuda(x.const_data_ptr(), dtype, y.data_ptr<float>(), groups, static_cast<int>(rs), c,
+                                                 static_cast<cudaStream_t>(ctx.stream));
+  TORCH_CHECK(e == cudaSuccess, "mxq.hadamard_rotate_f64: the CUDA kernel did not launch: ", cudaGetErrorString(e));
+  return y;
+#else
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "mxq.hadamard_rotate_f64: a CUDA tensor, but the extension was built without CUDA");
+#endif
+}
+
 // A boxed kernel for m.impl: void(op, stack), or void(op, keys, stack) where it redispatches.
 template <auto kernel>
 torch::CppFunction boxed() {
@@ -657,6 +741,15 @@ void refuse_rotated_gradient(const Args& a) {
                                   std::string(matrix ? "a matrix" : rotation) +
                                   "' with x requiring grad: the gradient of a rotated qdq (grad_y @ R^T) is not implemented; "
                                   "call it under torch.no_grad() or on x.detach()");
+}
+
+// hadamard_rotate_f64 has no gradient (the QuTLASS shim calls it under no_grad): refused on an input
+// that requires one, rather than an output silently cut from the graph.
+void hadamard_rotate_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!needs_grad(torch::jit::peek(*stack, 0, 3).toTensor()),
+                              "mxq.hadamard_rotate_f64: argument 'a' requires grad: the rotation has no gradient in mxq; "
+                              "call it under torch.no_grad() or on a.detach()");
+  below_autograd(op, ks, stack);
 }
 
 // y = qdq(x, options...) with grad_x = grad_y; `options` are the call's arguments after x (qdq's and
@@ -995,6 +1088,7 @@ TORCH_LIBRARY(mxq, m) {
   m.def("moe(Tensor x, Tensor w13_codes, Tensor w13_scales, Tensor w13_exp_shift, Tensor w13_tensor_scale, Tensor? b13, "
         "Tensor w2_codes, Tensor w2_scales, Tensor w2_exp_shift, Tensor w2_tensor_scale, Tensor? b2, Tensor topk_ids, "
         "Tensor topk_weights, str format, int I, bool f16_exact, str activation, float alpha, float limit) -> (Tensor, Tensor)");
+  m.def("hadamard_rotate_f64(Tensor a, int rs, float c) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mxq, CPU, m) {
@@ -1011,6 +1105,7 @@ TORCH_LIBRARY_IMPL(mxq, CPU, m) {
   m.impl("unpack", &mxq_torch::unpack);
   m.impl("linear", &mxq_torch::linear);
   m.impl("moe", &mxq_torch::moe);
+  m.impl("hadamard_rotate_f64", &mxq_torch::hadamard_rotate_f64);
 }
 
 // NOTE: registered even when the library was built without CUDA, so that CUDA tensors get mxq's own
@@ -1027,6 +1122,7 @@ TORCH_LIBRARY_IMPL(mxq, CUDA, m) {
   m.impl("unswizzle_scales", &mxq_torch::unswizzle_scales);
   m.impl("linear", &mxq_torch::linear);
   m.impl("moe", &mxq_torch::moe);
+  m.impl("hadamard_rotate_f64", &mxq_torch::hadamard_rotate_f64);
 }
 
 TORCH_LIBRARY_IMPL(mxq, ADInplaceOrView, m) { m.impl("qdq_", mxq_torch::boxed<&mxq_torch::qdq_inplace_version>()); }
@@ -1042,6 +1138,7 @@ TORCH_LIBRARY_IMPL(mxq, Autograd, m) {
   // uint8 in, uint8 out: nothing can require grad; registered so that no call takes torch's boxed fallback.
   m.impl("swizzle_scales", boxed<&mxq_torch::below_autograd>());
   m.impl("unswizzle_scales", boxed<&mxq_torch::below_autograd>());
+  m.impl("hadamard_rotate_f64", boxed<&mxq_torch::hadamard_rotate_autograd>());
 }
 
 // The extension is imported as the Python module mxq._C: importing it registers the ops above; its two

@@ -299,3 +299,13 @@ def _moe_fake(x, w13_codes, w13_scales, w13_exp_shift, w13_tensor_scale, b13, w2
         raise ValueError(f"mxq.moe: topk_ids {topk_ids.dtype} {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)}, "
                          "expected int32 / int64 [..., k] and the same shape")
     return x.new_empty(x.shape), x.new_empty((1,), dtype=torch.int32)
+
+
+@torch.library.register_fake("mxq::hadamard_rotate_f64")
+def _hadamard_rotate_f64(a, rs, c):
+    _check_float(a, "hadamard_rotate_f64", "a")
+    if not (16 <= rs <= 256 and rs & (rs - 1) == 0):
+        raise ValueError(f"mxq.hadamard_rotate_f64: argument 'rs': {rs}, expected a power of two in [16, 256]")
+    torch._check(a.shape[-1] % rs == 0, lambda: f"mxq.hadamard_rotate_f64: argument 'a': shape {tuple(a.shape)}, "
+                 f"expected K (the last dimension) to be a multiple of rs = {rs}")
+    return a.new_empty(a.shape, dtype=torch.float32)

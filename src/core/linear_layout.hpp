@@ -29,4 +29,17 @@ constexpr unsigned unpack_code_bits(unsigned word, int pair, int half) {
   return code;
 }
 
+// The sm90a prefill kernel's x tiles (cuda/gemm/w4a16_wgmma.cuh): its wgmma k16 step i reads columns
+// 16 i .. 16 i + 15 of a shared-memory tile as k = 0..15, while lane (g, q)'s packed word i holds the
+// weights of columns 16 q + 4 i + 0..3 (pairs 0-1: columns + 0, 1 as k = 2 q, 2 q + 1; pairs 2-3:
+// columns + 2, 3 as k = 2 q + 8, 2 q + 9). So the producer writes x column c = 16 q + 4 i + 2 h + b of a
+// 64-column tile to position 16 i + 8 h + 2 q + b.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+constexpr int wgmma_x_column(int c) {
+  const int q = c >> 4, i = (c >> 2) & 3, h = (c >> 1) & 1, b = c & 1;
+  return 16 * i + 8 * h + 2 * q + b;
+}
+
 }  // namespace mxq::core

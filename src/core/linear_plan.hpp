@@ -13,6 +13,7 @@ struct LinearPlan {
   int cluster;          // CTAs of a cluster (sm90) splitting K further, reduced in rank order
   bool xstage;          // x staged per K slice in a shared-memory ring (cp.async) instead of read through L1
   int sm;               // the architecture the plan is for (major * 10 + minor)
+  bool wgmma;           // the sm90a prefill kernel (w4a16_wgmma.cuh): tokens = its BM, groups = 4 x strips per warp
   std::int64_t grid_n;  // CTAs along N: groups x 32 weight rows each, times the cluster
   std::int64_t grid_m;  // CTAs along M
 };
@@ -24,8 +25,38 @@ struct LinearPlan {
 // clusters at M >= 32 measured slower (the x fragments, read from L2 at 1 CTA per SM, bound those tiles).
 // From M = 17 on, x staged in shared memory per K slice lifts that bound where 2 or 4 groups per CTA
 // still give about two thirds of a wave of CTAs (88 of 132 SMs): the widest such tile is taken.
-inline LinearPlan plan_linear(std::int64_t N, std::int64_t K, std::int64_t M, int sm) {
+// The sm90a prefill kernel's tiles: BM tokens x 128 * strips rows of W per CTA (w4a16_wgmma.cuh).
+// Probe (H100): 128 tokens x 256 rows with the shared-memory epilogue was the fastest tile from M = 100
+// to 4096 wherever it gave >= 100 CTAs (1.2-1.4x the x-staged mma.sync tile); 256 x 128 was slower.
+struct WgmmaKernelRow {
+  int bm, strips, stages, prefetch;
+  bool smem_epilogue;
+};
+constexpr WgmmaKernelRow kWgmmaKernels[] = {{128, 2, 4, 4, true}};
+constexpr int kWgmmaMinCtas = 100;  // below this many CTAs the mma.sync tiles are faster (probe, H100)
+
+// wgmma_ok: the library holds sm_90a code and the device runs it (cuda/gemm/linear_launch.cu).
+inline LinearPlan plan_linear(std::int64_t N, std::int64_t K, std::int64_t M, int sm, bool wgmma_ok = false) {
   LinearPlan p{};
+  const std::int64_t pairs_ = (N + 31) / 32;
+  if (wgmma_ok && sm == 90 && M > 64) {
+    for (const WgmmaKernelRow& r : kWgmmaKernels) {
+      const std::int64_t ctas = (pairs_ + 4 * r.strips - 1) / (4 * r.strips) * ((M + r.bm - 1) / r.bm);
+      if (ctas >= kWgmmaMinCtas) {
+        p.wgmma = true;
+        p.tokens = r.bm;
+        p.groups = 4 * r.strips;
+        p.depth = r.prefetch;
+        p.ksplit = 8;
+        p.cluster = 1;
+        p.xstage = false;
+        p.sm = sm;
+        p.grid_n = (pairs_ + p.groups - 1) / p.groups;
+        p.grid_m = (M + p.tokens - 1) / p.tokens;
+        return p;
+      }
+    }
+  }
   p.tokens = M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64;
   p.ksplit = 8;
   p.groups = 1;
@@ -64,12 +95,20 @@ constexpr LinearKernelRow kLinearKernels[] = {
     {16, 4, 1, 1, false}, {16, 4, 2, 1, false}, {32, 4, 1, 1, false}, {32, 4, 2, 1, true}, {32, 4, 4, 1, true},
     {64, 4, 1, 1, false}, {64, 4, 2, 1, true},  {64, 4, 4, 1, true}};
 inline bool has_kernel(const LinearPlan& p) {
+  if (p.wgmma) {
+    for (const WgmmaKernelRow& r : kWgmmaKernels)
+      if (r.bm == p.tokens && 4 * r.strips == p.groups && r.prefetch == p.depth) return true;
+    return false;
+  }
   for (const LinearKernelRow& r : kLinearKernels)
     if (r.matches(p)) return true;
   return false;
 }
 
 inline std::string to_string(const LinearPlan& p) {
+  if (p.wgmma)
+    return "wgmma (sm90a), tokens per tile " + std::to_string(p.tokens) + ", weight rows per tile " + std::to_string(32 * p.groups) +
+           ", tiles in flight " + std::to_string(p.depth) + ", grid " + std::to_string(p.grid_n) + " x " + std::to_string(p.grid_m);
   return "tokens per tile " + std::to_string(p.tokens) + ", warps " + std::to_string(p.ksplit) + ", row groups " +
          std::to_string(p.groups) + ", cluster " + std::to_string(p.cluster) + ", tiles in flight " + std::to_string(p.depth) +
          ", grid " + std::to_string(p.grid_n) + " x " + std::to_string(p.grid_m);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include <mxq/linear.hpp>
+#include <mxq/moe.hpp>
 
 #include "core/problem.hpp"
 
@@ -35,6 +36,17 @@ void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& y, const core:
 // The W4A16 linear (cuda/gemm/): y = x @ W^T (+ bias); x 16-byte aligned (checked by the entry layer).
 void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Tensor& y, void* stream);
 void dequantize_packed(const PackedWeight& w, const Tensor& out, void* stream);
+// The W4A16 MoE (cuda/moe/): the primitives and the whole block over the caller's workspace (src/moe.cpp
+// validates; x and the workspace 16- / 256-byte aligned).
+void moe_route(const Tensor& ids, std::int64_t E, const Tensor& offsets, const Tensor& sorted, const Tensor& pos, const Tensor& flag,
+               void* stream);
+void moe_linear(const Tensor& x, bool token_rows, std::int64_t k, const PackedExperts& w, const Tensor* bias, const Tensor& offsets,
+                const Tensor& sorted, const Tensor* row_scale, const Tensor& y, void* stream);
+void moe_activation(const Tensor& h, MoeActivation kind, float alpha, float limit, const Tensor& a, void* stream);
+void moe_combine(const Tensor& o, const Tensor& pos, std::int64_t k, const Tensor& y, void* stream);
+void moe(const Tensor& x, const PackedExperts& w13, const Tensor* b13, const PackedExperts& w2, const Tensor* b2, const Tensor& topk_ids,
+         const Tensor& topk_weights, MoeActivation activation, float alpha, float limit, const Tensor& y, const Tensor& workspace,
+         void* stream);
 // The current device's compute capability (major * 10 + minor), for the linear's plan.
 int device_sm();
 

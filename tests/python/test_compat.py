@@ -18,10 +18,6 @@ import anchors
 import oracle
 from conftest import assert_bytes_equal, needs_cuda
 
-# nvfp4_e5m3 on CUDA: refused in this version; its kernels, and these tests without the skip, wait in
-# dev/pending/nvfp4-e5m3-cuda.patch.
-E5M3_CUDA_PENDING = "nvfp4_e5m3 CUDA kernels wait in dev/pending/nvfp4-e5m3-cuda.patch"
-
 
 def _bits(t):
     return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
@@ -161,7 +157,6 @@ def test_vllm_nvfp4_e5m3_qdq_equals_the_reference_on_every_pattern(dtype, g):
 
 
 @needs_cuda
-@pytest.mark.skip(reason=E5M3_CUDA_PENDING)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("g", [16, 32])
 def test_vllm_nvfp4_e5m3_qdq_cuda_equals_cpu(dtype, g):
@@ -207,27 +202,12 @@ def test_vllm_nvfp4_e5m3_weight_dequant_and_decode():
 
 
 @needs_cuda
-@pytest.mark.skip(reason=E5M3_CUDA_PENDING)
 def test_vllm_nvfp4_e5m3_weight_dequant_cuda_equals_cpu():
     for g in (16, 32):
         x = (torch.randn(7, 4 * g) * 5).to(torch.bfloat16)
         q = mxq.quantize(x, "nvfp4_e5m3", group_size=g)
         w = V.nvfp4_e5m3_weight_dequant_cute(q.codes, q.scales, g)
         assert torch.equal(V.nvfp4_e5m3_weight_dequant_cute(q.codes.cuda(), q.scales.cuda(), g).cpu(), w)
-
-
-@needs_cuda
-def test_nvfp4_e5m3_refused_on_cuda():
-    """The CUDA backend refuses nvfp4_e5m3 in this version, with the library's NotImplementedError
-    (E5M3_CUDA_PENDING: the patch deletes this test)."""
-    want = "format 'nvfp4_e5m3' on the CUDA backend: the CUDA kernels for it are not in this build yet"
-    x = torch.randn(4, 64, dtype=torch.bfloat16, device="cuda")
-    q = mxq.quantize(x.cpu(), "nvfp4_e5m3", layout="linear")
-    for call in (lambda: mxq.qdq(x, "nvfp4_e5m3"), lambda: mxq.quantize(x, "nvfp4_e5m3"),
-                 lambda: V.nvfp4_e5m3_qdq(x), lambda: V.nvfp4_e5m3_qdq_cute(x, 32),
-                 lambda: V.nvfp4_e5m3_weight_dequant_cute(q.codes.cuda(), q.scales.cuda(), 16)):
-        with pytest.raises(NotImplementedError, match=want):
-            call()
 
 
 def test_vllm_nvfp4_e5m3_checks():
@@ -631,3 +611,259 @@ def test_qutlass_rotation_compiles_without_graph_breaks():
     f = torch.compile(lambda a, b: Q.fusedQuantizeMx(a, b, method="quest"), fullgraph=True, backend="aot_eager")
     for got, want in zip(f(x, h), Q.fusedQuantizeMx(x, h, method="quest")):
         assert_bytes_equal(got, want, "compiled")
+
+
+# ---- QuTLASS's Hadamard rotation: the float64 butterfly (torch.ops.mxq.hadamard_rotate_f64) ----------
+def _had_ref(x: torch.Tensor, rs: int, c: float) -> torch.Tensor:
+    """The old path's value: the float64 matmul by c * H, rounded once to fp32."""
+    h = ((~Q._sylvester_negative(rs)).double() * 2 - 1).to(x.device)
+    return (x.unflatten(-1, (-1, rs)).double() @ (h * c)).flatten(-2).float()
+
+
+def _assert_same_or_both_nan(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Bytes equal wherever the matmul is not NaN; NaN exactly where it is NaN (NaN sign and payload
+    are not compared: the matmul's depend on the BLAS and the device)."""
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan), f"{what}: NaN positions differ"
+    assert_bytes_equal(got, want, what, mask=~nan)
+
+
+def _hadamard_cases(rs: int, dtype, n: int = 64, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed + rs)
+    x = torch.randn(n, 4 * rs, generator=g) * 25.0
+    if dtype == torch.float32:  # keep the fp32 groups' span within the exact bound (docs/numerics.md)
+        x = torch.where(x.abs() < 2.0**-6, torch.full_like(x, 2.0**-6), x)
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("rs", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_qutlass_hadamard_rotate_f64_equals_the_matmul(rs, dtype):
+    """The butterfly against the float64 matmul, QuTLASS's c = bf16(rs^-0.5) and a power of two, on
+    random data (leading dimensions kept, a strided input copied)."""
+    x = _hadamard_cases(rs, dtype)
+    for c in (float(_hadamard_bf16(rs)[0, 0]), 0.25):
+        if dtype == torch.float32 and c != 0.25 and rs not in (16, 64, 256):
+            c = 0.25  # fp32 data times an 8-bit c: the matmul's products may round; the butterfly's do not
+        got = torch.ops.mxq.hadamard_rotate_f64(x, rs, c)
+        assert got.dtype == torch.float32 and got.shape == x.shape
+        assert_bytes_equal(got, _had_ref(x, rs, c), f"rs {rs} {dtype} c {c}")
+    x3 = x.reshape(4, 16, -1)
+    assert_bytes_equal(torch.ops.mxq.hadamard_rotate_f64(x3, rs, 0.5), _had_ref(x3, rs, 0.5), "3-D")
+    xs = x.t().contiguous().t()  # not contiguous
+    assert_bytes_equal(torch.ops.mxq.hadamard_rotate_f64(xs, rs, 0.5), _had_ref(xs, rs, 0.5), "strided")
+
+
+def _within_exact_bound(x: torch.Tensor, rs: int) -> torch.Tensor:
+    """bool per group of rs: every butterfly sum (and, for a power-of-two c, every matmul sum) is exact:
+    rs * max|x| <= 2^53 * u, u the smallest unit in the last place among the group's nonzero elements
+    (docs/numerics.md); groups with Inf or NaN count as within (their results are Inf / NaN either way)."""
+    p = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}[x.dtype]
+    tiny = {torch.bfloat16: 2.0**-126, torch.float16: 2.0**-14, torch.float32: 2.0**-126}[x.dtype]
+    v = x.double().unflatten(-1, (-1, rs))
+    a = v.abs()
+    finite = torch.isfinite(v).all(-1)
+    _, e = torch.frexp(a.clamp(min=tiny))  # a = m * 2^e, m in [0.5, 1): ulp 2^(e - p)
+    ulp = torch.where(a > 0, torch.ldexp(torch.ones_like(a), e - p), torch.full_like(a, float("inf")))
+    u = ulp.amin(-1)
+    return ~finite | (rs * a.amax(-1) <= 2.0**53 * u)
+
+
+@pytest.mark.parametrize("rs", [16, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_qutlass_hadamard_rotate_f64_every_pattern(rs, dtype):
+    """Each of the 65536 16-bit patterns (zeros, subnormals, the extremes, Inf, NaN) placed in a group
+    of otherwise small values (+-[2^-4, 2^-3)), at every position in turn: the matmul's values (NaN
+    exactly where it has NaN) in every group within the exactness bound (every fp16 group is; bf16
+    groups with a pattern below about 2^-(46 - 4 - log2 rs) relative to the rest are not: there both
+    sums round, in different orders, and a few results differ: counted, printed, documented)."""
+    g = torch.Generator().manual_seed(5)
+    n = 1 << 16
+    small = (torch.rand(n, rs, generator=g) + 1.0) * 2.0**-4 * (torch.randint(0, 2, (n, rs), generator=g) * 2 - 1)
+    x = small.to(dtype)
+    pat = torch.arange(n, dtype=torch.int32).to(torch.int16).view(dtype)
+    x[torch.arange(n), torch.arange(n) % rs] = pat
+    c = float(_hadamard_bf16(rs)[0, 0])
+    got, want = torch.ops.mxq.hadamard_rotate_f64(x, rs, c), _had_ref(x, rs, c)
+    ok = _within_exact_bound(x, rs)[:, 0]
+    if dtype == torch.float16:
+        assert bool(ok.all())
+    _assert_same_or_both_nan(got[ok], want[ok], f"{dtype} patterns rs {rs}")
+    out = ~ok
+    differ = ((got[out] != want[out]) & ~(torch.isnan(got[out]) & torch.isnan(want[out]))).any(-1)
+    print(f"\n{dtype} rs {rs}: {int(out.sum())} groups beyond the exact bound, {int(differ.sum())} of them differ")
+
+
+def _special_groups(rs: int, dtype) -> torch.Tensor:
+    inf, nan = float("inf"), float("nan")
+    rows = [torch.full((rs,), -0.0), torch.zeros(rs), torch.zeros(rs), torch.zeros(rs), torch.zeros(rs),
+            torch.ones(rs), torch.zeros(rs), torch.full((rs,), 3.0)]
+    rows[2][1::2] = -0.0  # +-0 mixed
+    rows[3][5] = inf
+    rows[4][3], rows[4][rs - 1] = inf, -inf
+    rows[5][2], rows[5][7] = inf, inf
+    rows[6][0], rows[6][9] = nan, -inf
+    rows[7][1] = -3.0  # exact cancellations: +0 results
+    return torch.stack(rows).to(dtype)
+
+
+@pytest.mark.parametrize("rs", [16, 32, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_qutlass_hadamard_rotate_f64_specials(rs, dtype):
+    """Signed zeros (the matmul's sums start from +0: every zero result is +0; so are the butterfly's,
+    which adds +0 last), one or two infinities (NaN where their signs in H differ, as Inf - Inf in the
+    matmul's sum), NaN: the matmul's values."""
+    x = _special_groups(rs, dtype)
+    for c in (float(_hadamard_bf16(rs)[0, 0]), -0.5):
+        got = torch.ops.mxq.hadamard_rotate_f64(x, rs, c)
+        _assert_same_or_both_nan(got, _had_ref(x, rs, c), f"specials rs {rs} {dtype} c {c}")
+        assert not bool(torch.signbit(got[(got == 0)]).any()), "a -0 result"
+
+
+def test_qutlass_hadamard_rotate_f64_refusals_and_compile():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    for bad in (8, 48, 512):
+        with pytest.raises(ValueError, match="argument 'rs'"):
+            torch.ops.mxq.hadamard_rotate_f64(x, bad, 1.0)
+    with pytest.raises(ValueError, match="multiple of rs"):
+        torch.ops.mxq.hadamard_rotate_f64(x[:, :48], 32, 1.0)
+    with pytest.raises(ValueError, match="dtype"):
+        torch.ops.mxq.hadamard_rotate_f64(x.double(), 32, 1.0)
+    with pytest.raises(NotImplementedError, match="requires grad"):
+        torch.ops.mxq.hadamard_rotate_f64(x.float().requires_grad_(), 32, 1.0)
+    assert torch.ops.mxq.hadamard_rotate_f64(x[:0], 32, 1.0).shape == (0, 64)
+    torch.library.opcheck(torch.ops.mxq.hadamard_rotate_f64.default, (x, 32, 0.125))
+    f = torch.compile(lambda a: torch.ops.mxq.hadamard_rotate_f64(a, 64, 0.125), fullgraph=True, backend="aot_eager")
+    assert_bytes_equal(f(x), torch.ops.mxq.hadamard_rotate_f64(x, 64, 0.125), "compiled")
+
+
+def test_qutlass_hadamard_detection():
+    """_hadamard_scale: c for QuTLASS's matrix (bf16, as its tests build it) and for an fp32 one; None
+    for a random orthogonal matrix, one flipped sign, a mix of two power-of-two scales, zero; the
+    verdict follows an in-place change (version counter)."""
+    for rs in (16, 32, 64, 128, 256):
+        h = _hadamard_bf16(rs)
+        assert Q._hadamard_scale(h) == float(h[0, 0]) == float(torch.tensor(rs**-0.5).bfloat16())
+        h32 = (~Q._sylvester_negative(rs)).float() * 2 - 1
+        assert Q._hadamard_scale(h32 * 0.5) == 0.5
+        q, _ = torch.linalg.qr(torch.randn(rs, rs, generator=torch.Generator().manual_seed(rs), dtype=torch.float64))
+        assert Q._hadamard_scale(q.bfloat16()) is None and Q._hadamard_scale(q.float()) is None
+        flipped = h.clone()
+        flipped[3, 5] = -flipped[3, 5]
+        assert Q._hadamard_scale(flipped) is None
+        mixed = h.clone()
+        mixed[1, :] *= 2  # +-2c in one row: still +-1 signs, a different scale
+        assert Q._hadamard_scale(mixed) is None
+        assert Q._hadamard_scale(torch.zeros(rs, rs, dtype=torch.bfloat16)) is None
+        assert Q._hadamard_scale(h.t().contiguous()) == float(h[0, 0])  # symmetric
+        m = h.clone()
+        assert Q._hadamard_scale(m) is not None
+        m[0, 1] = -m[0, 1]
+        assert Q._hadamard_scale(m) is None, "stale verdict after an in-place change"
+    for _ in range(3):  # a freed matrix's address reused by another (version 0 again): no stale verdict
+        assert Q._hadamard_scale(_hadamard_bf16(64).float() * 2.0) is not None
+        assert Q._hadamard_scale(torch.randn(64, 64)) is None
+
+
+def _shim_both_paths(monkeypatch, x, h):
+    """Every shim variant on (x, h): the fast path's outputs, then the old matmul path's."""
+    def run():
+        gs = 448.0 * 6.0 / 25.0 / 8.0
+        return [*Q.fusedQuantizeMx(x, h, method="quest", return_mask=True), *Q.fusedQuantizeMx(x, h, method="abs_max"),
+                *Q.fusedQuantizeNv(x, h, gs), *Q.fusedQuantizeNv(x, h, 1.0, method="quest")]
+    assert Q._hadamard_scale(h) is not None
+    fast = run()
+    with monkeypatch.context() as mp:
+        mp.setattr(Q, "_hadamard_scale", lambda b: None)
+        old = run()
+    return fast, old
+
+
+@pytest.mark.parametrize("rs", [16, 32, 64, 128, 256])
+def test_qutlass_hadamard_fast_path_bytes_equal_the_matmul_path(monkeypatch, rs):
+    """The shims' output bytes through the butterfly equal the old float64-matmul path's, on the QuTLASS
+    test data (randn * 25, bf16) with a few rows of zeros, signed zeros, tiny and huge values, Inf and
+    NaN."""
+    g = torch.Generator().manual_seed(300 + rs)
+    x = (torch.randn(256, 1024, generator=g) * 25.0).bfloat16()
+    x[0] = 0.0
+    x[1] = -0.0
+    x[2, ::3] = 2.0**-130
+    x[3, 7] = 3.0e38
+    x[4, 11] = float("inf")
+    x[5, 2], x[5, 40] = float("inf"), float("-inf")
+    x[6, 17] = float("nan")
+    x[7] = (torch.randn(1024, generator=g) * 2.0**-120).bfloat16()
+    fast, old = _shim_both_paths(monkeypatch, x, _hadamard_bf16(rs))
+    for i, (f, o) in enumerate(zip(fast, old)):
+        assert_bytes_equal(f.view(torch.uint8), o.view(torch.uint8), f"output {i}")
+
+
+def test_qutlass_hadamard_other_matrices_keep_the_matmul():
+    x = (torch.randn(8, 256, generator=torch.Generator().manual_seed(1)) * 25.0).bfloat16()
+    q, _ = torch.linalg.qr(torch.randn(64, 64, generator=torch.Generator().manual_seed(2), dtype=torch.float64))
+    q = q.bfloat16()
+    want = torch.ops.mxq.quantize(Q._rotate_matmul(x, q), "mxfp4", "quest", 32, False, 0, 0, "padded", None, False)
+    got = Q.fusedQuantizeMx(x, q, method="quest")
+    assert_bytes_equal(got[0], want[0], "codes")
+    assert_bytes_equal(got[1].view(torch.uint8), want[1], "scales")
+
+
+@needs_cuda
+@pytest.mark.parametrize("rs", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_qutlass_hadamard_rotate_f64_cuda(rs, dtype):
+    """The CUDA kernel: the CPU loop's bits on random data, specials (NaN positions) and, for bf16 / fp16,
+    every 16-bit pattern; the matmul's values (on the GPU too); an odd number of groups (rs 16: half a
+    warp idle), an input not 16-byte aligned, and a tensor large enough for the grid-stride loop."""
+    c = float(_hadamard_bf16(rs)[0, 0]) if dtype != torch.float32 else 0.25
+    x = _hadamard_cases(rs, dtype, n=333)
+    got = torch.ops.mxq.hadamard_rotate_f64(x.cuda(), rs, c).cpu()
+    assert_bytes_equal(got, torch.ops.mxq.hadamard_rotate_f64(x, rs, c), "CUDA == CPU")
+    assert_bytes_equal(got, _had_ref(x.cuda(), rs, c).cpu(), "CUDA == the GPU's float64 matmul")
+    xo = x.reshape(-1)[1 : 1 + 37 * rs].reshape(37, rs)
+    assert_bytes_equal(torch.ops.mxq.hadamard_rotate_f64(xo.cuda(), rs, c).cpu(), _had_ref(xo, rs, c), "unaligned")
+    s = _special_groups(rs, dtype)
+    _assert_same_or_both_nan(torch.ops.mxq.hadamard_rotate_f64(s.cuda(), rs, c).cpu(), _had_ref(s, rs, c), "specials")
+    if dtype != torch.float32:
+        n = 1 << 16
+        xp = (torch.rand(n, rs, generator=torch.Generator().manual_seed(5)) * 2.0**-4 + 2.0**-4).to(dtype)
+        xp[torch.arange(n), torch.arange(n) % rs] = torch.arange(n, dtype=torch.int32).to(torch.int16).view(dtype)
+        _assert_same_or_both_nan(torch.ops.mxq.hadamard_rotate_f64(xp.cuda(), rs, c).cpu(),
+                                 torch.ops.mxq.hadamard_rotate_f64(xp, rs, c), "patterns CUDA vs CPU")
+    big = torch.randn(1 << 24, dtype=torch.float32).to(dtype) if dtype != torch.float32 else None
+    if big is not None:
+        assert_bytes_equal(torch.ops.mxq.hadamard_rotate_f64(big.cuda(), rs, c).cpu(),
+                           torch.ops.mxq.hadamard_rotate_f64(big, rs, c), "grid-stride")
+
+
+@needs_cuda
+@pytest.mark.parametrize("rs", [16, 128])
+def test_qutlass_hadamard_cuda_shim_and_graph(monkeypatch, rs):
+    """On the GPU: the shims' bytes through the butterfly equal the old matmul path's and the CPU's;
+    inside a captured CUDA graph (the verdict cached by a first call) the replay gives the same bytes;
+    a matrix first seen during capture keeps the matmul (no host read), which captures too."""
+    g = torch.Generator().manual_seed(400 + rs)
+    x = (torch.randn(256, 1024, generator=g) * 25.0).bfloat16().cuda()
+    h = _hadamard_bf16(rs).cuda()
+    fast, old = _shim_both_paths(monkeypatch, x, h)
+    cpu, _ = _shim_both_paths(monkeypatch, x.cpu(), h.cpu())
+    for i, (f, o, c) in enumerate(zip(fast, old, cpu)):
+        assert_bytes_equal(f.view(torch.uint8).cpu(), o.view(torch.uint8).cpu(), f"output {i} fast vs matmul")
+        assert_bytes_equal(f.view(torch.uint8).cpu(), c.view(torch.uint8), f"output {i} CUDA vs CPU")
+    want = Q.fusedQuantizeMx(x, h, method="quest")
+    h_new = _hadamard_bf16(rs).cuda()  # another matrix, never seen: the matmul inside the graph
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        Q.fusedQuantizeMx(x, h, method="quest")  # warm-up
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = Q.fusedQuantizeMx(x, h, method="quest")
+            out_new = Q.fusedQuantizeMx(x, h_new, method="quest")
+    torch.cuda.current_stream().wait_stream(s)
+    graph.replay()
+    torch.cuda.synchronize()
+    for got in (out, out_new):
+        assert_bytes_equal(got[0], want[0], "graph codes")
+        assert_bytes_equal(got[1].view(torch.uint8), want[1].view(torch.uint8), "graph scales")

@@ -118,21 +118,11 @@ int run_quantize(const QuantizeArgs& a) {
   Phases ph;  // from here: the GPU's context, the checkpoint's headers and the output's set-up are "setup"
   const Request req = request_of(a);
   const fs::path& out_dir = req.out_dir;
-  // nvfp4_e5m3 runs on the CPU in this version: the library's CUDA backend refuses it (its kernels wait in
-  // dev/pending/nvfp4-e5m3-cuda.patch). --device cuda and --gpus N are refused before anything is read;
-  // --device auto takes the CPU.
-  std::string device_arg = a.device;
-  if (req.format == Format::nvfp4_e5m3) {
-    if (a.device == "cuda" || a.gpus > 0)
-      fail(std::string(a.device == "cuda" ? "--device cuda" : "--gpus " + std::to_string(a.gpus)) +
-           ": format nvfp4_e5m3 runs on the CPU in this version (the CUDA kernels for it are not in this build yet)");
-    if (a.device == "auto") device_arg = "cpu";
-  }
 
   // A GPU is set up on a thread of its own while the checkpoint is opened and planned (and, with
   // cpu_while_gpu_sets_up, the first tensors convert on the CPU meanwhile): the device line comes
   // once the choice is settled.
-  Engine eng(device_arg, a.cpu_while_gpu_sets_up, a.gpus);
+  Engine eng(a.device, a.cpu_while_gpu_sets_up, a.gpus);
   DeviceLine device(eng);
   const Checkpoint c = open_checkpoint(a.in);
   std::optional<json> config = read_config(c, a.in);

@@ -14,7 +14,9 @@ uninitialised); `to_blocked` turns them into the 128x4 layout, flattened.
 
 The rotation `b` (None, or an RS x RS matrix, RS in 16..256 dividing K; QuTLASS passes the Hadamard
 matrix scaled by RS^-0.5 in bf16): each group of RS elements of `a` becomes a_g @ b, computed exactly
-(float64 products and sums: exact for bf16 operands) and rounded once to fp32, then quantized; QuTLASS
+(float64 products and sums: exact for bf16 operands) and rounded once to fp32, then quantized (for
+QuTLASS's Hadamard matrix, c times the Sylvester +-1 matrix, by the float64 butterfly
+torch.ops.mxq.hadamard_rotate_f64 instead of a float64 matmul: the same values; _rotate); QuTLASS
 rotates on tensor cores with fp32 accumulation and its test reference in float64 (mismatch rates in
 docs/python.md). In this version the rotation is a separate matmul before mxq's kernel (an fp32
 intermediate of a's size), not fused; mxq's own fused rotations are `mxq.quantize(..., rotation=...)`.
@@ -25,6 +27,8 @@ the tests/python/test_compat.py transcription follows): all-zero MX blocks get s
 """
 from __future__ import annotations
 
+import math
+import weakref
 from typing import Literal, Union
 
 import torch
@@ -34,13 +38,73 @@ __all__ = ["fusedQuantizeMx", "fusedQuantizeNv", "to_blocked"]
 _ROTATION_SIZES = (16, 32, 64, 128, 256)
 
 
+# Hadamard verdicts: b's identity -> (a weak reference to b, c (b == c * H exactly) or None), so that a
+# matrix's values are read (to the host) once. Keyed by address, version counter, device, dtype, shape
+# and strides: a matrix written in place gets a new version; a hit counts only for the same tensor
+# object (the weak reference), since a freed matrix's address is reused by the next allocation, whose
+# version counter starts at 0 again. Bounded (cleared when full).
+_HADAMARD_VERDICTS: dict = {}
+_VERDICTS_MAX = 256
+
+
+def _sylvester_negative(rs: int) -> torch.Tensor:
+    """bool [rs, rs]: True where H[i][j] = (-1)^popcount(i & j) is -1 (src/core/rotation.hpp's sign
+    convention, scipy.linalg.hadamard's and QuTLASS's)."""
+    i = torch.arange(rs)
+    bits = i[:, None] & i[None, :]
+    parity = torch.zeros_like(bits)
+    for k in range(8):
+        parity ^= (bits >> k) & 1
+    return parity.bool()
+
+
+def _hadamard_scale(b: torch.Tensor):
+    """c (a float: the value of b's entries, exactly) when every entry of the square matrix `b` equals
+    c * (-1)^popcount(i & j) for one finite nonzero c, else None. Reads b to the host once per matrix
+    (cached per tensor object and version, _HADAMARD_VERDICTS); during CUDA-graph capture a matrix not seen before gives None (the
+    caller then keeps the float64 matmul, which captures) without reading it."""
+    key = (b.data_ptr(), b._version, b.device, b.dtype, tuple(b.shape), b.stride())
+    hit = _HADAMARD_VERDICTS.get(key)
+    if hit is not None and hit[0]() is b:
+        return hit[1]
+    if b.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None  # not cached: decided on the first call outside capture
+    m = b.detach().to(device="cpu", dtype=torch.float64)
+    c = float(m[0, 0])
+    verdict = None
+    if c != 0.0 and math.isfinite(c):
+        want = torch.full_like(m, c).masked_fill_(_sylvester_negative(b.shape[0]), -c)
+        if torch.equal(m, want):
+            verdict = c
+    if len(_HADAMARD_VERDICTS) >= _VERDICTS_MAX:
+        _HADAMARD_VERDICTS.clear()
+    _HADAMARD_VERDICTS[key] = (weakref.ref(b), verdict)
+    return verdict
+
+
+def _rotate_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The general rotation: float64 matmul of each group by b, rounded once to fp32."""
+    rs = b.shape[0]
+    return (a.unflatten(-1, (-1, rs)).double() @ b.double()).flatten(-2).float()
+
+
 def _rotate(a: torch.Tensor, b, fn: str) -> torch.Tensor:
     """`a` [..., K] with each group of RS elements multiplied by the RS x RS matrix `b` (y = a_g @ b, as
     QuTLASS): the products summed in float64 and rounded once to fp32. For bf16 `a` and `b` each product
     is exact in float64 and so is the sum while a group's products span less than about 2^(37 - log2 RS)
     in magnitude (any ordinary activation): y is then the correctly rounded rotation whatever order
     the matmul sums in (for fp32 operands the sum may round, so CPU and GPU can rarely differ). Memory:
-    two float64 copies of `a` and an fp32 result, transient. None: `a`."""
+    two float64 copies of `a` and an fp32 result, transient. None: `a`.
+
+    Fast path: where `b` is c times the Sylvester +-1 matrix exactly (QuTLASS's Hadamard matrix, any
+    dtype; _hadamard_scale), torch.ops.mxq.hadamard_rotate_f64(a, RS, c) instead: the float64
+    Walsh-Hadamard butterfly times c, rounded once to fp32, no float64 copies; wherever the matmul's
+    sums are exact (the bound above) it gives the same value, hence the same bytes downstream
+    (docs/python.md, docs/numerics.md). The matrix is recognised from its values, read to the host
+    once per matrix (a synchronisation for a GPU `b` on its first use; cached by address and version).
+    The matmul stays: for any other `b`; under torch.compile (the check reads b's values); and during
+    CUDA-graph capture for a matrix not seen before outside capture (one seen before takes the fast
+    path, which captures)."""
     if b is None:
         return a
     if not isinstance(b, torch.Tensor):
@@ -57,7 +121,11 @@ def _rotate(a: torch.Tensor, b, fn: str) -> torch.Tensor:
         raise ValueError(f"{fn}: argument 'a': shape {tuple(a.shape)}, expected K (the last dimension) to be a "
                          f"multiple of the rotation size {rs} (QuTLASS does not check it)")
     with torch.no_grad():  # the quantization that follows is not differentiable either
-        return (a.unflatten(-1, (-1, rs)).double() @ b.double()).flatten(-2).float()
+        if not torch.compiler.is_compiling():
+            c = _hadamard_scale(b)
+            if c is not None:
+                return torch.ops.mxq.hadamard_rotate_f64(a, rs, c)
+        return _rotate_matmul(a, b)
 
 
 def _check_input(a: torch.Tensor, group: int, fn: str) -> None:

@@ -23,9 +23,7 @@ multiple of 32 take the fast path too.
 nvfp4_e5m3: mxq's format nvfp4_e5m3 (docs/numerics.md, "NVFP4 with UE5M3 scales"), whose definition is the
 plugin's reference; its output equals the reference's on every input (NaN kept, Inf -> +-688128, fp16
 overflow -> Inf; tests/python/test_compat.py compares them on every bf16 and fp16 pattern). The CuTe names run
-the same kernels; nvfp4_e5m3_weight_dequant_cute takes CPU tensors too. In this version the nvfp4_e5m3 names
-take CPU tensors only: mxq's CUDA backend refuses the format (NotImplementedError; its kernels wait in
-dev/pending/nvfp4-e5m3-cuda.patch).
+the same kernels; nvfp4_e5m3_weight_dequant_cute takes CPU tensors too.
 """
 from __future__ import annotations
 

@@ -8,7 +8,10 @@
 namespace mxq::cuda {
 
 void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Tensor& y, void* stream) {
-  const core::LinearPlan p = core::plan_linear(w.N, w.K, x.rows, compute_capability("linear"));
+  const int sm = compute_capability("linear");
+  // The sm90a prefill kernel runs only where the library holds sm_90a code and the device is sm_90 (the
+  // sm_90a code runs on no other).
+  const core::LinearPlan p = core::plan_linear(w.N, w.K, x.rows, sm, sm == 90 && gemm::wgmma_built());
   if (p.grid_m > 65535)
     core::fail(Error::Code::unsupported, "linear", "x has " + std::to_string(x.rows) + " rows: at most " +
                                                        std::to_string(65535 * p.tokens) + " per call");
@@ -30,7 +33,9 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Te
   a.div = w.format == Format::nvfp4 ? w.tensor_scale : 1.0f;
   const bool nv = w.format == Format::nvfp4;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (x.dtype == DType::f16)
+  if (p.wgmma)
+    gemm::launch_linear_wgmma(a, nv, x.dtype == DType::f16, p, s);
+  else if (x.dtype == DType::f16)
     gemm::launch_linear_f16(a, nv, p, s);
   else
     gemm::launch_linear_bf16(a, nv, p, s);

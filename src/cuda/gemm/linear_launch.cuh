@@ -60,6 +60,10 @@ void launch_linear(const LinearArgs& args, bool nv, const core::LinearPlan& p, c
     launch_row<false, F16>(args, p, stream, rows);
 }
 
+// Defined in linear_wgmma.cu: whether the library holds the sm90a prefill kernels, and their launch.
+bool wgmma_built();
+void launch_linear_wgmma(const LinearArgs& args, bool nv, bool f16, const core::LinearPlan& p, cudaStream_t stream);
+
 // Defined in linear_bf16.cu / linear_f16.cu.
 void launch_linear_bf16(const LinearArgs& args, bool nv, const core::LinearPlan& p, cudaStream_t stream);
 void launch_linear_f16(const LinearArgs& args, bool nv, const core::LinearPlan& p, cudaStream_t stream);

@@ -1,5 +1,6 @@
 // qdq on the CUDA backend: the launcher of block_kernel<QDQ = true>.
 #include "cuda/backend.hpp"
+#include "cuda/quantize/e5m3.hpp"
 #include "cuda/layout/amax.hpp"
 #include "cuda/quantize/dispatch.cuh"
 #include "cuda/rotate/rotate.hpp"
@@ -7,6 +8,7 @@
 namespace mxq::cuda {
 
 void qdq(const core::Problem& p, const Tensor& x, const Tensor& y) {
+  if (p.e5m3()) return qdq_e5m3(p, x, y);
   const cudaStream_t s = stream_of(p);
   const bool matrix = p.opt.rotation == Rotation::matrix;
   const Plan pl = matrix ? matrix_plan() : small_qdq_plan(p.fn, p, make_plan(p, int(dtype_size(x.dtype)), x.stride() == p.K && y.stride() == p.K));

@@ -1,5 +1,6 @@
 // quantize on the CUDA backend: the launcher of block_kernel<QDQ = false>.
 #include "cuda/backend.hpp"
+#include "cuda/quantize/e5m3.hpp"
 #include "cuda/layout/amax.hpp"
 #include "cuda/quantize/dispatch.cuh"
 #include "cuda/rotate/rotate.hpp"
@@ -7,6 +8,7 @@
 namespace mxq::cuda {
 
 void quantize(const core::Problem& p, const Tensor& x, const QuantizedOut& out) {
+  if (p.e5m3()) return quantize_e5m3(p, x, out);
   const char* fn = p.fn;
   const cudaStream_t s = stream_of(p);
   const bool matrix = p.opt.rotation == Rotation::matrix;
