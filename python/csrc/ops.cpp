@@ -910,12 +910,13 @@ std::tuple<at::Tensor, at::Tensor> unpack(const at::Tensor& pc, const at::Tensor
 }
 
 // From this many rows of x on, the CUDA op multiplies through cuBLAS (dequantize_packed + an fp32-output
-// GEMM) instead of mxq's kernel, which re-reads the weights per 64 rows (docs/linear.md has the measured
-// crossover). MXQ_LINEAR_CUBLAS_M overrides it (benchmarks).
+// GEMM) instead of mxq's kernel, which re-reads the weights per 64 or 128 rows: at M = 256 the kernel was
+// still faster on the H100 (4096^2: 42.2 against 51.6 us; 8192^2: 139.6 against 150.1), at M = 1024
+// cuBLAS (docs/performance.md). MXQ_LINEAR_CUBLAS_M overrides it (benchmarks).
 int64_t linear_cublas_from_m() {
   static const int64_t m = [] {
     const char* e = std::getenv("MXQ_LINEAR_CUBLAS_M");
-    return e && *e ? std::max<int64_t>(1, std::atoll(e)) : int64_t(129);
+    return e && *e ? std::max<int64_t>(1, std::atoll(e)) : int64_t(257);
   }();
   return m;
 }
