@@ -40,7 +40,6 @@ import argparse
 import datetime
 import gc
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -48,6 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+
+from peers_common import BYTES_PER_ELEM, CHECK_TOL, E2M1, GROUP, Timer, fmt_us, humming_weight_config, rel_err, short
 
 FULL_SHAPES: list[tuple[int, int]] = [(4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28672, 8192),
                                       (2880, 2880)]
@@ -57,13 +58,8 @@ QUICK_MS: list[int] = [1, 16, 64, 256, 1024]
 DRY_SHAPE: tuple[int, int] = (256, 512)
 DRY_MS: list[int] = [1, 16]
 
-GROUP: dict[str, int] = {"mxfp4": 32, "nvfp4": 16}
-BYTES_PER_ELEM: dict[str, float] = {"mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16}  # 0.53125, 0.5625
 NVFP4_S: float = 100.0  # the NVFP4 encode scale S (compressed-tensors' weight_global_scale): W = e2m1 * e4m3 / S
-E2M1: list[float] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 PEERS: list[str] = ["mxq", "cuBLAS", "deq+cuBLAS", "Humming"]
-SLEEP_CYCLES: int = 200_000  # ~100 us of GPU spin before each flush: keeps the GPU ahead of the host
-CHECK_TOL: float = 2e-2
 
 try:
     import mxq  # type: ignore
@@ -71,11 +67,6 @@ try:
 except Exception as e:  # noqa: BLE001 - fail soft: the other peers still run
     mxq = None  # type: ignore
     MXQ_ERR = f"import mxq: {type(e).__name__}: {e}"
-
-
-def short(e: BaseException, n: int = 90) -> str:
-    s = f"{type(e).__name__}: {e}".replace("\n", " ").replace("|", "/")
-    return s if len(s) <= n else s[: n - 3] + "..."
 
 
 # ----------------------------------------------------------------------------------------------- weights
@@ -125,15 +116,6 @@ def ref_dequant(w: Weight, codes: torch.Tensor, scales: torch.Tensor, swap_nibbl
     if w.S is not None:
         W = W / w.S
     return W
-
-
-def humming_weight_config(fmt: str) -> dict[str, Any]:
-    """A compressed-tensors weight config as vLLM reads it from a checkpoint's quantization_config."""
-    if fmt == "mxfp4":
-        return {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "type": "float", "num_bits": 4,
-                "strategy": "group", "group_size": 32, "symmetric": True}
-    return {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "type": "float", "num_bits": 4,
-            "strategy": "tensor_group", "group_size": 16, "symmetric": True}
 
 
 def humming_tensors(w: Weight, codes: torch.Tensor, scales: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -288,38 +270,7 @@ def build_humming(w: Weight, codes: torch.Tensor, scales: torch.Tensor,
 
 
 # ----------------------------------------------------------------------------------------------- timing
-class Timer:
-    def __init__(self, reps: int, warmup: int):
-        self.reps = reps
-        self.warmup = warmup
-        l2 = int(torch.cuda.get_device_properties(0).L2_cache_size)
-        self.flush = torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device="cuda")
-        self.sleep_ok = hasattr(torch.cuda, "_sleep")
-
-    def __call__(self, fn: Callable[[], Any]) -> float:
-        """Median microseconds of fn over reps, L2 flushed before each."""
-        for _ in range(self.warmup):
-            fn()
-        torch.cuda.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        for i in range(self.reps):
-            if self.sleep_ok:
-                torch.cuda._sleep(SLEEP_CYCLES)
-            self.flush.zero_()
-            starts[i].record()
-            fn()
-            ends[i].record()
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
-
-
 # ----------------------------------------------------------------------------------------------- checks
-def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    d = (y.float() - ref).norm().item()
-    return d / max(ref.norm().item(), 1e-30)
-
-
 def check(w: Weight, peers: Peers, device: str, M: int, seed: int) -> list[str]:
     """Relative error of each peer vs x.float() @ W_ref^T (fp32), plus decode cross-checks."""
     lines: list[str] = []
@@ -425,10 +376,6 @@ def sanity(w: Weight, peers: Peers, device: str, M: int, seed: int) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- table
-def fmt_us(v: Optional[float]) -> str:
-    return "-" if v is None else f"{v:.1f}"
-
-
 def fmt_x(a: Optional[float], b: Optional[float]) -> str:
     return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
 

@@ -67,8 +67,6 @@ import argparse
 import datetime
 import gc
 import json
-import math
-import statistics
 import sys
 import time
 import traceback
@@ -76,6 +74,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+
+from peers_common import BYTES_PER_ELEM, CHECK_TOL, E2M1, GROUP, Timer, fmt_us, humming_weight_config, rel_err, short
 
 # name: (E, k, H, I)
 MODELS: dict[str, tuple[int, int, int, int]] = {
@@ -90,13 +90,8 @@ QUICK_TS: list[int] = [1, 16, 256, 4096]
 DRY_SHAPE: tuple[str, tuple[int, int, int, int]] = ("tiny", (8, 2, 64, 32))
 DRY_TS: list[int] = [1, 16]
 
-GROUP: dict[str, int] = {"mxfp4": 32, "nvfp4": 16}
-BYTES_PER_ELEM: dict[str, float] = {"mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16}  # 0.53125, 0.5625
 NVFP4_S: float = 100.0  # the NVFP4 encode scale S (compressed-tensors' weight_global_scale): W = e2m1 * e4m3 / S
-E2M1: list[float] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 PEERS: list[str] = ["mxq", "bf16 grouped", "Humming", "triton"]
-SLEEP_CYCLES: int = 200_000  # ~100 us of GPU spin before each flush: keeps the GPU ahead of the host
-CHECK_TOL: float = 2e-2
 TARGET_DECODE_TBS: float = 3.4
 TARGET_X_BF16_256: float = 1.5
 TARGET_X_BF16_PREFILL: float = 0.95
@@ -111,11 +106,6 @@ except Exception as e:  # noqa: BLE001 - fail soft: the other peers still run
 
 HAS_GROUPED_MM: bool = hasattr(torch, "_grouped_mm")
 BF16_LABEL: str = "torch._grouped_mm" if HAS_GROUPED_MM else "per-expert torch.matmul loop (no torch._grouped_mm)"
-
-
-def short(e: BaseException, n: int = 90) -> str:
-    s = f"{type(e).__name__}: {e}".replace("\n", " ").replace("|", "/")
-    return s if len(s) <= n else s[: n - 3] + "..."
 
 
 # ----------------------------------------------------------------------------------------------- weights
@@ -277,7 +267,7 @@ def bf16_block_fn(W13: torch.Tensor, W2: torch.Tensor, k: int) -> Callable[..., 
 def build_peers(w13: Experts, w2: Experts, k: int, device: str, wanted: list[str], humming_ok: bool,
                 triton_ok: bool) -> Peers:
     p = Peers()
-    fmt, E, H, I = w13.fmt, w13.E, w13.K, w2.K
+    fmt, H, I = w13.fmt, w13.K, w2.K
 
     # mxq
     if "mxq" not in wanted:
@@ -358,15 +348,6 @@ def import_humming() -> bool:
     except Exception as e:  # noqa: BLE001
         HUMMING_ERR = f"import humming: {short(e)}"
         return False
-
-
-def humming_weight_config(fmt: str) -> dict[str, Any]:
-    """A compressed-tensors weight config as vLLM reads it from a checkpoint's quantization_config."""
-    if fmt == "mxfp4":
-        return {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "type": "float", "num_bits": 4,
-                "strategy": "group", "group_size": 32, "symmetric": True}
-    return {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "type": "float", "num_bits": 4,
-            "strategy": "tensor_group", "group_size": 16, "symmetric": True}
 
 
 def humming_tensors(w: Experts) -> dict[str, torch.Tensor]:
@@ -510,37 +491,7 @@ def build_triton(w13: Experts, w2: Experts, k: int, p: Peers) -> Prepare:
 
 
 # ----------------------------------------------------------------------------------------------- timing
-class Timer:
-    def __init__(self, reps: int, warmup: int):
-        self.reps = reps
-        self.warmup = warmup
-        l2 = int(torch.cuda.get_device_properties(0).L2_cache_size)
-        self.flush = torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device="cuda")
-        self.sleep_ok = hasattr(torch.cuda, "_sleep")
-
-    def __call__(self, fn: Callable[[], Any]) -> float:
-        """Median microseconds of fn over reps, L2 flushed before each."""
-        for _ in range(self.warmup):
-            fn()
-        torch.cuda.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        for i in range(self.reps):
-            if self.sleep_ok:
-                torch.cuda._sleep(SLEEP_CYCLES)
-            self.flush.zero_()
-            starts[i].record()
-            fn()
-            ends[i].record()
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
-
-
 # ----------------------------------------------------------------------------------------------- checks
-def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    return (y.float() - ref).norm().item() / max(ref.norm().item(), 1e-30)
-
-
 def reference(x: torch.Tensor, w13: Experts, w2: Experts, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """fp32 y [T, H]: the routed experts decoded with torch, SwiGLU in fp32, the weighted slot sum in fp32."""
     T, k = ids.shape
@@ -702,10 +653,6 @@ def row_record(fmt: str, model: str, shape: tuple[int, int, int, int], routing: 
     rec["target_met"] = None if key is None or rec[key] is None else bool(rec[key] >= thresholds[key])
     rec["humming_target_met"] = None if rec["x_humming"] is None else bool(rec["x_humming"] >= TARGET_X_HUMMING)
     return rec
-
-
-def fmt_us(v: Optional[float]) -> str:
-    return "-" if v is None else f"{v:.1f}"
 
 
 def print_table(fmt: str, rows: list[dict[str, Any]]) -> None:
