@@ -10,6 +10,9 @@
 #     bench --shape 64x512 --reps 2 --no-gpu: one row per op (qdq, quantize, dequantize) x format
 #     (mxfp4, mxfp8_e4m3, nvfp4) x backend (reference, cpu), each with a positive time and numeric
 #     rates, the reference's "x ref" 1.0.
+#   cmake -DTOOL=<mxq> -DMODE=bench-moe -P check_tool_output.cmake
+#     bench --op moe --shape 64x32 --experts 4:2 --tokens 1 --tokens 5 --format mxfp4 --format nvfp4 --reps 1
+#     --no-gpu: one reference row per format and T with a positive time; then --experts 4:5 refused.
 cmake_minimum_required(VERSION 3.20)
 if(MODE STREQUAL "demo")
   execute_process(COMMAND ${TOOL} demo --weight-rows 64 --activation-rows 32 -K 512
@@ -17,8 +20,17 @@ if(MODE STREQUAL "demo")
 elseif(MODE STREQUAL "bench")
   execute_process(COMMAND ${TOOL} bench --shape 64x512 --reps 2 --no-gpu
                   OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+elseif(MODE STREQUAL "bench-moe")
+  execute_process(COMMAND ${TOOL} bench --op moe --shape 64x32 --experts 4:2 --tokens 1 --tokens 5 --format mxfp4
+                          --format nvfp4 --reps 1 --no-gpu
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+  execute_process(COMMAND ${TOOL} bench --op moe --shape 64x32 --experts 4:5 --no-gpu
+                  OUTPUT_VARIABLE bad_out ERROR_VARIABLE bad_err RESULT_VARIABLE bad_rc)
+  if(bad_rc EQUAL 0 OR NOT bad_err MATCHES "--experts '4:5': expected E:k")
+    message(FATAL_ERROR "mxq bench --experts 4:5 was not refused (rc ${bad_rc}):\n${bad_out}\n${bad_err}")
+  endif()
 else()
-  message(FATAL_ERROR "MODE must be demo or bench")
+  message(FATAL_ERROR "MODE must be demo, bench or bench-moe")
 endif()
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "mxq ${MODE} exited with ${rc}:\n${out}\n${err}")
@@ -63,6 +75,26 @@ if(MODE STREQUAL "demo")
     message(FATAL_ERROR "mxq demo: ${ng} rows (expected ${nw}), ${bad} differ from ${EXPECTED}; first ones:\n${first}")
   endif()
   message(STATUS "mxq demo: ${ng} rows as expected")
+elseif(MODE STREQUAL "bench-moe")
+  set(n 0)
+  foreach(fmt mxfp4 nvfp4)
+    foreach(T 1 5)
+      set(found "")
+      foreach(l IN LISTS lines)
+        if(l MATCHES "^moe +${fmt} +E4k2 64x32 T=${T} +reference +([0-9.]+) +([0-9.]+) +([0-9.]+)% +-$")
+          set(found "${l}")
+          if(CMAKE_MATCH_1 LESS_EQUAL 0)
+            message(FATAL_ERROR "mxq bench --op moe: a time not positive: '${l}'")
+          endif()
+        endif()
+      endforeach()
+      if(found STREQUAL "")
+        message(FATAL_ERROR "mxq bench --op moe: no row for ${fmt} T=${T}:\n${out}")
+      endif()
+      math(EXPR n "${n} + 1")
+    endforeach()
+  endforeach()
+  message(STATUS "mxq bench --op moe: ${n} rows as expected")
 else()
   set(n 0)
   foreach(op qdq quantize dequantize)

@@ -2,7 +2,7 @@
 // the memcpy bandwidth measured here on the same device, and the speed-up over the reference.
 //
 // Byte model (what must cross memory once): QDQ in + out; quantize input + codes + scales;
-// dequantize the reverse. Median of --reps runs after one warm-up. CPU memcpy: all hardware threads
+// dequantize the reverse; the linear and the MoE: packed weight bytes + x + y. Median of --reps runs after one warm-up. CPU memcpy: all hardware threads
 // copying disjoint slices of a buffer larger than the caches. GPU: device-to-device cudaMemcpy.
 #include <algorithm>
 #include <chrono>
@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -141,6 +142,136 @@ void bench_linear(const BenchArgs& a, Format f, std::int64_t N, std::int64_t K, 
   }
 }
 
+// Host copies of E random experts [N, K] of format f, prepacked: random code bytes (every E2M1 value),
+// MXFP4 scales E8M0 118..124, NVFP4 scales E4M3 bytes 0x28..0x47 with S = 100 (the benchmark times
+// bytes, so the values need only be ordinary).
+struct HostExperts {
+  std::vector<std::uint8_t> codes, scales;
+  std::vector<std::int32_t> shift;
+  std::vector<float> S;
+  PackedExperts w;
+};
+void make_experts(Format f, std::int64_t E, std::int64_t N, std::int64_t K, std::uint32_t seed, HostExperts& h) {
+  std::mt19937 rng(seed);
+  const QuantOptions o = f == Format::nvfp4 ? QuantOptions::nvfp4(100.0f) : QuantOptions::mx(f, ScaleRule::even);
+  const std::int64_t g = f == Format::nvfp4 ? 16 : 32;
+  std::vector<std::uint8_t> qc(std::size_t(E * N * (K / 2))), qs(std::size_t(E * N * (K / g)));
+  for (auto& b : qc) b = std::uint8_t(rng());
+  for (auto& b : qs) b = f == Format::nvfp4 ? std::uint8_t(0x28 + rng() % 32) : std::uint8_t(118 + rng() % 7);
+  std::vector<QuantizedIn> q(static_cast<std::size_t>(E));
+  for (std::int64_t e = 0; e < E; ++e)
+    q[std::size_t(e)] = {Tensor::of(qc.data() + e * N * (K / 2), DType::u8, N, K / 2), Tensor::of(qs.data() + e * N * (K / g), DType::u8, N, K / g)};
+  const Shape2 b = packed_expert_bytes(f, N, K);
+  h.codes.assign(std::size_t(E * b.rows), 0);
+  h.scales.assign(std::size_t(E * b.cols), 0);
+  h.shift.assign(std::size_t(E), 0);
+  h.S.assign(std::size_t(E), f == Format::nvfp4 ? 100.0f : 1.0f);
+  h.w.format = f;
+  h.w.E = E;
+  h.w.N = N;
+  h.w.K = K;
+  h.w.codes = Tensor::of(h.codes.data(), DType::u8, E, b.rows);
+  h.w.scales = Tensor::of(h.scales.data(), DType::u8, E, b.cols);
+  h.w.exp_shift = Tensor::of(h.shift.data(), DType::i32, 1, E);
+  h.w.tensor_scale = Tensor::of(h.S.data(), DType::f32, 1, E);
+  prepack_experts(q.data(), o, f == Format::nvfp4 ? h.S.data() : nullptr, h.w);
+}
+
+// `--op moe`: one MoE block (route, w13 [E, 2I, H], SwiGLU, w2 [E, H, I] with the routing weights, combine)
+// on x [T, H] for each T of --tokens, the experts random bytes of format f, the routing k distinct uniformly
+// random experts per token. Weight GB/s = the packed bytes of the experts the batch routes to / time;
+// % copy of those bytes plus x and y.
+// --experts E:k.
+std::pair<std::int64_t, std::int64_t> parse_experts(const std::string& s) {
+  std::int64_t E = 0, k = 0;
+  char colon = 0;
+  std::istringstream is(s);
+  if (!(is >> E >> colon >> k) || colon != ':' || E <= 0 || k <= 0 || k > E || !is.eof())
+    throw std::runtime_error("--experts '" + s + "': expected E:k with 1 <= k <= E, e.g. 128:4");
+  return {E, k};
+}
+
+void bench_moe(const BenchArgs& a, Format f, std::int64_t H, std::int64_t I, bool cuda, double host_bw, double dev_bw) {
+  const auto [E, k] = parse_experts(a.experts);
+  const std::int64_t g = f == Format::nvfp4 ? 16 : 32;
+  if (H % g || I % g)
+    throw std::runtime_error(fmt::format("--op moe --shape {}x{}: H and I must be multiples of {} ({})", H, I, g, to_string(f)));
+  HostExperts w13, w2;
+  make_experts(f, E, 2 * I, H, 3, w13);
+  make_experts(f, E, H, I, 4, w2);
+  const Shape2 b13 = packed_expert_bytes(f, 2 * I, H), b2 = packed_expert_bytes(f, H, I);
+  const double expert_bytes = double(b13.rows + b13.cols + b2.rows + b2.cols);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (std::int64_t T : a.tokens) {
+    std::vector<std::uint16_t> x(std::size_t(T * H)), y(std::size_t(T * H));
+    for (auto& v : x) v = f32_to_bf16(nd(rng));
+    std::vector<std::int32_t> ids(std::size_t(T * k));
+    std::vector<float> wt(std::size_t(T * k));
+    std::vector<char> active(std::size_t(E), 0);
+    std::vector<std::int32_t> perm(static_cast<std::size_t>(E));
+    for (std::int64_t t = 0; t < T; ++t) {
+      for (std::int64_t e = 0; e < E; ++e) perm[std::size_t(e)] = std::int32_t(e);
+      for (std::int64_t j = 0; j < k; ++j) {  // k distinct experts: a partial Fisher-Yates shuffle
+        std::swap(perm[std::size_t(j)], perm[std::size_t(j + std::int64_t(rng() % std::uint32_t(E - j)))]);
+        ids[std::size_t(t * k + j)] = perm[std::size_t(j)];
+        wt[std::size_t(t * k + j)] = 1.0f / float(k);
+        active[std::size_t(perm[std::size_t(j)])] = 1;
+      }
+    }
+    const double wbytes = expert_bytes * double(std::count(active.begin(), active.end(), 1));
+    const double bytes = wbytes + double(x.size() + y.size()) * 2;
+    auto print = [&](std::string_view backend, double s, double bw) {
+      fmt::print("{:<11} {:<11} {:<12} {:<10} {:>11.1f} {:>9.2f} {:>8.1f}% {:>8}\n", "moe", to_string(f),
+                 fmt::format("E{}k{} {}x{} T={}", E, k, H, I, T), backend, s * 1e6, wbytes / s / 1e9, 100 * bytes / s / bw, "-");
+    };
+    const Tensor xt = Tensor::of(x.data(), DType::bf16, T, H), yt = Tensor::of(y.data(), DType::bf16, T, H);
+    const Tensor idt = Tensor::of(ids.data(), DType::i32, T, k), wtt = Tensor::of(wt.data(), DType::f32, T, k);
+    if (a.reference)
+      print("reference",
+            time_host([&] { moe(xt, w13.w, nullptr, w2.w, nullptr, idt, wtt, MoeActivation::swiglu, 0, 0, yt, nullptr, Backend::reference); }, 1),
+            host_bw);
+#if defined(MXQ_TOOL_HAVE_CUDA)
+    if (cuda && a.gpu) {
+      // The experts, x, the routing and the workspace on the device.
+      auto to_device = [](const HostExperts& h, std::vector<cuda_util::DeviceBuffer>& keep) {
+        PackedExperts d = h.w;
+        auto up = [&](const void* p, std::size_t n) {
+          keep.emplace_back(n);
+          keep.back().upload(p, n);
+          return keep.back().get();
+        };
+        d.codes = Tensor::of(up(h.codes.data(), h.codes.size()), DType::u8, h.w.codes.rows, h.w.codes.cols, 0, Device::cuda);
+        d.scales = Tensor::of(up(h.scales.data(), h.scales.size()), DType::u8, h.w.scales.rows, h.w.scales.cols, 0, Device::cuda);
+        d.exp_shift = Tensor::of(up(h.shift.data(), h.shift.size() * 4), DType::i32, 1, h.w.E, 0, Device::cuda);
+        d.tensor_scale = Tensor::of(up(h.S.data(), h.S.size() * 4), DType::f32, 1, h.w.E, 0, Device::cuda);
+        return d;
+      };
+      std::vector<cuda_util::DeviceBuffer> keep;
+      keep.reserve(16);
+      const PackedExperts d13 = to_device(w13, keep), d2 = to_device(w2, keep);
+      const MoeWorkspace ws = moe_workspace(T, k, E, 2 * I, I, H, MoeActivation::swiglu);
+      cuda_util::DeviceBuffer xd(x.size() * 2), yd(y.size() * 2), idd(ids.size() * 4), wtd(wt.size() * 4), wsd(std::size_t(ws.bytes));
+      xd.upload(x.data(), x.size() * 2);
+      idd.upload(ids.data(), ids.size() * 4);
+      wtd.upload(wt.data(), wt.size() * 4);
+      const Tensor xg = Tensor::of(xd.get(), DType::bf16, T, H, 0, Device::cuda), yg = Tensor::of(yd.get(), DType::bf16, T, H, 0, Device::cuda);
+      const Tensor idg = Tensor::of(idd.get(), DType::i32, T, k, 0, Device::cuda), wtg = Tensor::of(wtd.get(), DType::f32, T, k, 0, Device::cuda);
+      const Tensor wsg = Tensor::of(wsd.get(), DType::u8, 1, ws.bytes, 0, Device::cuda);
+      const auto fn = [&] { moe(xg, d13, nullptr, d2, nullptr, idg, wtg, MoeActivation::swiglu, 0, 0, yg, &wsg, Backend::cuda); };
+      cuda_util::EventTimer timer;
+      fn();
+      std::vector<double> t;
+      for (int i = 0; i < std::max(a.reps, 5); ++i) t.push_back(timer.time(fn));
+      print("cuda", median(t), dev_bw);
+    }
+#else
+    (void)cuda;
+    (void)dev_bw;
+#endif
+  }
+}
+
 }  // namespace
 
 int run_bench(const BenchArgs& a) {
@@ -155,6 +286,7 @@ int run_bench(const BenchArgs& a) {
   }
   std::vector<Format> formats;
   for (const std::string& f : a.formats) formats.push_back(parse_format(f == "mxfp8" ? "mxfp8_e4m3" : f));
+  if (std::find(a.ops.begin(), a.ops.end(), "moe") != a.ops.end()) parse_experts(a.experts);  // refused before any work
 
   std::string why;
   const bool cuda = cuda_available(&why);
@@ -199,6 +331,17 @@ int run_bench(const BenchArgs& a) {
           bench_linear(a, f, rows, K, cuda, host_bw, dev_bw);
 #else
           bench_linear(a, f, rows, K, cuda, host_bw, 0);
+#endif
+        }
+      }
+      if (std::find(a.ops.begin(), a.ops.end(), "moe") != a.ops.end()) {
+        if (f != Format::mxfp4 && f != Format::nvfp4) {
+          fmt::print("{:<11} {:<11} (the W4A16 MoE takes mxfp4 and nvfp4 experts)\n", "moe", to_string(f));
+        } else {
+#if defined(MXQ_TOOL_HAVE_CUDA)
+          bench_moe(a, f, rows, K, cuda, host_bw, dev_bw);
+#else
+          bench_moe(a, f, rows, K, cuda, host_bw, 0);
 #endif
         }
       }
@@ -250,7 +393,8 @@ int run_bench(const BenchArgs& a) {
     }
   }
   fmt::print("bytes: qdq 4 B/element; quantize 2 B in + codes + scales; dequantize the reverse; linear: GB/s of the packed\n"
-             "weight bytes, % copy of weight + x + y bytes (L2 warm: repeated runs). % copy: of the memcpy\n"
+             "weight bytes, % copy of weight + x + y bytes (L2 warm: repeated runs); moe: the same over the experts\n"
+             "the batch routes to (shape H x I, --experts E:k). % copy: of the memcpy\n"
              "bandwidth of the same device (host for cpu/reference). x ref: the reference backend's time over this one's.\n");
   return 0;
 }

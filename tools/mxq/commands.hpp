@@ -60,8 +60,10 @@ int run_dequantize(const DequantizeArgs& args);
 struct BenchArgs {
   std::vector<std::string> shapes{"1024x4096"};
   std::vector<std::string> formats{"mxfp4", "mxfp8_e4m3", "nvfp4"};
-  std::vector<std::string> ops;  // empty: qdq, quantize, dequantize; "linear": the W4A16 GEMM (shape = N x K)
-  std::vector<std::int64_t> tokens{1, 16};  // linear: rows of x
+  std::vector<std::string> ops;  // empty: qdq, quantize, dequantize; "linear": the W4A16 GEMM (shape = N x K);
+                                 // "moe": the W4A16 MoE block (shape = H x I)
+  std::vector<std::int64_t> tokens{1, 16};  // linear, moe: rows of x
+  std::string experts = "8:2";              // moe: E experts, top-k
   int reps = 10;
   bool reference = true, gpu = true;
 };

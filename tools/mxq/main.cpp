@@ -113,8 +113,10 @@ int main(int argc, char** argv) {
   CLI::App* c_bench = app.add_subcommand("bench", "time each operation x format on each usable backend");
   c_bench->add_option("--shape", bench.shapes, "ROWSxCOLS (repeatable)")->capture_default_str();
   c_bench->add_option("--format", bench.formats, "formats (repeatable)")->capture_default_str();
-  c_bench->add_option("--op", bench.ops, "qdq, quantize, dequantize (repeatable; default all), or linear (the W4A16 GEMM: --shape is the weight's N x K)");
-  c_bench->add_option("--tokens", bench.tokens, "linear: rows M of x (repeatable)")->check(CLI::PositiveNumber)->capture_default_str();
+  c_bench->add_option("--op", bench.ops, "qdq, quantize, dequantize (repeatable; default all), linear (the W4A16 GEMM: --shape is the weight's N x K) or moe (the W4A16 MoE block: --shape is H x I)")
+      ->check(CLI::IsMember({"qdq", "quantize", "dequantize", "linear", "moe"}));
+  c_bench->add_option("--tokens", bench.tokens, "linear, moe: rows of x (repeatable)")->check(CLI::PositiveNumber)->capture_default_str();
+  c_bench->add_option("--experts", bench.experts, "moe: E:k, E experts and the top-k routing")->capture_default_str();
   c_bench->add_option("--reps", bench.reps, "timed runs per case (median)")->check(CLI::PositiveNumber)->capture_default_str();
   c_bench->add_flag("!--no-reference", bench.reference, "skip the (slow) reference backend");
   c_bench->add_flag("!--no-gpu", bench.gpu, "skip the CUDA backend");
