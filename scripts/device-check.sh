@@ -87,6 +87,9 @@ if ! skipped cli && [ -x "$BUILD/tools/mxq/mxq" ]; then  # the tool's self-test 
   status "mxq demo --device cuda" "rc=$? ($((SECONDS - t0)) s, mxq_demo.txt)"
   "$BUILD/tools/mxq/mxq" bench --shape 8192x8192 --shape 16x8192 --no-reference --reps 20 > "$OUT/mxq_bench.txt" 2>&1
   status "mxq bench (cpu + cuda)" "rc=$? (mxq_bench.txt)"
+  "$BUILD/tools/mxq/mxq" bench --op moe --shape 2880x2880 --experts 128:4 --tokens 1 --tokens 16 --format mxfp4 \
+    --format nvfp4 --no-reference --reps 20 >> "$OUT/mxq_bench.txt" 2>&1
+  status "mxq bench --op moe (cuda)" "rc=$? (mxq_bench.txt)"
   "$BUILD/tools/mxq/checkpoint_test" --gtest_filter='CheckpointDevice.*' --gtest_brief=1 > "$LOG/checkpoint_device.log" 2>&1
   rc=$?
   status "checkpoint: GPU == CPU bytes" "$(grep -E '^\[  (PASSED|SKIPPED|FAILED)  \]' "$LOG/checkpoint_device.log" | tr '\n' ' ') rc=$rc"
