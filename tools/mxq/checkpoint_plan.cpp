@@ -41,12 +41,11 @@ std::vector<ExpertsDecl> gpt_oss_experts_tensors(const std::string& name, const 
   return {{name + "_blocks", "U8", {E, N, K / 32, 16}}, {name + "_scales", "U8", {E, N, K / 32}}};
 }
 
-namespace {
-// gpt-oss's experts tensors: X.mlp.experts.gate_up_proj / down_proj
 bool gpt_oss_experts_name(const std::string& name) {
   return name.ends_with(".mlp.experts.gate_up_proj") || name.ends_with(".mlp.experts.down_proj");
 }
 
+namespace {
 struct ExpertsPair {
   const TensorEntry *gate_up = nullptr, *down = nullptr;
   std::string gate_up_key, down_key;

@@ -48,6 +48,8 @@ struct ExpertsDecl {
   std::vector<std::int64_t> shape;
 };
 std::vector<ExpertsDecl> gpt_oss_experts_tensors(const std::string& name, const std::vector<std::int64_t>& shape);
+// gpt-oss's experts tensors: X.mlp.experts.gate_up_proj / down_proj.
+bool gpt_oss_experts_name(const std::string& name);
 
 struct QuantizePlan {
   std::map<std::string, TensorPlan> tensors;          // by "<shard>/<name>"

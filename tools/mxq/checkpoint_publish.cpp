@@ -16,6 +16,7 @@
 
 #include <mxq/version.hpp>
 
+#include "checkpoint_plan.hpp"
 #include "compressed_tensors.hpp"
 #include "fail.hpp"
 #include "json_limits.hpp"
@@ -291,6 +292,21 @@ std::map<std::string, std::uint64_t> stage_part_shard(const fs::path& from, cons
         consumed.insert(r->name);
         ++rotation_matrices;
       }
+    }
+    // gpt-oss's MXFP4 experts (quantize's layout for that model): X_blocks and X_scales for an input X.
+    for (const st::TensorInfo& x : iv.tensors()) {
+      if (!gpt_oss_experts_name(x.name) || (!v.find(x.name + "_blocks") && !v.find(x.name + "_scales"))) continue;
+      if (fmt_name != "mxfp4" || x.shape.size() != 3)
+        fail(where + ": tensor '" + x.name + "_blocks' or '_scales' (gpt-oss's MXFP4 experts) for a " +
+             std::to_string(x.shape.size()) + "-D input in a " + fmt_name + " conversion");
+      for (const ExpertsDecl& d : gpt_oss_experts_tensors(x.name, x.shape)) {
+        const st::TensorInfo* t = v.find(d.name);
+        if (!t || t->dtype != d.dtype || t->shape != d.shape)
+          fail(where + ": tensor '" + d.name + "' is missing or not gpt-oss's MXFP4 layout of " + input_shard.string() +
+               "'s '" + x.name + "' (" + d.dtype + " " + st::shape_text(d.shape) + ")");
+        consumed.insert(d.name);
+      }
+      replaced.insert(x.name);
     }
   }
   for (const st::TensorInfo& t : v.tensors()) {

@@ -2,6 +2,9 @@
 // layout (docs/cli.md "gpt-oss MXFP4 experts"), read here as transformers' loader reads it (low
 // nibble first, E8M0 scale bytes with bias 127) and compared with the library's MXFP4 QDQ of the
 // transposed bf16 weights; malformed experts are refused naming the tensor.
+#include <functional>
+#include <optional>
+
 #include "checkpoint_test_util.hpp"
 
 namespace {
@@ -146,6 +149,126 @@ TEST(GptOssQuantize, ExcludingOneExpertsTensorLeavesThePairUnquantized) {
   const json cfg = json::parse(std::ifstream(root / "q" / "config.json"));
   const auto ignore = cfg["quantization_config"]["modules_to_not_convert"].get<std::vector<std::string>>();
   EXPECT_NE(std::find(ignore.begin(), ignore.end(), "model.layers.0.mlp.experts"), ignore.end());
+  fs::remove_all(root);
+}
+
+// --part I/N and mxq merge on a gpt-oss checkpoint (one file, so the parts split its tensors): the merged
+// output, gpt-oss's experts layout included, is byte-identical to the single run.
+TEST(GptOssQuantize, PartsMergeToTheSingleRun) {
+  const fs::path root = scratch("gptoss_parts");
+  write_gpt_oss(root / "in");
+  mxq::cli::QuantizeArgs qa;
+  qa.in = (root / "in").string();
+  qa.out = (root / "one").string();
+  qa.device = "cpu";
+  ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+  const auto one = read_tree(qa.out);
+  ASSERT_TRUE(one.count("model.safetensors"));
+  for (int n : {2, 3}) {
+    qa.out = (root / ("n" + std::to_string(n))).string();
+    for (int i = 1; i <= n; ++i) {
+      qa.part = std::to_string(i) + "/" + std::to_string(n);
+      ASSERT_EQ(mxq::cli::run_quantize(qa), 0) << *qa.part;
+    }
+    mxq::cli::MergeArgs ma;
+    ma.out = qa.out;
+    ASSERT_EQ(mxq::cli::run_merge(ma), 0) << "n=" << n;
+    const auto merged = read_tree(qa.out);
+    EXPECT_EQ(merged.size(), one.size()) << "n=" << n;
+    for (const auto& [name, bytes] : one) {
+      ASSERT_TRUE(merged.count(name)) << "n=" << n << ": " << name << " missing";
+      EXPECT_TRUE(merged.at(name) == bytes) << "n=" << n << ": " << name << " differs";
+    }
+  }
+  fs::remove_all(root);
+}
+
+// Hostile gpt-oss parts: a blocks tensor of another shape, a missing scales tensor, or a manifest whose
+// config names compressed-tensors for this model are refused naming what is wrong; nothing is written.
+TEST(GptOssQuantize, MergeChecksTheExpertsLayout) {
+  const fs::path root = scratch("gptoss_merge_bad");
+  write_gpt_oss(root / "in");
+  const std::string gu = "model.layers.0.mlp.experts.gate_up_proj";
+  struct Case {
+    std::string what, needle;
+    std::function<void(const fs::path& part1)> spoil;
+  };
+  // part 1's model.safetensors again, tensor `name` declared with `shape` (its bytes resized) or dropped
+  const auto rewrite = [](const fs::path& part1, const std::string& name, std::optional<std::vector<std::int64_t>> shape) {
+    const fs::path f = part1 / "model.safetensors";
+    std::map<std::string, std::pair<std::vector<std::int64_t>, std::vector<std::uint8_t>>> keep;
+    std::vector<std::pair<std::string, std::string>> order;
+    {
+      const st::File in(f.string());
+      for (const st::TensorInfo& t : in.view().tensors()) {
+        if (t.name == name && !shape) continue;
+        const auto d = in.view().data(t);
+        std::vector<std::uint8_t> bytes(d.begin(), d.end());
+        std::vector<std::int64_t> sh = t.shape;
+        if (t.name == name) {
+          sh = *shape;
+          std::int64_t n = 1;
+          for (std::int64_t v : sh) n *= v;
+          bytes.resize(std::size_t(n));
+        }
+        keep[t.name] = {sh, bytes};
+        order.push_back({t.name, t.dtype});
+      }
+    }
+    fs::remove(f);
+    st::Writer w(f.string());
+    for (const auto& [n, dt] : order) w.declare(n, dt, keep[n].first);
+    for (const auto& [n, dt] : order) w.write(n, keep[n].second);
+    w.commit();
+    if (!shape) {  // the manifest's weight map without it, so that the shard check reaches the layout
+      json m = json::parse(std::ifstream(part1 / "mxq-part.json"));
+      m["weight_map"].erase(name);
+      std::ofstream(part1 / "mxq-part.json", std::ios::trunc) << m.dump();
+    }
+  };
+  const std::vector<Case> cases = {
+      {"blocks of another shape", "not gpt-oss's MXFP4 layout",
+       [&](const fs::path& p1) { rewrite(p1, gu + "_blocks", std::vector<std::int64_t>{kE, 2 * kI, kH / 32, 8}); }},
+      {"scales missing", "not gpt-oss's MXFP4 layout", [&](const fs::path& p1) { rewrite(p1, gu + "_scales", std::nullopt); }},
+      {"a compressed-tensors config", "mxfp4 (gpt-oss) quantization_config",
+       [&](const fs::path& p1) {
+         for (const fs::path& part : {p1, fs::path(root / "q.part-2-of-2")}) {
+           json m = json::parse(std::ifstream(part / "mxq-part.json"));
+           json cfg = json::parse(m["config_text"].get<std::string>());
+           cfg["quantization_config"]["quant_method"] = "compressed-tensors";
+           m["config_text"] = cfg.dump();
+           std::ofstream(part / "mxq-part.json", std::ios::trunc) << m.dump();
+         }
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    for (const char* p : {".part-1-of-2", ".part-2-of-2"}) fs::remove_all(root / (std::string("q") + p));
+    mxq::cli::QuantizeArgs qa;
+    qa.in = (root / "in").string();
+    qa.out = (root / "q").string();
+    qa.device = "cpu";
+    testing::internal::CaptureStdout();
+    for (const char* part : {"1/2", "2/2"}) {
+      qa.part = part;
+      ASSERT_EQ(mxq::cli::run_quantize(qa), 0);
+    }
+    testing::internal::GetCapturedStdout();
+    c.spoil(root / "q.part-1-of-2");
+    mxq::cli::MergeArgs ma;
+    ma.out = qa.out;
+    std::string msg;
+    try {
+      testing::internal::CaptureStdout();
+      mxq::cli::run_merge(ma);
+      testing::internal::GetCapturedStdout();
+    } catch (const std::exception& e) {
+      testing::internal::GetCapturedStdout();
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find(c.needle), std::string::npos) << msg;
+    EXPECT_FALSE(fs::exists(root / "q"));
+  }
   fs::remove_all(root);
 }
 

@@ -13,12 +13,14 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <mxq/mxq.hpp>
 #include <mxq/version.hpp>
 
 #include "checkpoint_publish.hpp"
 #include "checkpoint_read.hpp"
 #include "commands.hpp"
 #include "fail.hpp"
+#include "fusion.hpp"
 #include "json_limits.hpp"
 #include "staging.hpp"
 
@@ -109,8 +111,14 @@ int run_merge(const MergeArgs& a) {
     json cfg = parse_json(m0.at("config_text").get<std::string>(), m0_path.string() + ": key 'config_text'");
     const json* qc = in_cfg ? (cfg.is_object() && cfg.contains("quantization_config") ? &cfg["quantization_config"] : nullptr)
                             : &cfg;
-    if (!cfg.is_object() || !qc || !qc->is_object() || qc->value("quant_method", json()) != "compressed-tensors")
-      fail(m0_path.string() + ": key 'config_text' is not a JSON object with a compressed-tensors quantization_config");
+    // quantize's choice (checkpoint_plan.cpp): an MXFP4 gpt-oss model gets gpt-oss's own quantization_config
+    // (quant_method mxfp4), every other conversion a compressed-tensors one.
+    const bool gpt_oss = mxq::parse_format(m0.at("format").get<std::string>()) == mxq::Format::mxfp4 &&
+                         loader_fusion(in_cfg).experts_layout == "gpt_oss";
+    const char* method = gpt_oss ? "mxfp4" : "compressed-tensors";
+    if (!cfg.is_object() || !qc || !qc->is_object() || qc->value("quant_method", json()) != method)
+      fail(m0_path.string() + ": key 'config_text' is not a JSON object with a" + (gpt_oss ? "n mxfp4 (gpt-oss)" : " compressed-tensors") +
+           " quantization_config");
     if (in_cfg) {  // the input's config.json, with its quantization_config and dtype set as quantize sets them
       json x = *in_cfg, y = cfg;
       for (const char* k : {"quantization_config", "torch_dtype"}) x.erase(k), y.erase(k);
