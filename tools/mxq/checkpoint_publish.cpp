@@ -214,7 +214,8 @@ void copy_part_file(int in, const fs::path& from, const fs::path& to) {
 
 std::map<std::string, std::uint64_t> stage_part_shard(const fs::path& from, const fs::path& to, const fs::path& input_shard,
                                                       const fs::path& manifest, const json& part_map,
-                                                      const std::string& shard, const json& m0, int& rotation_matrices) {
+                                                      const std::string& shard, const json& m0, bool gpt_oss,
+                                                      int& rotation_matrices) {
   // The part's file, opened once: not through a symbolic link, non-blocking (a FIFO swapped in is
   // refused, never waited on).
   const int fd = ::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
@@ -273,6 +274,9 @@ std::map<std::string, std::uint64_t> stage_part_shard(const fs::path& from, cons
   if (!fake) {
     const std::string fmt_name = m0.at("format").get<std::string>();
     for (const auto& [mod, md] : quantized_modules(v, where)) {
+      if (gpt_oss)
+        fail(where + ": module '" + mod + "' is in the compressed-tensors layout; gpt-oss's MXFP4 conversion quantizes "
+             "only the experts");
       const st::TensorInfo* w = iv.find(mod + ".weight");
       if (!w || w->shape.size() != 2 || w->shape[0] != md.N || w->shape[1] != md.K)
         fail(where + ": module '" + mod + "' is quantized from a [" + std::to_string(md.N) + ", " + std::to_string(md.K) +
@@ -295,10 +299,10 @@ std::map<std::string, std::uint64_t> stage_part_shard(const fs::path& from, cons
     }
     // gpt-oss's MXFP4 experts (quantize's layout for that model): X_blocks and X_scales for an input X.
     for (const st::TensorInfo& x : iv.tensors()) {
-      if (!gpt_oss_experts_name(x.name) || (!v.find(x.name + "_blocks") && !v.find(x.name + "_scales"))) continue;
-      if (fmt_name != "mxfp4" || x.shape.size() != 3)
+      if (!gpt_oss || !gpt_oss_experts_name(x.name) || (!v.find(x.name + "_blocks") && !v.find(x.name + "_scales"))) continue;
+      if (x.shape.size() != 3)
         fail(where + ": tensor '" + x.name + "_blocks' or '_scales' (gpt-oss's MXFP4 experts) for a " +
-             std::to_string(x.shape.size()) + "-D input in a " + fmt_name + " conversion");
+             std::to_string(x.shape.size()) + "-D input tensor");
       for (const ExpertsDecl& d : gpt_oss_experts_tensors(x.name, x.shape)) {
         const st::TensorInfo* t = v.find(d.name);
         if (!t || t->dtype != d.dtype || t->shape != d.shape)

@@ -75,10 +75,14 @@ int finish_part(const QuantizeArgs& a, const Part& part, const Checkpoint& c, St
 // own whose safetensors header is valid and declares exactly the tensors the manifest's weight map
 // gives this shard, each either the input's tensor (same dtype and shape) or a quantized module of
 // the input's weight (its shape, the manifest's format), or the transform's matrix (counted in
-// rotation_matrices). Returns the staged file's tensors (name -> data bytes).
+// rotation_matrices). gpt_oss: the conversion is gpt-oss's MXFP4 layout (quantize's choice for that family
+// and format): the quantized tensors are then the experts' `_blocks` / `_scales` of the input's 3-D experts
+// tensors (gpt_oss_experts_tensors), and no compressed-tensors module. Returns the staged file's tensors
+// (name -> data bytes).
 std::map<std::string, std::uint64_t> stage_part_shard(const std::filesystem::path& from, const std::filesystem::path& to,
                                                       const std::filesystem::path& input_shard,
                                                       const std::filesystem::path& manifest, const nlohmann::json& part_map,
-                                                      const std::string& shard, const nlohmann::json& m0, int& rotation_matrices);
+                                                      const std::string& shard, const nlohmann::json& m0, bool gpt_oss,
+                                                      int& rotation_matrices);
 
 }  // namespace mxq::cli

@@ -104,6 +104,10 @@ int run_merge(const MergeArgs& a) {
   if (m0.at("config_name") != expect_name)
     fail(m0_path.string() + ": key 'config_name' is " + m0.at("config_name").dump() + ", expected " + expect_name.dump() +
          " (what " + input + " implies; nothing else is written)");
+  // quantize's choice (checkpoint_plan.cpp): an MXFP4 gpt-oss model gets gpt-oss's own layout and
+  // quantization_config (quant_method mxfp4), every other conversion the compressed-tensors ones.
+  const bool gpt_oss = !fake && mxq::parse_format(m0.at("format").get<std::string>()) == mxq::Format::mxfp4 &&
+                       loader_fusion(in_cfg).experts_layout == "gpt_oss";
   if (fake != m0.at("config_text").is_null())
     fail(m0_path.string() + ": key 'config_text' is " + std::string(fake ? "not null" : "null") + " for " +
          m0.at("command").get<std::string>());
@@ -111,10 +115,6 @@ int run_merge(const MergeArgs& a) {
     json cfg = parse_json(m0.at("config_text").get<std::string>(), m0_path.string() + ": key 'config_text'");
     const json* qc = in_cfg ? (cfg.is_object() && cfg.contains("quantization_config") ? &cfg["quantization_config"] : nullptr)
                             : &cfg;
-    // quantize's choice (checkpoint_plan.cpp): an MXFP4 gpt-oss model gets gpt-oss's own quantization_config
-    // (quant_method mxfp4), every other conversion a compressed-tensors one.
-    const bool gpt_oss = mxq::parse_format(m0.at("format").get<std::string>()) == mxq::Format::mxfp4 &&
-                         loader_fusion(in_cfg).experts_layout == "gpt_oss";
     const char* method = gpt_oss ? "mxfp4" : "compressed-tensors";
     if (!cfg.is_object() || !qc || !qc->is_object() || qc->value("quant_method", json()) != method)
       fail(m0_path.string() + ": key 'config_text' is not a JSON object with a" + (gpt_oss ? "n mxfp4 (gpt-oss)" : " compressed-tensors") +
@@ -144,7 +144,7 @@ int run_merge(const MergeArgs& a) {
     const int i = int(si % std::size_t(n)) + 1;
     const std::string& shard = c.shards[si];
     const auto tensors = stage_part_shard(parts[i] / shard, stage.dir() / shard, c.dir / shard, parts[i] / kManifest,
-                                          man[std::size_t(i) - 1]["weight_map"], shard, m0, rotation_matrices);
+                                          man[std::size_t(i) - 1]["weight_map"], shard, m0, gpt_oss, rotation_matrices);
     for (const auto& [t, bytes] : tensors) {
       if (weight_map.contains(t)) fail(parts[i].string() + ": tensor '" + t + "' is in two shards");
       weight_map[t] = shard;
