@@ -1,9 +1,15 @@
 // Bad input at the API boundary: every error names the argument and what was expected, and nothing
 // is written when validation fails.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <vector>
 
 #include <gtest/gtest.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include "helpers.hpp"
 
@@ -391,4 +397,56 @@ TEST(Api, PresetsMatchTheirDocumentedRules) {
   for (int k = 0; k < 32; ++k) ones.set(0, k, 1.0f);
   qdq(ones.view(), y.view(), presets::qutlass_mx_absmax());
   EXPECT_EQ(y.get(0, 0), 3.0f);
+}
+
+// A caller running with flush-to-zero / denormals-are-zero (MXCSR FTZ and DAZ on the calling thread and
+// on every OpenMP worker, as torch.set_flush_denormal(True) leaves a thread) gets the bytes of IEEE
+// subnormals from the CPU backends, and its own setting back after each call (mxq/fp_env.hpp).
+TEST(Api, FlushToZeroCallersGetIeeeBytes) {
+#if !(defined(__x86_64__) || defined(__i386__))
+  GTEST_SKIP() << "the test sets x86's MXCSR";
+#else
+  constexpr unsigned kFtzDaz = 0x8040;
+  const auto set_everywhere = [](bool on) {
+    const auto apply = [on] { _mm_setcsr(on ? (_mm_getcsr() | kFtzDaz) : (_mm_getcsr() & ~kFtzDaz)); };
+    apply();
+#if defined(_OPENMP)
+#pragma omp parallel
+    apply();
+#endif
+  };
+  // bf16 subnormals and small normals (|x| from 2^-140 to 2^-120), signs mixed, every block different
+  HostTensor x(DType::bf16, 64, 256);
+  for (std::int64_t r = 0; r < 64; ++r)
+    for (std::int64_t c = 0; c < 256; ++c) {
+      const unsigned h = unsigned(r * 256 + c) * 2654435761u;
+      x.set(r, c, std::ldexp(float(h % 997) * ((h >> 12) & 1 ? -1.0f : 1.0f), -150 + int(h % 20)));
+    }
+  struct Run {
+    std::vector<std::uint8_t> codes, scales, y;
+  };
+  const auto run = [&](Backend b, const QuantOptions& base) {
+    QuantOptions o = base;
+    o.backend = b;
+    Quantized q(o, 64, 256);
+    quantize(x.view(), q.out(), o);
+    HostTensor y(DType::bf16, 64, 256);
+    qdq(x.view(), y.view(), o);
+    return Run{q.codes.bytes, q.scales.bytes, y.bytes};
+  };
+  for (const QuantOptions& o : {QuantOptions::mx(Format::mxfp4, ScaleRule::even), QuantOptions::mx(Format::mxfp8_e4m3, ScaleRule::floor),
+                                QuantOptions::nvfp4(1e30f)})
+    for (Backend b : {Backend::reference, Backend::cpu}) {
+      const Run ieee = run(b, o);
+      set_everywhere(true);
+      const Run ftz = run(b, o);
+      const bool kept = (_mm_getcsr() & kFtzDaz) == kFtzDaz;
+      set_everywhere(false);
+      EXPECT_TRUE(kept) << "the caller's FTZ / DAZ were not restored";
+      const std::string what = std::string(to_string(o.format)) + " on " + std::string(to_string(b));
+      EXPECT_EQ(ftz.codes, ieee.codes) << what;
+      EXPECT_EQ(ftz.scales, ieee.scales) << what;
+      EXPECT_EQ(ftz.y, ieee.y) << what;
+    }
+#endif
 }

@@ -35,6 +35,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <mxq/fp_env.hpp>
 #include <mxq/linear.hpp>
 #include <mxq/moe.hpp>
 #include <mxq/ops.hpp>
@@ -647,6 +648,7 @@ at::Tensor unswizzle_scales(const at::Tensor& swizzled, int64_t rows, int64_t co
 void hadamard_groups_cpu(const at::Tensor& x, float* y, int64_t groups, int64_t rs, double c) {
   auto run = [&](auto load) {
     at::parallel_for(0, groups, 256, [&](int64_t g0, int64_t g1) {
+      const mxq::IeeeSubnormalScope ieee;  // torch.set_flush_denormal(True) would change the bytes
       double v[256];
       for (int64_t g = g0; g < g1; ++g) {
         const int64_t base = g * rs;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include <mxq/fp_env.hpp>
 #include <mxq/ops.hpp>
 
 #include "core/problem.hpp"
@@ -18,6 +19,9 @@ struct Span {
   std::uintptr_t begin, end;  // [begin, end) bytes
 };
 
+// Every public operation constructs one first. It also holds the host's floating-point environment at
+// IEEE subnormals for the operation's duration (mxq/fp_env.hpp: a caller's flush-to-zero would change the
+// CPU backends' bytes); parallel loops do the same on their worker threads.
 class Checker {
  public:
   explicit Checker(const char* fn) : fn_(fn) {}
@@ -39,6 +43,7 @@ class Checker {
   void geometry(const char* arg, const Tensor& t) const;
   const char* fn_;
   std::vector<Span> inputs_, outputs_;
+  IeeeSubnormalScope ieee_;
 };
 
 // Validate options and fill a Problem (rows/K given by the caller).

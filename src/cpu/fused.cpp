@@ -4,6 +4,8 @@
 #include <array>
 #include <cstring>
 
+#include <mxq/fp_env.hpp>
+
 #include "core/dispatch.hpp"
 #include "core/fused_math.hpp"
 
@@ -28,7 +30,10 @@ void for_rows(std::int64_t rows, F&& f) {
 #if defined(MXQ_HAVE_OPENMP)
 #pragma omp parallel for schedule(static) if (rows > 1)
 #endif
-  for (std::int64_t r = 0; r < rows; ++r) f(r);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const IeeeSubnormalScope ieee;  // on the worker thread too (mxq/fp_env.hpp)
+    f(r);
+  }
 }
 
 // The sum of squares of row r in core/fused_math.hpp's order (the CUDA block's, replayed).

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <vector>
 
+#include <mxq/fp_env.hpp>
+
 #include "core/dispatch.hpp"
 #include "core/fastmath.hpp"
 #include "core/problem.hpp"
@@ -88,6 +90,7 @@ void rotate_rows(const Tensor& x, float* out, const QuantOptions& opt, bool inve
 #pragma omp parallel for schedule(static) if (x.rows > 1)
 #endif
     for (std::int64_t r = 0; r < x.rows; ++r) {
+      const IeeeSubnormalScope ieee;  // on the worker thread too (mxq/fp_env.hpp)
       float* row = out + r * K;
       float tmp[256];
       // out may be x's own dense fp32 data (then the row is already there)
@@ -108,6 +111,7 @@ float rotated_amax(const Tensor& x, const QuantOptions& opt) {
 #pragma omp parallel reduction(max : m) if (x.rows > 1)
 #endif
     {
+      const IeeeSubnormalScope ieee;  // on the worker thread too (mxq/fp_env.hpp)
       std::vector<float> row(static_cast<std::size_t>(K));  // one row per thread, not the tensor
       float tmp[256];
 #if defined(MXQ_HAVE_OPENMP)
@@ -130,7 +134,10 @@ void store_rows(const float* v, const Tensor& y) {
 #if defined(MXQ_HAVE_OPENMP)
 #pragma omp parallel for schedule(static) if (y.rows > 1)
 #endif
-    for (std::int64_t r = 0; r < y.rows; ++r) store_row<DT>(v + r * y.cols, y, r);
+    for (std::int64_t r = 0; r < y.rows; ++r) {
+      const IeeeSubnormalScope ieee;  // on the worker thread too (mxq/fp_env.hpp)
+      store_row<DT>(v + r * y.cols, y, r);
+    }
   });
 }
 

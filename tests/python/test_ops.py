@@ -491,3 +491,31 @@ def test_integer_arguments_take_numpy_integers_and_name_the_argument():
         mxq.qdq(x, "nvfp4", tensor_scale=2**1024)
     with pytest.raises(ValueError, match=r"argument 'tensor_scale'"):
         mxq.quantize(x, "nvfp4", tensor_scale=-2**1100)
+
+
+def test_flush_denormal_callers_get_ieee_bytes():
+    """torch.set_flush_denormal(True) (FTZ / DAZ on x86) leaves mxq's CPU bytes those of IEEE subnormals
+    (quantize, QDQ, dequantize and the QuTLASS shim's Hadamard op), and the flag as the caller set it."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(64, 256, generator=g) * 2.0 ** -135).to(torch.bfloat16)  # subnormals and tiny normals
+    had = torch.ops.mxq.hadamard_rotate_f64
+
+    def run():
+        out = []
+        for fmt in ("mxfp4", "mxfp8", "nvfp4"):
+            q = mxq.quantize(x, fmt) if fmt != "nvfp4" else mxq.quantize(x, fmt, tensor_scale=1e30)
+            out += [q.codes, q.scales, mxq.dequantize(q, dtype=torch.float32).view(torch.int32)]
+        out.append(mxq.qdq(x, "mxfp4").view(torch.int16))
+        out.append(mxq.qdq(x, "mxfp4", rotation="had32").view(torch.int16))
+        out.append(had(x, 32, 0.17677669529663687).view(torch.int32))
+        return out
+
+    ieee = run()
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode torch can set")
+    try:
+        ftz = run()
+    finally:
+        torch.set_flush_denormal(False)
+    for i, (a, b) in enumerate(zip(ieee, ftz)):
+        assert torch.equal(a, b), f"output {i} differs under flush-to-zero"

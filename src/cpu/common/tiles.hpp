@@ -20,6 +20,8 @@
 #include <omp.h>
 #endif
 
+#include <mxq/fp_env.hpp>
+
 #include "core/dispatch.hpp"
 #include "core/fastmath.hpp"
 #include "cpu/fast.hpp"
@@ -72,6 +74,7 @@ void parallel_tiles(std::int64_t rows, std::int64_t nblocks, F&& f) {
 #pragma omp parallel for schedule(static) if (n > 1)
 #endif
   for (std::int64_t t = 0; t < n; ++t) {
+    const IeeeSubnormalScope ieee;  // on the worker thread too (mxq/fp_env.hpp)
     const std::int64_t r = t / per_row, b0 = (t % per_row) * kTileBlocks;
     f(r, b0, std::min(nblocks, b0 + kTileBlocks));
   }
