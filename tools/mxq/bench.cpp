@@ -45,6 +45,17 @@ double time_host(const std::function<void()>& f, int reps) {
   return median(t);
 }
 
+#if defined(MXQ_TOOL_HAVE_CUDA)
+// The median seconds of f on the GPU (CUDA events) over max(reps, 5) runs after one warm-up.
+double time_device(const std::function<void()>& f, int reps) {
+  cuda_util::EventTimer timer;
+  f();  // warm-up
+  std::vector<double> t;
+  for (int i = 0; i < std::max(reps, 5); ++i) t.push_back(timer.time(f));
+  return median(t);
+}
+#endif
+
 // Read + write bytes per second of a parallel memcpy of 256 MiB.
 double host_memcpy_bandwidth() {
   const std::size_t n = 256u << 20;
@@ -129,11 +140,7 @@ void bench_linear(const BenchArgs& a, Format f, std::int64_t N, std::int64_t K, 
       dw.scales = Tensor::of(sd.get(), DType::u8, L.scales.rows, L.scales.cols, 0, Device::cuda);
       const Tensor xg = Tensor::of(xd.get(), DType::bf16, M, K, 0, Device::cuda), yg = Tensor::of(yd.get(), DType::bf16, M, N, 0, Device::cuda);
       const auto fn = [&] { linear(xg, dw, nullptr, yg, Backend::cuda); };
-      cuda_util::EventTimer timer;
-      fn();
-      std::vector<double> t;
-      for (int i = 0; i < std::max(a.reps, 5); ++i) t.push_back(timer.time(fn));
-      print("cuda", median(t), dev_bw);
+      print("cuda", time_device(fn, a.reps), dev_bw);
     }
 #else
     (void)cuda;
@@ -259,11 +266,7 @@ void bench_moe(const BenchArgs& a, Format f, std::int64_t H, std::int64_t I, boo
       const Tensor idg = Tensor::of(idd.get(), DType::i32, T, k, 0, Device::cuda), wtg = Tensor::of(wtd.get(), DType::f32, T, k, 0, Device::cuda);
       const Tensor wsg = Tensor::of(wsd.get(), DType::u8, 1, ws.bytes, 0, Device::cuda);
       const auto fn = [&] { moe(xg, d13, nullptr, d2, nullptr, idg, wtg, MoeActivation::swiglu, 0, 0, yg, &wsg, Backend::cuda); };
-      cuda_util::EventTimer timer;
-      fn();
-      std::vector<double> t;
-      for (int i = 0; i < std::max(a.reps, 5); ++i) t.push_back(timer.time(fn));
-      print("cuda", median(t), dev_bw);
+      print("cuda", time_device(fn, a.reps), dev_bw);
     }
 #else
     (void)cuda;
@@ -382,11 +385,7 @@ int run_bench(const BenchArgs& a) {
           Views v;
           const auto fn = bind(v, xd.get(), yd.get(), cd.get(), sd.get(), Device::cuda, ob);
           quantize(v.x, v.q, ob);
-          cuda_util::EventTimer timer;
-          fn();
-          std::vector<double> t;
-          for (int i = 0; i < std::max(a.reps, 5); ++i) t.push_back(timer.time(fn));
-          print("cuda", median(t), dev_bw);
+          print("cuda", time_device(fn, a.reps), dev_bw);
         }
 #endif
       }
