@@ -66,7 +66,6 @@ fs::path copy_parts(const fs::path& root, const std::string& tag) {
   return root / tag;
 }
 
-fs::path manifest(const fs::path& out, int i) { return out.string() + ".part-" + std::to_string(i) + "-of-2/mxq-part.json"; }
 
 // Applies edit to every part's manifest (the parts must agree with each other to reach most checks).
 template <class F>
@@ -78,23 +77,6 @@ void edit_manifests(const fs::path& out, F edit) {
   }
 }
 
-// The message merge fails with (and a test failure when it does not fail).
-std::string merge_failure(const fs::path& out, const std::string& what) {
-  mxq::cli::MergeArgs ma;
-  ma.out = out.string();
-  try {
-    testing::internal::CaptureStdout();
-    mxq::cli::run_merge(ma);
-    testing::internal::GetCapturedStdout();
-  } catch (const std::exception& e) {
-    testing::internal::GetCapturedStdout();
-    EXPECT_FALSE(fs::exists(out)) << what << ": a refused merge left " << out;
-    EXPECT_TRUE(fs::exists(manifest(out, 1))) << what << ": a refused merge removed the parts";
-    return e.what();
-  }
-  ADD_FAILURE() << "merge accepted " << what;
-  return "";
-}
 
 }  // namespace
 

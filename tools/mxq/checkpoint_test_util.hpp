@@ -228,6 +228,29 @@ struct ToolRun {
   }
 };
 
+// The manifest of part i of OUT's two parts.
+inline fs::path manifest(const fs::path& out, int i) { return out.string() + ".part-" + std::to_string(i) + "-of-2/mxq-part.json"; }
+
+// The message `mxq merge OUT` (two parts) fails with, having written nothing and kept the parts (and a
+// test failure when it does not fail).
+inline std::string merge_failure(const fs::path& out, const std::string& what) {
+  mxq::cli::MergeArgs ma;
+  ma.out = out.string();
+  try {
+    testing::internal::CaptureStdout();
+    mxq::cli::run_merge(ma);
+    testing::internal::GetCapturedStdout();
+  } catch (const std::exception& e) {
+    testing::internal::GetCapturedStdout();
+    EXPECT_FALSE(fs::exists(out)) << what << ": a refused merge left " << out;
+    EXPECT_TRUE(fs::exists(manifest(out, 1))) << what << ": a refused merge removed the parts";
+    return e.what();
+  }
+  ADD_FAILURE() << "merge accepted " << what;
+  return "";
+}
+
+
 // A JSON array nested depth levels deep.
 inline std::string nested(std::size_t depth, char open = '[', char close = ']') {
   return std::string(depth, open) + std::string(depth, close);
