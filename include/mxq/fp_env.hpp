@@ -7,7 +7,8 @@
 // that does its own host arithmetic beside mxq's (the PyTorch extension) can do the same.
 #include <cstdint>
 
-#if defined(__x86_64__) || defined(__i386__) || defined(_M_X64)
+#if defined(__SSE__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 1)
+#define MXQ_FP_ENV_MXCSR 1  // x87 arithmetic (no SSE) ignores MXCSR and has no flush-to-zero
 #include <xmmintrin.h>
 #endif
 
@@ -18,7 +19,7 @@ namespace mxq {
 class IeeeSubnormalScope {
  public:
   IeeeSubnormalScope() noexcept {
-#if defined(__x86_64__) || defined(__i386__) || defined(_M_X64)
+#if defined(MXQ_FP_ENV_MXCSR)
     saved_ = _mm_getcsr();
     const std::uint64_t want = saved_ & ~std::uint64_t(0x8040);  // bit 15 FTZ, bit 6 DAZ
     if (want != saved_) {
@@ -38,8 +39,9 @@ class IeeeSubnormalScope {
   }
   ~IeeeSubnormalScope() {
     if (!changed_) return;
-#if defined(__x86_64__) || defined(__i386__) || defined(_M_X64)
-    _mm_setcsr(static_cast<unsigned>(saved_));
+#if defined(MXQ_FP_ENV_MXCSR)
+    // FTZ and DAZ back as they were; the exception flags the operation raised stay raised
+    _mm_setcsr(static_cast<unsigned>((_mm_getcsr() & ~0x8040u) | (saved_ & 0x8040u)));
 #elif defined(__aarch64__)
     asm volatile("msr fpcr, %0" ::"r"(saved_));
 #endif

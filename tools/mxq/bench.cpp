@@ -289,7 +289,14 @@ int run_bench(const BenchArgs& a) {
   }
   std::vector<Format> formats;
   for (const std::string& f : a.formats) formats.push_back(parse_format(f == "mxfp8" ? "mxfp8_e4m3" : f));
-  if (std::find(a.ops.begin(), a.ops.end(), "moe") != a.ops.end()) parse_experts(a.experts);  // refused before any work
+  if (std::find(a.ops.begin(), a.ops.end(), "moe") != a.ops.end()) {  // refused before any work
+    parse_experts(a.experts);
+    for (const auto& [H, I] : shapes)
+      for (Format f : formats)
+        if ((f == Format::mxfp4 || f == Format::nvfp4) && (H % (f == Format::nvfp4 ? 16 : 32) || I % (f == Format::nvfp4 ? 16 : 32)))
+          throw std::runtime_error(fmt::format("--op moe --shape {}x{}: H and I must be multiples of {} ({})", H, I,
+                                               f == Format::nvfp4 ? 16 : 32, to_string(f)));
+  }
 
   std::string why;
   const bool cuda = cuda_available(&why);

@@ -29,12 +29,13 @@
 using namespace checkpoint_test;
 
 // --part I/N and mxq merge: the merged output is byte-identical to a single run, for every N (also
-// more parts than shards), for quantize (MXFP4, NVFP4 with a fused scale across shards) and qdq.
+// more parts than shards), for quantize (MXFP4, NVFP4 with a fused scale across shards, MXFP8 spelled as
+// the tool takes it) and qdq.
 TEST(CheckpointParts, SplitAndMergeIsByteIdenticalToOneRun) {
   const fs::path root = scratch("parts");
   make_checkpoint(root / "in");
   for (const std::string cmd : {"quantize", "qdq"})
-    for (const std::string format : {"mxfp4", "nvfp4"}) {
+    for (const std::string format : {"mxfp4", "nvfp4", "mxfp8"}) {
       const std::string tag = cmd + "_" + format;
       mxq::cli::QuantizeArgs qa;
       qa.in = (root / "in").string();

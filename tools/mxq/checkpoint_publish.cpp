@@ -317,6 +317,8 @@ std::map<std::string, std::uint64_t> stage_part_shard(const fs::path& from, cons
     if (consumed.count(t.name)) continue;
     const st::TensorInfo* x = iv.find(t.name);
     if (!x) fail(where + ": tensor '" + t.name + "' is neither in " + input_shard.string() + " nor a quantized module of it");
+    if (replaced.count(t.name))
+      fail(where + ": tensor '" + t.name + "' is both copied and quantized (a conversion writes one or the other)");
     if (x->dtype != t.dtype || x->shape != t.shape)
       fail(where + ": tensor '" + t.name + "' has dtype " + t.dtype + " and another shape or dtype than in " +
            input_shard.string() + " (" + x->dtype + ")");

@@ -193,11 +193,23 @@ TEST(GptOssQuantize, MergeChecksTheExpertsLayout) {
     std::string what, needle;
     std::function<void(const fs::path& part1)> spoil;
   };
-  // part 1's model.safetensors again, tensor `name` declared with `shape` (its bytes resized) or dropped
-  const auto rewrite = [](const fs::path& part1, const std::string& name, std::optional<std::vector<std::int64_t>> shape) {
+  // part 1's model.safetensors again, tensor `name` declared with `shape` (its bytes resized) or dropped;
+  // with `add`, the input's tensor of that name added as well
+  const auto rewrite = [&root](const fs::path& part1, const std::string& name, std::optional<std::vector<std::int64_t>> shape,
+                               const std::string& add = "") {
     const fs::path f = part1 / "model.safetensors";
     std::map<std::string, std::pair<std::vector<std::int64_t>, std::vector<std::uint8_t>>> keep;
     std::vector<std::pair<std::string, std::string>> order;
+    if (!add.empty()) {
+      const st::File in((root / "in" / "model.safetensors").string());
+      const st::TensorInfo* t = in.view().find(add);
+      const auto d = in.view().data(*t);
+      keep[add] = {t->shape, std::vector<std::uint8_t>(d.begin(), d.end())};
+      order.push_back({add, t->dtype});
+      json m = json::parse(std::ifstream(part1 / "mxq-part.json"));
+      m["weight_map"][add] = "model.safetensors";
+      std::ofstream(part1 / "mxq-part.json", std::ios::trunc) << m.dump();
+    }
     {
       const st::File in(f.string());
       for (const st::TensorInfo& t : in.view().tensors()) {
@@ -230,6 +242,8 @@ TEST(GptOssQuantize, MergeChecksTheExpertsLayout) {
       {"blocks of another shape", "not gpt-oss's MXFP4 layout",
        [&](const fs::path& p1) { rewrite(p1, gu + "_blocks", std::vector<std::int64_t>{kE, 2 * kI, kH / 32, 8}); }},
       {"scales missing", "not gpt-oss's MXFP4 layout", [&](const fs::path& p1) { rewrite(p1, gu + "_scales", std::nullopt); }},
+      {"the bf16 experts kept beside their blocks", "both copied and quantized",
+       [&](const fs::path& p1) { rewrite(p1, "", std::nullopt, gu); }},
       {"a compressed-tensors config", "mxfp4 (gpt-oss) quantization_config",
        [&](const fs::path& p1) {
          for (const fs::path& part : {p1, fs::path(root / "q.part-2-of-2")}) {

@@ -106,8 +106,8 @@ int run_merge(const MergeArgs& a) {
          " (what " + input + " implies; nothing else is written)");
   // quantize's choice (checkpoint_plan.cpp): an MXFP4 gpt-oss model gets gpt-oss's own layout and
   // quantization_config (quant_method mxfp4), every other conversion the compressed-tensors ones.
-  const bool gpt_oss = !fake && mxq::parse_format(m0.at("format").get<std::string>()) == mxq::Format::mxfp4 &&
-                       loader_fusion(in_cfg).experts_layout == "gpt_oss";
+  // (The manifest holds --format as typed: quantize takes exactly "mxfp4" for MXFP4.)
+  const bool gpt_oss = !fake && m0.at("format") == "mxfp4" && loader_fusion(in_cfg).experts_layout == "gpt_oss";
   if (fake != m0.at("config_text").is_null())
     fail(m0_path.string() + ": key 'config_text' is " + std::string(fake ? "not null" : "null") + " for " +
          m0.at("command").get<std::string>());
