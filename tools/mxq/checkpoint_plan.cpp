@@ -60,7 +60,7 @@ QuantizePlan plan_quantize(const std::vector<TensorEntry>& tensors, const PlanOp
   const std::pair<Rotation, int>& rot = o.rotation;
   std::vector<std::string> ignored_modules;
   std::vector<std::string>& unfit = plan.unfit;
-  plan.gpt_oss = !o.fake && o.format == Format::mxfp4 && o.fusion.experts_layout == "gpt_oss";
+  plan.gpt_oss = gpt_oss_layout(o.fake, o.format == Format::mxfp4, o.fusion);
   if (plan.gpt_oss && rot.first != Rotation::none)
     fail("--rotate: gpt-oss's MXFP4 experts layout (--format mxfp4 on a gpt-oss checkpoint) has no rotation");
   std::map<std::string, ExpertsPair> experts;  // gpt-oss: by experts module

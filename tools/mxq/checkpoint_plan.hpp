@@ -47,6 +47,11 @@ struct ExpertsDecl {
   std::string name, dtype;
   std::vector<std::int64_t> shape;
 };
+// Whether a conversion writes gpt-oss's own MXFP4 experts layout and config (docs/cli.md): MXFP4, not fake,
+// a model of the gpt-oss family. plan_quantize decides it; merge decides it again from a part's manifest.
+inline bool gpt_oss_layout(bool fake, bool mxfp4, const LoaderFusion& fusion) {
+  return !fake && mxfp4 && fusion.experts_layout == "gpt_oss";
+}
 std::vector<ExpertsDecl> gpt_oss_experts_tensors(const std::string& name, const std::vector<std::int64_t>& shape);
 // gpt-oss's experts tensors: X.mlp.experts.gate_up_proj / down_proj.
 bool gpt_oss_experts_name(const std::string& name);

@@ -16,6 +16,7 @@
 #include <mxq/mxq.hpp>
 #include <mxq/version.hpp>
 
+#include "checkpoint_plan.hpp"
 #include "checkpoint_publish.hpp"
 #include "checkpoint_read.hpp"
 #include "commands.hpp"
@@ -104,10 +105,10 @@ int run_merge(const MergeArgs& a) {
   if (m0.at("config_name") != expect_name)
     fail(m0_path.string() + ": key 'config_name' is " + m0.at("config_name").dump() + ", expected " + expect_name.dump() +
          " (what " + input + " implies; nothing else is written)");
-  // quantize's choice (checkpoint_plan.cpp): an MXFP4 gpt-oss model gets gpt-oss's own layout and
-  // quantization_config (quant_method mxfp4), every other conversion the compressed-tensors ones.
-  // (The manifest holds --format as typed: quantize takes exactly "mxfp4" for MXFP4.)
-  const bool gpt_oss = !fake && m0.at("format") == "mxfp4" && loader_fusion(in_cfg).experts_layout == "gpt_oss";
+  // quantize's choice: an MXFP4 gpt-oss model gets gpt-oss's own layout and quantization_config (quant_method
+  // mxfp4), every other conversion the compressed-tensors ones. (The manifest holds --format as typed:
+  // quantize takes exactly "mxfp4" for MXFP4.)
+  const bool gpt_oss = gpt_oss_layout(fake, m0.at("format") == "mxfp4", loader_fusion(in_cfg));
   if (fake != m0.at("config_text").is_null())
     fail(m0_path.string() + ": key 'config_text' is " + std::string(fake ? "not null" : "null") + " for " +
          m0.at("command").get<std::string>());
