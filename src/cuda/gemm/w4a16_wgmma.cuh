@@ -130,7 +130,9 @@ template <int BM, int STRIPS, int STAGES, int PF, bool NV, bool F16, bool SMEM_E
 __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const LinearArgs a) {
 #ifdef MXQ_WGMMA_DEVICE
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t(1023));
+  // An offset from smem_raw (not an integer round trip) keeps every access below in the shared state space
+  // (LDS / STS with 32-bit addresses rather than generic loads and stores).
+  unsigned char* smem = smem_raw + ((1024u - (wg::smem_addr(smem_raw) & 1023u)) & 1023u);
   constexpr int kStage = BM * wg::kTileBytes;
   unsigned char* xs = smem;                       // STAGES permuted, swizzled tiles (the wgmma's B)
   unsigned char* raw = smem + STAGES * kStage;    // kRaw tiles as loaded
