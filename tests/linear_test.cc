@@ -341,6 +341,22 @@ TEST(Linear, EveryPlanHasAKernel) {
         }
 }
 
+TEST(Linear, WgmmaTileChoice) {
+  // The first row of kWgmmaKernels that gives >= kWgmmaMinCtas CTAs; else the mma.sync tiles.
+  const auto rows = [](std::int64_t N, std::int64_t K, std::int64_t M) {
+    const mxq::core::LinearPlan p = mxq::core::plan_linear(N, K, M, 90, true);
+    return p.wgmma ? 32 * p.groups : 0;
+  };
+  EXPECT_EQ(rows(8192, 8192, 1024), 256);
+  EXPECT_EQ(rows(14336, 4096, 256), 256);
+  EXPECT_EQ(rows(8192, 8192, 256), 128);   // 64 CTAs of 256 rows, 128 of 128
+  EXPECT_EQ(rows(14336, 4096, 128), 128);  // 56 and 112
+  EXPECT_EQ(rows(8192, 8192, 128), 0);     // 32 and 64: the x-staged tile
+  EXPECT_EQ(rows(4096, 4096, 256), 0);
+  EXPECT_EQ(rows(8192, 8192, 64), 0);      // M <= 64 never takes it
+  EXPECT_EQ(mxq::core::plan_linear(8192, 8192, 1024, 90, false).wgmma, false);
+}
+
 TEST(Linear, ScaleSpanLimit) {
   EXPECT_THROW((void)pack(wide_scales(134)), mxq::Error);
   const Packed p = pack(wide_scales(130));
@@ -403,7 +419,7 @@ void expect_cases_match(const std::vector<Case>& cases, const std::vector<Format
 TEST(LinearCuda, EveryKernelKindOnce) {
   TH_REQUIRE_BACKEND(Backend::cuda);
   expect_cases_match({{1, 100, 2880}, {7, 40, 96}, {16, 12300, 192}, {1, 100, 8192}, {33, 12300, 320}, {64, 5700, 2880},
-                      {260, 12300, 128}},
+                      {260, 12300, 128}, {129, 8200, 128}},
                      {Format::mxfp4}, {DType::bf16});
 }
 
@@ -433,6 +449,9 @@ TEST(LinearCuda, MatchesReferenceOnExactSums) {
   cases.push_back({260, 12300, 128});
   cases.push_back({1000, 4100, 704});
   cases.push_back({2050, 1000, 96});
+  // its 128-row tile (where the 256-row one gives too few CTAs)
+  cases.push_back({129, 8200, 320});
+  cases.push_back({260, 5000, 192});
   expect_cases_match(cases, {std::begin(kFormats), std::end(kFormats)}, {DType::bf16, DType::f16});
 }
 

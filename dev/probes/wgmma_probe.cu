@@ -166,6 +166,8 @@ int main(int argc, char** argv) {
       vs.push_back({"wgmma n64 s2 pf4", launch_wg<64, 2, 6, 4>});
       vs.push_back({"wgmma n256 s1 pf4 epi", launch_wg<256, 1, 3, 4, true>});
       vs.push_back({"wgmma n128 s2 pf4 epi", launch_wg<128, 2, 4, 4, true>});
+      vs.push_back({"wgmma n128 s1 pf4 epi", launch_wg<128, 1, 4, 4, true>});
+      vs.push_back({"wgmma n128 s2 pf2 epi", launch_wg<128, 2, 4, 2, true>});
       std::vector<std::uint16_t> r0(std::size_t(M) * N), r1(r0.size());
       a.codes = codes[0];
       a.scales = scales[0];

@@ -25,14 +25,16 @@ struct LinearPlan {
 // clusters at M >= 32 measured slower (the x fragments, read from L2 at 1 CTA per SM, bound those tiles).
 // From M = 17 on, x staged in shared memory per K slice lifts that bound where 2 or 4 groups per CTA
 // still give about two thirds of a wave of CTAs (88 of 132 SMs): the widest such tile is taken.
-// The sm90a prefill kernel's tiles: BM tokens x 128 * strips rows of W per CTA (w4a16_wgmma.cuh).
-// Probe (H100): 128 tokens x 256 rows with the shared-memory epilogue was the fastest tile from M = 100
-// to 4096 wherever it gave >= 100 CTAs (1.2-1.4x the x-staged mma.sync tile); 256 x 128 was slower.
+// The sm90a prefill kernel's tiles: BM tokens x 128 * strips rows of W per CTA (w4a16_wgmma.cuh); the
+// first row that gives >= kWgmmaMinCtas CTAs is taken. Probe (H100): 128 tokens x 256 rows with the
+// shared-memory epilogue was the fastest tile from M = 100 to 4096 wherever it gave >= 100 CTAs (1.4-2x
+// the x-staged mma.sync tile); where only 128 x 128 gives that many (8192 x 8192 at M = 256, 14336 x 4096
+// at M = 100..128) it beat the x-staged tile by 1.2-1.25x; 256 x 128 was slower.
 struct WgmmaKernelRow {
   int bm, strips, stages, prefetch;
   bool smem_epilogue;
 };
-constexpr WgmmaKernelRow kWgmmaKernels[] = {{128, 2, 4, 4, true}};
+constexpr WgmmaKernelRow kWgmmaKernels[] = {{128, 2, 4, 4, true}, {128, 1, 4, 4, true}};
 constexpr int kWgmmaMinCtas = 100;  // below this many CTAs the mma.sync tiles are faster (probe, H100)
 
 // wgmma_ok: the library holds sm_90a code and the device runs it (cuda/gemm/linear_launch.cu).
