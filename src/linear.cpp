@@ -3,6 +3,7 @@
 #include <mxq/linear.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -57,6 +58,16 @@ inline Coord scale_coord(bool nv, std::int64_t r, std::int64_t a, int s, int b) 
   return {16 * r + g + 8 * b, (nv ? 4 : 2) * a + h};
 }
 constexpr int kTileBytes = 512;
+
+// kPairBits[pair][v]: the word bits of pair `pair`'s two codes when byte v of the codes holds them (low
+// nibble: half 0, the even column; high nibble: half 1). A full tile's word j of lane (g, q) is then four
+// lookups: bytes (64a + 16q + 4j) / 2 + {0, 1} of rows 16r + g (pairs 0, 2) and 16r + g + 8 (pairs 1, 3).
+const std::array<std::array<std::uint32_t, 256>, 4> kPairBits = [] {
+  std::array<std::array<std::uint32_t, 256>, 4> t{};
+  for (int pair = 0; pair < 4; ++pair)
+    for (unsigned v = 0; v < 256; ++v) t[pair][v] = core::pack_code_bits(core::pack_code_bits(0, pair, 0, v & 15u), pair, 1, v >> 4);
+  return t;
+}();
 
 inline std::uint8_t get_code(const Tensor& codes, std::int64_t row, std::int64_t col) {
   const std::uint8_t byte = static_cast<const std::uint8_t*>(codes.data)[row * codes.stride() + col / 2];
@@ -183,27 +194,45 @@ void prepack(const QuantizedIn& q, const QuantOptions& opt, PackedWeight& out) {
     return false;
   };
 
+  // The loops below run over rows (of W, or of 16-row tiles) in parallel where OpenMP is built in: every
+  // iteration writes its own bytes, and the results do not depend on the number of threads.
+  const bool par = N * K >= (std::int64_t(1) << 20);
+  (void)par;
   // MXFP4's shift d: the largest finite E8M0 byte maps to the top of bf16's exponent range.
   int emax = -1;
-  if (!nv)
+  if (!nv) {
+#if defined(MXQ_HAVE_OPENMP)
+#pragma omp parallel for schedule(static) reduction(max : emax) if (par)
+#endif
     for (std::int64_t n = 0; n < N; ++n)
       for (std::int64_t j = 0; j < G; ++j)
         if (const int b = scale_at(n, j); b != 0xFF) emax = std::max(emax, b);
+  }
   if (emax < 0) emax = 127;
   const int d = nv ? 8 : emax - 128;
   bool f16_exact = true;
   if (!nv) {
+    // The first (row-major) non-zero block whose scale is too far below emax, if any, is refused.
+    std::int64_t first_bad = N * G;
+    int f16_ok = 1;
+#if defined(MXQ_HAVE_OPENMP)
+#pragma omp parallel for schedule(static) reduction(min : first_bad) reduction(min : f16_ok) if (par)
+#endif
     for (std::int64_t n = 0; n < N; ++n)
       for (std::int64_t j = 0; j < G; ++j) {
         const int b = scale_at(n, j);
         if (b == 0xFF || !block_nonzero(n, j)) continue;
         // The kernel's operand e2m1 * 2^(b - emax + 1) must lie on bf16's grid (2^-133): b >= emax - 133.
-        if (b < emax - 133)
-          c.unsupported("weight block (" + std::to_string(n) + ", " + std::to_string(j) + ") has E8M0 scale " +
-                        std::to_string(b) + " while another block's is " + std::to_string(emax) +
-                        ": non-zero blocks whose scales span more than 2^133 are not exact in bf16");
-        if (b < emax - 24) f16_exact = false;
+        if (b < emax - 133) first_bad = std::min(first_bad, n * G + j);
+        if (b < emax - 24) f16_ok = 0;
       }
+    if (first_bad < N * G) {
+      const std::int64_t n = first_bad / G, j = first_bad % G;
+      c.unsupported("weight block (" + std::to_string(n) + ", " + std::to_string(j) + ") has E8M0 scale " +
+                    std::to_string(scale_at(n, j)) + " while another block's is " + std::to_string(emax) +
+                    ": non-zero blocks whose scales span more than 2^133 are not exact in bf16");
+    }
+    f16_exact = f16_ok != 0;
   }
 
   const std::int64_t katoms = L.Kp / 64, rtiles = L.Np / 16;
@@ -211,16 +240,27 @@ void prepack(const QuantizedIn& q, const QuantOptions& opt, PackedWeight& out) {
   auto* os = static_cast<std::uint8_t*>(out.scales.data);
   const int slots = nv ? 32 : 16;
   const std::uint8_t neutral = nv ? 0x38 : std::uint8_t(emax);  // 1.0 / the largest scale: a normal multiplier
+#if defined(MXQ_HAVE_OPENMP)
+#pragma omp parallel for schedule(static) if (par)
+#endif
   for (std::int64_t r = 0; r < rtiles; ++r)
     for (std::int64_t a = 0; a < katoms; ++a) {
       const std::int64_t tile = r * katoms + a;
       std::uint8_t* t = oc + tile * kTileBytes;
+      const bool full = 16 * r + 16 <= N && 64 * a + 64 <= K;
       for (int lane = 0; lane < 32; ++lane)
         for (int j = 0; j < 4; ++j) {
           std::uint32_t word = 0;
-          for (int p = 0; p < 8; ++p) {
-            const Coord cc = code_coord(r, a, lane, j, p);
-            if (cc.row < N && cc.col < K) word = core::pack_code_bits(word, p >> 1, p & 1, get_code(q.codes, cc.row, cc.col));
+          if (full) {
+            const std::uint8_t* r0 = static_cast<const std::uint8_t*>(q.codes.data) +
+                                     (16 * r + (lane >> 2)) * q.codes.stride() + 32 * a + 8 * (lane & 3) + 2 * j;
+            const std::uint8_t* r1 = r0 + 8 * q.codes.stride();
+            word = kPairBits[0][r0[0]] | kPairBits[1][r1[0]] | kPairBits[2][r0[1]] | kPairBits[3][r1[1]];
+          } else {
+            for (int p = 0; p < 8; ++p) {
+              const Coord cc = code_coord(r, a, lane, j, p);
+              if (cc.row < N && cc.col < K) word = core::pack_code_bits(word, p >> 1, p & 1, get_code(q.codes, cc.row, cc.col));
+            }
           }
           for (int b = 0; b < 4; ++b) t[lane * 16 + j * 4 + b] = std::uint8_t(word >> (8 * b));
         }
@@ -256,20 +296,45 @@ void unpack(const PackedWeight& w, const QuantizedIn& q) {
   auto* oc = static_cast<std::uint8_t*>(q.codes.data);
   auto* os = static_cast<std::uint8_t*>(q.scales.data);
   const int slots = nv ? 32 : 16;
+  // Tile row r writes rows 16r .. 16r + 15 of q only (both nibbles of a byte are in one row): the tile rows
+  // can go in parallel.
+#if defined(MXQ_HAVE_OPENMP)
+#pragma omp parallel for schedule(static) if (w.N * w.K >= (std::int64_t(1) << 20))
+#endif
   for (std::int64_t r = 0; r < L.Np / 16; ++r)
     for (std::int64_t a = 0; a < katoms; ++a) {
       const std::int64_t tile = r * katoms + a;
-      for (int lane = 0; lane < 32; ++lane)
-        for (int j = 0; j < 4; ++j)
-          for (int p = 0; p < 8; ++p) {
-            const Coord cc = code_coord(r, a, lane, j, p);
-            if (cc.row >= w.N || cc.col >= w.K) continue;
+      if (16 * r + 16 <= w.N && 64 * a + 64 <= w.K) {
+        // A full tile: word j of lane (g, q) fills bytes (64a + 16q + 4j) / 2 + {0, 1} of rows 16r + g and
+        // 16r + g + 8 (the inverse of prepack's kPairBits).
+        for (int lane = 0; lane < 32; ++lane)
+          for (int j = 0; j < 4; ++j) {
             const std::uint8_t* wb = pc + tile * kTileBytes + lane * 16 + j * 4;
             const std::uint32_t word = std::uint32_t(wb[0]) | std::uint32_t(wb[1]) << 8 | std::uint32_t(wb[2]) << 16 | std::uint32_t(wb[3]) << 24;
-            const std::uint8_t nib = std::uint8_t(core::unpack_code_bits(word, p >> 1, p & 1));
-            std::uint8_t& byte = oc[cc.row * q.codes.stride() + cc.col / 2];
-            byte = (cc.col & 1) ? std::uint8_t((byte & 0x0F) | (nib << 4)) : std::uint8_t((byte & 0xF0) | nib);
+            const auto two = [&](int pair) {
+              return std::uint8_t(core::unpack_code_bits(word, pair, 0) | core::unpack_code_bits(word, pair, 1) << 4);
+            };
+            std::uint8_t* o0 = oc + (16 * r + (lane >> 2)) * q.codes.stride() + 32 * a + 8 * (lane & 3) + 2 * j;
+            std::uint8_t* o1 = o0 + 8 * q.codes.stride();
+            o0[0] = two(0);
+            o1[0] = two(1);
+            o0[1] = two(2);
+            o1[1] = two(3);
           }
+      } else {
+        for (int lane = 0; lane < 32; ++lane)
+          for (int j = 0; j < 4; ++j)
+            for (int p = 0; p < 8; ++p) {
+              const Coord cc = code_coord(r, a, lane, j, p);
+              if (cc.row >= w.N || cc.col >= w.K) continue;
+              const std::uint8_t* wb = pc + tile * kTileBytes + lane * 16 + j * 4;
+              const std::uint32_t word =
+                  std::uint32_t(wb[0]) | std::uint32_t(wb[1]) << 8 | std::uint32_t(wb[2]) << 16 | std::uint32_t(wb[3]) << 24;
+              const std::uint8_t nib = std::uint8_t(core::unpack_code_bits(word, p >> 1, p & 1));
+              std::uint8_t& byte = oc[cc.row * q.codes.stride() + cc.col / 2];
+              byte = (cc.col & 1) ? std::uint8_t((byte & 0x0F) | (nib << 4)) : std::uint8_t((byte & 0xF0) | nib);
+            }
+      }
       for (int slot = 0; slot < slots; ++slot)
         for (int b = 0; b < 2; ++b) {
           const Coord cc = scale_coord(nv, r, a, slot, b);

@@ -204,6 +204,67 @@ TEST(Linear, PackedLayoutMatchesTheDocumentedFormula) {
         }
 }
 
+// A weight of more than 2^20 elements (prepack and unpack then split their loops over threads where
+// OpenMP is built in): every code and scale byte where the documented formula puts it, the padding rows'
+// scales neutral, the round trip exact, and a refused scale span named at the first such block.
+TEST(Linear, LargeWeightPacksByTheFormula) {
+  for (Format f : kFormats) {
+    const std::int64_t N = 1040, K = 1024, G = K / block_of(f), katoms = K / 64;  // 1040: not a multiple of 32
+    const QWeight q = make_weight(f, N, K, 17, false);
+    const Packed p = pack(q);
+    const bool nv = f == Format::nvfp4;
+    const int slots = nv ? 32 : 16;
+    std::uint8_t emax = 0;
+    for (std::uint8_t b : q.scales.bytes) emax = std::max(emax, b);
+    const std::int64_t rtiles = mxq::packed_layout(f, N, K).Np / 16;
+    for (std::int64_t r = 0; r < rtiles; ++r)
+      for (std::int64_t a = 0; a < katoms; ++a) {
+        const std::int64_t tile = r * katoms + a;
+        for (int lane = 0; lane < 32; ++lane)
+          for (int j = 0; j < 4; ++j) {
+            std::uint32_t word = 0;
+            std::memcpy(&word, &p.codes.bytes[tile * 512 + lane * 16 + j * 4], 4);
+            for (int pair = 0; pair < 4; ++pair)
+              for (int half = 0; half < 2; ++half) {
+                const std::int64_t row = 16 * r + lane / 4 + 8 * (pair & 1);
+                const std::int64_t col = 64 * a + 16 * (lane % 4) + 4 * j + 2 * (pair >> 1) + half;
+                const unsigned want = row < N ? (q.codes.bytes[row * (K / 2) + col / 2] >> (4 * (col & 1))) & 15 : 0;
+                ASSERT_EQ(mxq::core::unpack_code_bits(word, pair, half), want)
+                    << mxq::to_string(f) << " tile " << r << "," << a << " lane " << lane << " j " << j;
+              }
+          }
+        for (int slot = 0; slot < slots; ++slot)
+          for (int b = 0; b < 2; ++b) {
+            // MXFP4 slot 2g + h: block 2a + h of rows 16r + g (+ 8); NVFP4 slot 4g + q: block 4a + q
+            const int g = nv ? slot >> 2 : slot >> 1, h = nv ? slot & 3 : slot & 1;
+            const std::int64_t row = 16 * r + g + 8 * b, blk = (nv ? 4 : 2) * a + h;
+            const std::uint8_t want = row < N ? q.scales.bytes[row * G + blk] : nv ? std::uint8_t(0x38) : emax;
+            ASSERT_EQ(p.scales.bytes[tile * 2 * slots + 2 * slot + b], want)
+                << mxq::to_string(f) << " tile " << r << "," << a << " slot " << slot << " byte " << b;
+          }
+      }
+    HostTensor codes(DType::u8, N, K / 2), scales(DType::u8, N, G);
+    mxq::unpack(p.w, {codes.view(), scales.view()});
+    EXPECT_EQ(codes.bytes, q.codes.bytes) << mxq::to_string(f);
+    EXPECT_EQ(scales.bytes, q.scales.bytes) << mxq::to_string(f);
+  }
+  // Two MXFP4 blocks 2^143 below the largest scale (the others, 110..129, within 2^133 of it): the error
+  // names the first in row-major order.
+  QWeight q = make_weight(Format::mxfp4, 1040, 1024, 19, false);
+  const std::int64_t G = 1024 / 32;
+  q.scales.bytes[3 * G + 5] = 243;
+  for (auto [n, j] : {std::pair<std::int64_t, std::int64_t>{900, 1}, {700, 3}}) {
+    q.scales.bytes[n * G + j] = 100;
+    q.codes.bytes[n * 512 + j * 16] = 0x11;  // non-zero codes in the block
+  }
+  try {
+    (void)pack(q);
+    ADD_FAILURE() << "a scale span of 2^143 was packed";
+  } catch (const mxq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("weight block (700, 3) has E8M0 scale 100"), std::string::npos) << e.what();
+  }
+}
+
 // The prefill kernel's x tile order against the packed layout: for every k16 step i and lane (g, q), the
 // columns the lane's A fragment holds as k = 0..15 are the x columns the wgmma reads as k = 0..15.
 TEST(Linear, WgmmaXTileOrderMatchesThePackedLayout) {
