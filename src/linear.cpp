@@ -58,6 +58,17 @@ inline Coord scale_coord(bool nv, std::int64_t r, std::int64_t a, int s, int b) 
   return {16 * r + g + 8 * b, (nv ? 4 : 2) * a + h};
 }
 constexpr int kTileBytes = 512;
+// Whether tile (r, a) lies wholly inside the N x K weight (no padding rows or columns).
+inline bool full_tile(std::int64_t r, std::int64_t a, std::int64_t N, std::int64_t K) { return 16 * r + 16 <= N && 64 * a + 64 <= K; }
+// A packed word's four bytes, least significant first.
+inline std::uint32_t load_word(const std::uint8_t* p) {
+  return std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 24;
+}
+inline void store_word(std::uint8_t* p, std::uint32_t w) {
+  for (int b = 0; b < 4; ++b) p[b] = std::uint8_t(w >> (8 * b));
+}
+// Prepack and unpack split their loops over threads (OpenMP, where built in) from this many weights on.
+constexpr std::int64_t kParallelWeights = std::int64_t(1) << 20;
 
 // kPairBits[pair][v]: the word bits of pair `pair`'s two codes when byte v of the codes holds them (low
 // nibble: half 0, the even column; high nibble: half 1). A full tile's word j of lane (g, q) is then four
@@ -104,9 +115,7 @@ struct WeightDecoder {
     const int g = nin % 8, b = nin / 8;
     const int lane = 4 * g + q, pair = b | ((c >> 1) << 1), half = c & 1;
     const std::int64_t tile = r * katoms + a;
-    const auto* cw = static_cast<const std::uint8_t*>(w.codes.data) + tile * kTileBytes + lane * 16 + j * 4;
-    const std::uint32_t word = std::uint32_t(cw[0]) | std::uint32_t(cw[1]) << 8 | std::uint32_t(cw[2]) << 16 |
-                               std::uint32_t(cw[3]) << 24;
+    const std::uint32_t word = load_word(static_cast<const std::uint8_t*>(w.codes.data) + tile * kTileBytes + lane * 16 + j * 4);
     const std::uint32_t code = core::unpack_code_bits(word, pair, half);
     const int slot = nv ? lane : 2 * g + q / 2;
     const std::uint8_t sb = static_cast<const std::uint8_t*>(w.scales.data)[tile * (nv ? 64 : 32) + 2 * slot + b];
@@ -196,13 +205,11 @@ void prepack(const QuantizedIn& q, const QuantOptions& opt, PackedWeight& out) {
 
   // The loops below run over rows (of W, or of 16-row tiles) in parallel where OpenMP is built in: every
   // iteration writes its own bytes, and the results do not depend on the number of threads.
-  const bool par = N * K >= (std::int64_t(1) << 20);
-  (void)par;
   // MXFP4's shift d: the largest finite E8M0 byte maps to the top of bf16's exponent range.
   int emax = -1;
   if (!nv) {
 #if defined(MXQ_HAVE_OPENMP)
-#pragma omp parallel for schedule(static) reduction(max : emax) if (par)
+#pragma omp parallel for schedule(static) reduction(max : emax) if (N * K >= kParallelWeights)
 #endif
     for (std::int64_t n = 0; n < N; ++n)
       for (std::int64_t j = 0; j < G; ++j)
@@ -216,7 +223,7 @@ void prepack(const QuantizedIn& q, const QuantOptions& opt, PackedWeight& out) {
     std::int64_t first_bad = N * G;
     int f16_ok = 1;
 #if defined(MXQ_HAVE_OPENMP)
-#pragma omp parallel for schedule(static) reduction(min : first_bad) reduction(min : f16_ok) if (par)
+#pragma omp parallel for schedule(static) reduction(min : first_bad) reduction(min : f16_ok) if (N * K >= kParallelWeights)
 #endif
     for (std::int64_t n = 0; n < N; ++n)
       for (std::int64_t j = 0; j < G; ++j) {
@@ -241,13 +248,13 @@ void prepack(const QuantizedIn& q, const QuantOptions& opt, PackedWeight& out) {
   const int slots = nv ? 32 : 16;
   const std::uint8_t neutral = nv ? 0x38 : std::uint8_t(emax);  // 1.0 / the largest scale: a normal multiplier
 #if defined(MXQ_HAVE_OPENMP)
-#pragma omp parallel for schedule(static) if (par)
+#pragma omp parallel for schedule(static) if (N * K >= kParallelWeights)
 #endif
   for (std::int64_t r = 0; r < rtiles; ++r)
     for (std::int64_t a = 0; a < katoms; ++a) {
       const std::int64_t tile = r * katoms + a;
       std::uint8_t* t = oc + tile * kTileBytes;
-      const bool full = 16 * r + 16 <= N && 64 * a + 64 <= K;
+      const bool full = full_tile(r, a, N, K);
       for (int lane = 0; lane < 32; ++lane)
         for (int j = 0; j < 4; ++j) {
           std::uint32_t word = 0;
@@ -262,7 +269,7 @@ void prepack(const QuantizedIn& q, const QuantOptions& opt, PackedWeight& out) {
               if (cc.row < N && cc.col < K) word = core::pack_code_bits(word, p >> 1, p & 1, get_code(q.codes, cc.row, cc.col));
             }
           }
-          for (int b = 0; b < 4; ++b) t[lane * 16 + j * 4 + b] = std::uint8_t(word >> (8 * b));
+          store_word(t + lane * 16 + j * 4, word);
         }
       std::uint8_t* s = os + tile * (2 * slots);
       for (int slot = 0; slot < slots; ++slot)
@@ -299,18 +306,17 @@ void unpack(const PackedWeight& w, const QuantizedIn& q) {
   // Tile row r writes rows 16r .. 16r + 15 of q only (both nibbles of a byte are in one row): the tile rows
   // can go in parallel.
 #if defined(MXQ_HAVE_OPENMP)
-#pragma omp parallel for schedule(static) if (w.N * w.K >= (std::int64_t(1) << 20))
+#pragma omp parallel for schedule(static) if (w.N * w.K >= kParallelWeights)
 #endif
   for (std::int64_t r = 0; r < L.Np / 16; ++r)
     for (std::int64_t a = 0; a < katoms; ++a) {
       const std::int64_t tile = r * katoms + a;
-      if (16 * r + 16 <= w.N && 64 * a + 64 <= w.K) {
+      if (full_tile(r, a, w.N, w.K)) {
         // A full tile: word j of lane (g, q) fills bytes (64a + 16q + 4j) / 2 + {0, 1} of rows 16r + g and
         // 16r + g + 8 (the inverse of prepack's kPairBits).
         for (int lane = 0; lane < 32; ++lane)
           for (int j = 0; j < 4; ++j) {
-            const std::uint8_t* wb = pc + tile * kTileBytes + lane * 16 + j * 4;
-            const std::uint32_t word = std::uint32_t(wb[0]) | std::uint32_t(wb[1]) << 8 | std::uint32_t(wb[2]) << 16 | std::uint32_t(wb[3]) << 24;
+            const std::uint32_t word = load_word(pc + tile * kTileBytes + lane * 16 + j * 4);
             const auto two = [&](int pair) {
               return std::uint8_t(core::unpack_code_bits(word, pair, 0) | core::unpack_code_bits(word, pair, 1) << 4);
             };
@@ -327,9 +333,7 @@ void unpack(const PackedWeight& w, const QuantizedIn& q) {
             for (int p = 0; p < 8; ++p) {
               const Coord cc = code_coord(r, a, lane, j, p);
               if (cc.row >= w.N || cc.col >= w.K) continue;
-              const std::uint8_t* wb = pc + tile * kTileBytes + lane * 16 + j * 4;
-              const std::uint32_t word =
-                  std::uint32_t(wb[0]) | std::uint32_t(wb[1]) << 8 | std::uint32_t(wb[2]) << 16 | std::uint32_t(wb[3]) << 24;
+              const std::uint32_t word = load_word(pc + tile * kTileBytes + lane * 16 + j * 4);
               const std::uint8_t nib = std::uint8_t(core::unpack_code_bits(word, p >> 1, p & 1));
               std::uint8_t& byte = oc[cc.row * q.codes.stride() + cc.col / 2];
               byte = (cc.col & 1) ? std::uint8_t((byte & 0x0F) | (nib << 4)) : std::uint8_t((byte & 0xF0) | nib);

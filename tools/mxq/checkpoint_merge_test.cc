@@ -66,7 +66,6 @@ fs::path copy_parts(const fs::path& root, const std::string& tag) {
   return root / tag;
 }
 
-
 // Applies edit to every part's manifest (the parts must agree with each other to reach most checks).
 template <class F>
 void edit_manifests(const fs::path& out, F edit) {
@@ -76,7 +75,6 @@ void edit_manifests(const fs::path& out, F edit) {
     std::ofstream(manifest(out, i), std::ios::trunc) << m.dump();
   }
 }
-
 
 }  // namespace
 

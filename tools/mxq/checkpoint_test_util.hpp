@@ -250,7 +250,6 @@ inline std::string merge_failure(const fs::path& out, const std::string& what) {
   return "";
 }
 
-
 // A JSON array nested depth levels deep.
 inline std::string nested(std::size_t depth, char open = '[', char close = ']') {
   return std::string(depth, open) + std::string(depth, close);
