@@ -329,15 +329,16 @@ void unpack(const PackedWeight& w, const QuantizedIn& q) {
           }
       } else {
         for (int lane = 0; lane < 32; ++lane)
-          for (int j = 0; j < 4; ++j)
+          for (int j = 0; j < 4; ++j) {
+            const std::uint32_t word = load_word(pc + tile * kTileBytes + lane * 16 + j * 4);
             for (int p = 0; p < 8; ++p) {
               const Coord cc = code_coord(r, a, lane, j, p);
               if (cc.row >= w.N || cc.col >= w.K) continue;
-              const std::uint32_t word = load_word(pc + tile * kTileBytes + lane * 16 + j * 4);
               const std::uint8_t nib = std::uint8_t(core::unpack_code_bits(word, p >> 1, p & 1));
               std::uint8_t& byte = oc[cc.row * q.codes.stride() + cc.col / 2];
               byte = (cc.col & 1) ? std::uint8_t((byte & 0x0F) | (nib << 4)) : std::uint8_t((byte & 0xF0) | nib);
             }
+          }
       }
       for (int slot = 0; slot < slots; ++slot)
         for (int b = 0; b < 2; ++b) {
