@@ -100,7 +100,7 @@ if ! skipped sanitizer; then
   # A representative subset (every kernel: both chunk widths, shuffles up to 32 lanes, atomics,
   # the fused amax, swizzle, graph capture); the full grid is too slow under the tools.
   #   (MXQ_CHECK_SANITIZE_FILTER replaces it.)
-  FILTER=${MXQ_CHECK_SANITIZE_FILTER:-'*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*:*Fused*cuda_rms_norm:CudaRotation.SpecialValuesAndInPlace:LinearCuda.RowStride*:LinearCuda.Dequantize*:LinearCuda.EveryKernelKindOnce:MoeCuda.*:*StochasticRoundingBytes/cuda*:*SwizzleLayoutBytes/cuda*'}
+  FILTER=${MXQ_CHECK_SANITIZE_FILTER:-'*cuda_mxfp4_quest_rne_g16:*cuda_mxfp4_quest_stochastic_g256:*cuda_mxint8_floor_rne_g2:*cuda_nvfp4_nvfp4_rne:*cuda_mxfp6_e3m2_rceil_rne_g4:*Layout*cuda:*DequantizeBytes*cuda:CudaGraph*:*Fused*cuda_rms_norm:CudaRotation.SpecialValuesAndInPlace:LinearCuda.RowStride*:LinearCuda.Dequantize*:LinearCuda.EveryKernelKindOnce:LinearCuda.MmaTiles*:MoeCuda.*:*StochasticRoundingBytes/cuda*:*SwizzleLayoutBytes/cuda*'}
   for tool in ${MXQ_CHECK_SANITIZERS:-memcheck racecheck synccheck initcheck}; do
     errors=0; rc=0
     # sanitize TEST LOGNAME [ENV=VALUE...]: one suite's subset under the tool; adds to errors/rc

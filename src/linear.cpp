@@ -398,7 +398,7 @@ std::string linear_plan(const PackedWeight& w, std::int64_t M, int sm) {
 #else
   constexpr bool sm90a = false;
 #endif
-  return core::to_string(core::plan_linear(w.N, w.K, M, sm, sm == 90 && sm90a));
+  return core::to_string(core::plan_linear(w.N, w.K, M, sm, sm == 90 && sm90a && !core::wgmma_disabled_by_env()));
 }
 
 void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Tensor& y, Backend backend, void* stream) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -403,19 +404,25 @@ TEST(Linear, EveryPlanHasAKernel) {
 }
 
 TEST(Linear, WgmmaTileChoice) {
-  // The first row of kWgmmaKernels that gives >= kWgmmaMinCtas CTAs; else the mma.sync tiles.
-  const auto rows = [](std::int64_t N, std::int64_t K, std::int64_t M) {
+  // The first row of kWgmmaKernels whose M range holds M and that gives >= kWgmmaMinCtas CTAs; else the
+  // mma.sync tiles. "tokens x rows / K split", or "mma".
+  const auto tile = [](std::int64_t N, std::int64_t K, std::int64_t M) {
     const mxq::core::LinearPlan p = mxq::core::plan_linear(N, K, M, 90, true);
-    return p.wgmma ? 32 * p.groups : 0;
+    if (!p.wgmma) return std::string("mma");
+    return std::to_string(p.tokens) + " x " + std::to_string(32 * p.groups) + " / " + std::to_string(p.cluster);
   };
-  EXPECT_EQ(rows(8192, 8192, 1024), 256);
-  EXPECT_EQ(rows(14336, 4096, 256), 256);
-  EXPECT_EQ(rows(8192, 8192, 256), 128);   // 64 CTAs of 256 rows, 128 of 128
-  EXPECT_EQ(rows(14336, 4096, 128), 128);  // 56 and 112
-  EXPECT_EQ(rows(8192, 8192, 128), 0);     // 32 and 64: the x-staged tile
-  EXPECT_EQ(rows(4096, 4096, 256), 0);
-  EXPECT_EQ(rows(8192, 8192, 64), 0);      // M <= 64 never takes it
+  EXPECT_EQ(tile(8192, 8192, 1024), "128 x 256 / 1");
+  EXPECT_EQ(tile(14336, 4096, 256), "128 x 256 / 1");  // 112 CTAs
+  EXPECT_EQ(tile(8192, 8192, 256), "128 x 256 / 2");   // 64 CTAs unsplit, 128 split
+  EXPECT_EQ(tile(14336, 4096, 128), "128 x 256 / 2");  // 56 and 112
+  EXPECT_EQ(tile(8192, 8192, 128), "64 x 256 / 2");    // 32, 64, then 128
+  EXPECT_EQ(tile(4096, 4096, 256), "128 x 128 / 2");   // 32, 64, then 128 (64-token rows stop at M = 128)
+  EXPECT_EQ(tile(14336, 4096, 64), "64 x 256 / 2");    // 112
+  EXPECT_EQ(tile(8192, 8192, 64), "64 x 128 / 2");     // 64, then 128
+  EXPECT_EQ(tile(4096, 4096, 64), "mma");              // 32 and 64
+  EXPECT_EQ(tile(28672, 8192, 32), "mma");             // M <= 32 never takes it
   EXPECT_EQ(mxq::core::plan_linear(8192, 8192, 1024, 90, false).wgmma, false);
+  EXPECT_EQ(mxq::core::plan_linear(8192, 8192, 1024, 89, true).wgmma, false);
 }
 
 TEST(Linear, ScaleSpanLimit) {
@@ -476,12 +483,28 @@ void expect_cases_match(const std::vector<Case>& cases, const std::vector<Format
 }
 
 // One small case per kernel kind (the sanitizers' subset): tokens 1/8/16, two groups per CTA, a cluster,
-// x staged with 4 and 2 groups (K slices with different atom counts), the sm90a prefill kernel.
+// x staged with 4 and 2 groups (K slices with different atom counts; on sm_90 the sm90a kernel takes
+// some of these shapes, and the next test runs those tiles), and on sm_90 every row of the sm90a
+// kernel's table: 128 x 256, 128 x 256 / 2, 64 x 256 / 2, 128 x 128 / 2, 64 x 128 / 2.
 TEST(LinearCuda, EveryKernelKindOnce) {
   TH_REQUIRE_BACKEND(Backend::cuda);
   expect_cases_match({{1, 100, 2880}, {7, 40, 96}, {16, 12300, 192}, {1, 100, 8192}, {33, 12300, 320}, {64, 5700, 2880},
-                      {260, 12300, 128}, {129, 8200, 128}},
+                      {260, 12300, 128}, {129, 8200, 128}, {64, 14336, 320}, {200, 4100, 160}, {64, 8200, 96}},
                      {Format::mxfp4}, {DType::bf16});
+}
+
+// The mma.sync tiles where the sm90a kernel would take the shape (MXQ_LINEAR_NO_WGMMA=1): x staged with
+// 4 and 2 groups per CTA (64 tokens), which sm_90 otherwise leaves to the sm90a kernel.
+TEST(LinearCuda, MmaTilesWhereTheWgmmaKernelWouldRun) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  setenv("MXQ_LINEAR_NO_WGMMA", "1", 1);
+  struct Unset {
+    ~Unset() { unsetenv("MXQ_LINEAR_NO_WGMMA"); }
+  } unset;
+  EXPECT_EQ(mxq::core::plan_linear(8200, 96, 64, 90, false).groups, 2);
+  EXPECT_EQ(mxq::core::plan_linear(12300, 320, 33, 90, false).groups, 4);
+  expect_cases_match({{33, 12300, 320}, {64, 14336, 320}, {100, 8200, 704}, {64, 8200, 96}, {260, 12300, 128}},
+                     {std::begin(kFormats), std::end(kFormats)}, {DType::bf16, DType::f16});
 }
 
 TEST(LinearCuda, MatchesReferenceOnExactSums) {
@@ -499,7 +522,7 @@ TEST(LinearCuda, MatchesReferenceOnExactSums) {
   cases.push_back({1, 100, 8192});
   cases.push_back({5, 4096, 8192});
   // x staged in shared memory (M >= 17): 4 and 2 groups per CTA, odd last groups, K slices without atoms,
-  // rows past M
+  // rows past M (on sm_90 the sm90a kernel takes M = 33 N = 12300 and M = 1000 N = 1000)
   cases.push_back({20, 12300, 192});
   cases.push_back({32, 5700, 96});
   cases.push_back({33, 12300, 320});
@@ -509,11 +532,16 @@ TEST(LinearCuda, MatchesReferenceOnExactSums) {
   // the sm90a prefill kernel (an sm90a build on an sm_90 device): N, K and M off its tiles; 256-row tiles
   cases.push_back({260, 12300, 128});
   cases.push_back({1000, 4100, 704});
-  // its 128-row tile (where the 256-row one gives too few CTAs): a K tail, N off 8 (the epilogue's
-  // scalar tail), an odd last M tile
+  // K split over 2 CTAs where the unsplit tile gives too few CTAs: a K tail, N off 8 (the epilogue's
+  // scalar tail), an odd last M tile, uneven K ranges, a rank without K atoms (K = 32)
   cases.push_back({2050, 1000, 96});
   cases.push_back({129, 8201, 320});
   cases.push_back({260, 5000, 192});
+  cases.push_back({33, 14340, 704});   // 64 x 256 / 2
+  cases.push_back({40, 14336, 32});    // 64 x 256 / 2, one K atom
+  cases.push_back({100, 8200, 96});    // 64 x 256 / 2, two token tiles
+  cases.push_back({50, 8201, 160});    // 64 x 128 / 2
+  cases.push_back({200, 4100, 160});   // 128 x 128 / 2
   expect_cases_match(cases, {std::begin(kFormats), std::end(kFormats)}, {DType::bf16, DType::f16});
 }
 

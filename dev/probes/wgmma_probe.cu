@@ -50,15 +50,15 @@ CUtensorMap x_map(const LinearArgs& a, int bm) {
   return m;
 }
 
-template <int BM, int STRIPS, int STAGES, int PF, bool EPI = false>
+template <int BM, int STRIPS, int STAGES, int PF, bool EPI = false, int KSPLIT = 1, int RAW = wg::kRaw, int WAIT = 1>
 void launch_wg(const LinearArgs& a, cudaStream_t s) {
-  auto k = w4a16_wgmma_kernel<BM, STRIPS, STAGES, PF, false, false, EPI>;
-  constexpr int smem = wg::smem_bytes<BM>(STAGES);
+  auto k = w4a16_wgmma_kernel<BM, STRIPS, STAGES, PF, false, false, EPI, KSPLIT, RAW, WAIT>;
+  constexpr int smem = wg::smem_bytes<BM, STRIPS, KSPLIT>(STAGES, RAW);
   static bool once = [&] {
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, k));
-    std::printf("    [wgmma BM%d S%d st%d pf%d epi%d: %d registers, %zu local bytes, smem %d]\n", BM, STRIPS, STAGES, PF, int(EPI), fa.numRegs,
+    std::printf("    [wgmma BM%d S%d st%d pf%d epi%d k%d raw%d wait%d: %d registers, %zu local bytes, smem %d]\n", BM, STRIPS, STAGES, PF, int(EPI), KSPLIT, RAW, WAIT, fa.numRegs,
                 fa.localSizeBytes, smem);
     return true;
   }();
@@ -66,15 +66,19 @@ void launch_wg(const LinearArgs& a, cudaStream_t s) {
   const CUtensorMap m = x_map(a, BM);
   const long nstrips = (a.N + 31) / 32 * 2;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned((nstrips + 8 * STRIPS - 1) / (8 * STRIPS)), unsigned((a.M + BM - 1) / BM), 1);
+  cfg.gridDim = dim3(unsigned((nstrips + 8 * STRIPS - 1) / (8 * STRIPS) * KSPLIT), unsigned((a.M + BM - 1) / BM), 1);
   cfg.blockDim = dim3(wg::kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute at[1];
+  cudaLaunchAttribute at[2];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   at[0].val.programmaticStreamSerializationAllowed = 1;
+  at[1].id = cudaLaunchAttributeClusterDimension;
+  at[1].val.clusterDim.x = KSPLIT;
+  at[1].val.clusterDim.y = 1;
+  at[1].val.clusterDim.z = 1;
   cfg.attrs = at;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = KSPLIT > 1 ? 2 : 1;
   CK(cudaLaunchKernelEx(&cfg, k, m, a));
 }
 
@@ -89,6 +93,7 @@ void launch_reg(const LinearArgs& a, cudaStream_t s) {
 struct Variant {
   std::string name;
   std::function<void(const LinearArgs&, cudaStream_t)> go;
+  int min_m = 0, max_m = 1 << 30;  // the M range it runs at
 };
 
 int main(int argc, char** argv) {
@@ -100,7 +105,7 @@ int main(int argc, char** argv) {
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const std::vector<std::pair<long, long>> shapes = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {8192, 8192}, {28672, 8192}, {2880, 2880}, {360, 2880}};
-  const std::vector<int> Ms = {100, 128, 256, 1024, 4096};
+  const std::vector<int> Ms = {32, 64, 100, 128, 256, 1024, 4096};
   cublasHandle_t blas;
   if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return 1;
   cublasSetStream(blas, st);
@@ -156,22 +161,39 @@ int main(int argc, char** argv) {
       a.div = 1.0f;
       std::vector<Variant> vs;
       vs.push_back({"mma t64", launch_reg<64, 1, false>});
-      vs.push_back({"mma t64 w4 xs", launch_reg<64, 4, true>});
-      vs.push_back({"wgmma n128 s1 pf4", launch_wg<128, 1, 4, 4>});
-      vs.push_back({"wgmma n128 s2 pf2", launch_wg<128, 2, 4, 2>});
-      vs.push_back({"wgmma n128 s2 pf4", launch_wg<128, 2, 4, 4>});
-      vs.push_back({"wgmma n256 s1 pf2", launch_wg<256, 1, 3, 2>});
-      vs.push_back({"wgmma n256 s1 pf4", launch_wg<256, 1, 3, 4>});
-      vs.push_back({"wgmma n256 s1 pf8", launch_wg<256, 1, 3, 8>});
-      vs.push_back({"wgmma n64 s2 pf4", launch_wg<64, 2, 6, 4>});
-      vs.push_back({"wgmma n256 s1 pf4 epi", launch_wg<256, 1, 3, 4, true>});
-      vs.push_back({"wgmma n128 s2 pf4 epi", launch_wg<128, 2, 4, 4, true>});
-      vs.push_back({"wgmma n128 s1 pf4 epi", launch_wg<128, 1, 4, 4, true>});
-      vs.push_back({"wgmma n128 s2 pf2 epi", launch_wg<128, 2, 4, 2, true>});
+      vs.push_back({"mma t32 w4 xs", launch_reg<32, 4, true>, 0, 32});
+      vs.push_back({"mma t32 w2 xs", launch_reg<32, 2, true>, 0, 32});
+      vs.push_back({"mma t64 w4 xs", launch_reg<64, 4, true>, 33, 256});
+      vs.push_back({"mma t64 w2 xs", launch_reg<64, 2, true>, 33, 256});
+      // Split K over a cluster (k2, k4); raw x tiles in flight (r); weight tiles ahead (pf); k16 groups
+      // left in flight (w).
+      vs.push_back({"wgmma n32 s2 pf4 k2", launch_wg<32, 2, 8, 4, false, 2>, 0, 32});
+      vs.push_back({"wgmma n32 s2 pf4 k2 w2", launch_wg<32, 2, 8, 4, false, 2, 3, 2>, 0, 32});
+      vs.push_back({"wgmma n32 s2 pf4 k2 w3", launch_wg<32, 2, 8, 4, false, 2, 3, 3>, 0, 32});
+      vs.push_back({"wgmma n32 s2 pf4 k4 w2", launch_wg<32, 2, 8, 4, false, 4, 3, 2>, 0, 32});
+      vs.push_back({"wgmma n32 s1 pf8 k4 w3", launch_wg<32, 1, 8, 8, false, 4, 3, 3>, 0, 32});
+      vs.push_back({"wgmma n64 s2 pf4 k2", launch_wg<64, 2, 6, 4, false, 2>, 33, 128});
+      vs.push_back({"wgmma n64 s2 pf4 k2 w2", launch_wg<64, 2, 6, 4, false, 2, 3, 2>, 33, 128});
+      vs.push_back({"wgmma n64 s2 pf4 k2 w3", launch_wg<64, 2, 6, 4, false, 2, 3, 3>, 33, 128});
+      vs.push_back({"wgmma n64 s2 pf4 k4 w2", launch_wg<64, 2, 6, 4, false, 4, 3, 2>, 33, 128});
+      vs.push_back({"wgmma n64 s1 pf4 k2 w3", launch_wg<64, 1, 6, 4, false, 2, 3, 3>, 33, 128});
+      vs.push_back({"wgmma n64 s1 pf8 k4 w3", launch_wg<64, 1, 6, 8, false, 4, 3, 3>, 33, 128});
+      vs.push_back({"wgmma n128 s2 pf4 k2", launch_wg<128, 2, 4, 4, false, 2>, 65, 1024});
+      vs.push_back({"wgmma n128 s2 pf4 k2 w2", launch_wg<128, 2, 4, 4, false, 2, 3, 2>, 65, 1024});
+      vs.push_back({"wgmma n128 s2 pf4 k2 w3", launch_wg<128, 2, 4, 4, false, 2, 3, 3>, 65, 1024});
+      vs.push_back({"wgmma n128 s1 pf4 k2 w3", launch_wg<128, 1, 4, 4, false, 2, 3, 3>, 65, 1024});
+      // One CTA per tile over the whole of K.
+      vs.push_back({"wgmma n128 s1 pf4 epi", launch_wg<128, 1, 4, 4, true>, 65});
+      vs.push_back({"wgmma n128 s1 pf4 epi w3", launch_wg<128, 1, 4, 4, true, 1, 3, 3>, 65});
+      vs.push_back({"wgmma n128 s2 pf4 epi", launch_wg<128, 2, 4, 4, true>, 65});
+      vs.push_back({"wgmma n128 s2 pf4 epi w2", launch_wg<128, 2, 4, 4, true, 1, 3, 2>, 65});
+      vs.push_back({"wgmma n128 s2 pf4 epi w3", launch_wg<128, 2, 4, 4, true, 1, 3, 3>, 65});
+      vs.push_back({"wgmma n128 s2 pf2 epi w3", launch_wg<128, 2, 4, 2, true, 1, 3, 3>, 65});
       std::vector<std::uint16_t> r0(std::size_t(M) * N), r1(r0.size());
       a.codes = codes[0];
       a.scales = scales[0];
       for (std::size_t v = 0; v < vs.size(); ++v) {
+        if (M < vs[v].min_m || M > vs[v].max_m) continue;
         a.y = v == 0 ? yref : y;
         CK(cudaMemsetAsync(a.y, 0xFF, std::size_t(M) * N * 2, st));
         vs[v].go(a, st);
@@ -208,6 +230,7 @@ int main(int argc, char** argv) {
       const double cub = tb[tb.size() / 2];
       std::printf("N=%ld K=%ld M=%d  cuBLAS bf16 %8.2f us %6.1f TFLOP/s\n", N, K, M, cub, 2.0 * M * N * K / cub / 1e6);
       for (auto& v : vs) {
+        if (M < v.min_m || M > v.max_m) continue;
         std::vector<float> t;
         for (int r = 0; r < reps; ++r) {
           const int c = 1 + r % (copies - 1);

@@ -1,7 +1,9 @@
 #pragma once
 // The W4A16 linear's static tile table (docs/linear.md), per (architecture, M, N, K). Host code only.
 #include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 
 namespace mxq::core {
 
@@ -25,38 +27,66 @@ struct LinearPlan {
 // clusters at M >= 32 measured slower (the x fragments, read from L2 at 1 CTA per SM, bound those tiles).
 // From M = 17 on, x staged in shared memory per K slice lifts that bound where 2 or 4 groups per CTA
 // still give about two thirds of a wave of CTAs (88 of 132 SMs): the widest such tile is taken.
-// The sm90a prefill kernel's tiles: BM tokens x 128 * strips rows of W per CTA (w4a16_wgmma.cuh); the
-// first row that gives >= kWgmmaMinCtas CTAs is taken. Probe (H100): 128 tokens x 256 rows with the
-// shared-memory epilogue was the fastest tile from M = 100 to 4096 wherever it gave >= 100 CTAs (1.4-2x
-// the x-staged mma.sync tile); where only 128 x 128 gives that many (8192 x 8192 at M = 256, 14336 x 4096
-// at M = 100..128) it beat the x-staged tile by 1.2-1.25x; 256 x 128 was slower.
+// The sm90a kernel's tiles (w4a16_wgmma.cuh): BM tokens x 128 * strips rows of W per CTA, K split over a
+// cluster of ksplit CTAs or not; the first row whose M range holds M and that gives >= kWgmmaMinCtas
+// CTAs is taken, else the mma.sync tiles above. Probe (dev/probes/wgmma_probe.cu, H100): 128 x 256 over
+// the whole of K with the shared-memory epilogue was the fastest tile from M = 100 to 4096 wherever it gave
+// >= 100 CTAs; where it gives fewer, the same tile with K split over 2 CTAs (8192^2 at M = 256: 82 us
+// against 109 for 128 x 128, 14336 x 4096 at M = 128: 48 against 60), and at M = 33..128 64 x 256 split
+// over 2 CTAs (14336 x 4096 and 28672 x 8192 at M = 64: 1.2-1.25x the x-staged mma.sync tile; 8192^2 at
+// M = 128: 57 against 76 us); 128 x 128 split over 2 for M > 128 and 64 x 128 for M <= 128 where only
+// they give 100 CTAs. Deeper x and weight rings (up to 10 and 8 tiles) and 4-CTA clusters measured no
+// faster.
 struct WgmmaKernelRow {
   int bm, strips, stages, prefetch;
   bool smem_epilogue;
+  int ksplit;             // CTAs of a cluster splitting K (the plan's cluster)
+  std::int64_t min_m, max_m;  // the rows of x it is for
+  int raw = 3;            // x tiles the tensor copies keep in flight
+  int wait = 1;           // k16 wgmma groups left in flight when the next one is issued
+  constexpr bool matches(const LinearPlan& p) const {
+    return p.wgmma && bm == p.tokens && 4 * strips == p.groups && prefetch == p.depth && ksplit == p.cluster;
+  }
 };
-constexpr WgmmaKernelRow kWgmmaKernels[] = {{128, 2, 4, 4, true}, {128, 1, 4, 4, true}};
+constexpr WgmmaKernelRow kWgmmaKernels[] = {
+    {128, 2, 4, 4, true, 1, 65, INT64_MAX},  {128, 2, 4, 4, false, 2, 65, INT64_MAX}, {64, 2, 6, 4, false, 2, 33, 128},
+    {128, 1, 4, 4, false, 2, 129, INT64_MAX}, {64, 1, 6, 4, false, 2, 33, 128}};
+// Each row is launched by the fields matches() compares: no two rows may share them.
+constexpr bool wgmma_rows_distinct() {
+  for (const WgmmaKernelRow& a : kWgmmaKernels)
+    for (const WgmmaKernelRow& b : kWgmmaKernels)
+      if (&a != &b && a.bm == b.bm && a.strips == b.strips && a.prefetch == b.prefetch && a.ksplit == b.ksplit) return false;
+  return true;
+}
+static_assert(wgmma_rows_distinct(), "kWgmmaKernels: two rows with the same tokens, strips, prefetch and K split");
 constexpr int kWgmmaMinCtas = 100;  // below this many CTAs the mma.sync tiles are faster (probe, H100)
+
+// MXQ_LINEAR_NO_WGMMA (set, not "0") keeps the mma.sync tiles where the sm90a kernel would run; read at
+// each call (the tests switch it) by cuda::linear and mxq::linear_plan alike.
+inline bool wgmma_disabled_by_env() {
+  const char* v = std::getenv("MXQ_LINEAR_NO_WGMMA");
+  return v && *v && std::string_view(v) != "0";
+}
 
 // wgmma_ok: the library holds sm_90a code and the device runs it (cuda/gemm/linear_launch.cu).
 inline LinearPlan plan_linear(std::int64_t N, std::int64_t K, std::int64_t M, int sm, bool wgmma_ok = false) {
   LinearPlan p{};
   const std::int64_t pairs_ = (N + 31) / 32;
-  if (wgmma_ok && sm == 90 && M > 64) {
+  if (wgmma_ok && sm == 90) {
     for (const WgmmaKernelRow& r : kWgmmaKernels) {
-      const std::int64_t ctas = (pairs_ + 4 * r.strips - 1) / (4 * r.strips) * ((M + r.bm - 1) / r.bm);
-      if (ctas >= kWgmmaMinCtas) {
-        p.wgmma = true;
-        p.tokens = r.bm;
-        p.groups = 4 * r.strips;
-        p.depth = r.prefetch;
-        p.ksplit = 8;
-        p.cluster = 1;
-        p.xstage = false;
-        p.sm = sm;
-        p.grid_n = (pairs_ + p.groups - 1) / p.groups;
-        p.grid_m = (M + p.tokens - 1) / p.tokens;
-        return p;
-      }
+      const std::int64_t tiles_n = (pairs_ + 4 * r.strips - 1) / (4 * r.strips);
+      if (M < r.min_m || M > r.max_m || tiles_n * r.ksplit * ((M + r.bm - 1) / r.bm) < kWgmmaMinCtas) continue;
+      p.wgmma = true;
+      p.tokens = r.bm;
+      p.groups = 4 * r.strips;
+      p.depth = r.prefetch;
+      p.ksplit = 8;
+      p.cluster = r.ksplit;
+      p.xstage = false;
+      p.sm = sm;
+      p.grid_n = tiles_n * r.ksplit;
+      p.grid_m = (M + p.tokens - 1) / p.tokens;
+      return p;
     }
   }
   p.tokens = M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64;
@@ -99,7 +129,7 @@ constexpr LinearKernelRow kLinearKernels[] = {
 inline bool has_kernel(const LinearPlan& p) {
   if (p.wgmma) {
     for (const WgmmaKernelRow& r : kWgmmaKernels)
-      if (r.bm == p.tokens && 4 * r.strips == p.groups && r.prefetch == p.depth) return true;
+      if (r.matches(p)) return true;
     return false;
   }
   for (const LinearKernelRow& r : kLinearKernels)
@@ -110,7 +140,8 @@ inline bool has_kernel(const LinearPlan& p) {
 inline std::string to_string(const LinearPlan& p) {
   if (p.wgmma)
     return "wgmma (sm90a), tokens per tile " + std::to_string(p.tokens) + ", weight rows per tile " + std::to_string(32 * p.groups) +
-           ", tiles in flight " + std::to_string(p.depth) + ", grid " + std::to_string(p.grid_n) + " x " + std::to_string(p.grid_m);
+           ", tiles in flight " + std::to_string(p.depth) + ", K split over " + std::to_string(p.cluster) + (p.cluster == 1 ? " CTA" : " CTAs") + ", grid " +
+           std::to_string(p.grid_n) + " x " + std::to_string(p.grid_m);
   return "tokens per tile " + std::to_string(p.tokens) + ", warps " + std::to_string(p.ksplit) + ", row groups " +
          std::to_string(p.groups) + ", cluster " + std::to_string(p.cluster) + ", tiles in flight " + std::to_string(p.depth) +
          ", grid " + std::to_string(p.grid_n) + " x " + std::to_string(p.grid_m);

@@ -9,9 +9,10 @@ namespace mxq::cuda {
 
 void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Tensor& y, void* stream) {
   const int sm = compute_capability("linear");
-  // The sm90a prefill kernel runs only where the library holds sm_90a code and the device is sm_90 (the
-  // sm_90a code runs on no other).
-  const core::LinearPlan p = core::plan_linear(w.N, w.K, x.rows, sm, sm == 90 && gemm::wgmma_built());
+  // The sm90a kernel runs only where the library holds sm_90a code and the device is sm_90 (the sm_90a
+  // code runs on no other), unless MXQ_LINEAR_NO_WGMMA keeps the mma.sync tiles.
+  const core::LinearPlan p =
+      core::plan_linear(w.N, w.K, x.rows, sm, sm == 90 && gemm::wgmma_built() && !core::wgmma_disabled_by_env());
   if (p.grid_m > 65535)
     core::fail(Error::Code::unsupported, "linear", "x has " + std::to_string(x.rows) + " rows: at most " +
                                                        std::to_string(65535 * p.tokens) + " per call");

@@ -49,10 +49,10 @@ CUtensorMap x_map(const LinearArgs& a, bool f16, int bm) {
   return m;
 }
 
-template <int BM, int STRIPS, int STAGES, int PF, bool EPI, bool NV, bool F16>
+template <int BM, int STRIPS, int STAGES, int PF, bool EPI, int KSPLIT, int RAW, int WAIT, bool NV, bool F16>
 void launch_wgmma_one(const LinearArgs& args, const core::LinearPlan& p, cudaStream_t stream) {
-  auto kernel = w4a16_wgmma_kernel<BM, STRIPS, STAGES, PF, NV, F16, EPI>;
-  constexpr int smem = wg::smem_bytes<BM>(STAGES);
+  auto kernel = w4a16_wgmma_kernel<BM, STRIPS, STAGES, PF, NV, F16, EPI, KSPLIT, RAW, WAIT>;
+  constexpr int smem = wg::smem_bytes<BM, STRIPS, KSPLIT>(STAGES, RAW);
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   check(attr, "linear", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   const CUtensorMap map = x_map(args, F16, BM);
@@ -61,11 +61,15 @@ void launch_wgmma_one(const LinearArgs& args, const core::LinearPlan& p, cudaStr
   cfg.blockDim = dim3(wg::kThreads, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attrs[1];
+  cudaLaunchAttribute attrs[2];
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributeClusterDimension;  // split K: grid.x = tiles along N x KSPLIT
+  attrs[1].val.clusterDim.x = KSPLIT;
+  attrs[1].val.clusterDim.y = 1;
+  attrs[1].val.clusterDim.z = 1;
   cfg.attrs = attrs;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = KSPLIT > 1 ? 2 : 1;
   check(cudaLaunchKernelEx(&cfg, kernel, map, args), "linear", "launching w4a16_wgmma_kernel");
 }
 
@@ -73,8 +77,9 @@ template <bool NV, bool F16, std::size_t... I>
 void launch_wgmma_row(const LinearArgs& args, const core::LinearPlan& p, cudaStream_t stream, std::index_sequence<I...>) {
   constexpr auto& rows = core::kWgmmaKernels;
   const bool launched =
-      ((rows[I].bm == p.tokens && 4 * rows[I].strips == p.groups && rows[I].prefetch == p.depth &&
-        (launch_wgmma_one<rows[I].bm, rows[I].strips, rows[I].stages, rows[I].prefetch, rows[I].smem_epilogue, NV, F16>(args, p, stream), true)) ||
+      ((rows[I].matches(p) && (launch_wgmma_one<rows[I].bm, rows[I].strips, rows[I].stages, rows[I].prefetch, rows[I].smem_epilogue,
+                                                 rows[I].ksplit, rows[I].raw, rows[I].wait, NV, F16>(args, p, stream),
+                               true)) ||
        ...);
   if (!launched) core::fail(Error::Code::internal, "linear", "no kernel for the plan: " + core::to_string(p));
 }

@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 
     snext[s] = reinterpret_cast<const std::uint16_t*>(a.scales + tile * scale_bytes<NV>()) + slot;
   }
 
-  // The weight ring: tiles 0 .. kDepth-1 now, tile i + kDepth when tile i is consumed.
+  // The weight ring: tiles 0 .. kDepth-1 now, tile i + kDepth when tile i has been read.
   uint4 wq[kDepth][kStrips];
   std::uint32_t sq[kDepth][kStrips];
   // The next tile of both strips into ring slot d.
@@ -274,16 +274,13 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
       if (base + d < n_atoms) {
-        uint4 w[kStrips];
         std::uint32_t cm[kStrips][2];
 #pragma unroll
         for (int s = 0; s < kStrips; ++s) {
-          w[s] = wq[d][s];
           const std::uint32_t sb = sq[d][s];
           cm[s][0] = lut[sb & 0xFF];
           cm[s][1] = lut[sb >> 8];
         }
-        if (base + d + kDepth < n_atoms) load_tile(d);
         const unsigned char* xs = nullptr;
         if constexpr (XS) {
           // Stage base + d has landed (the newest kXStages - 2 may still be in flight) and every warp of
@@ -309,7 +306,7 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 
             const int j = 2 * h + jj;
 #pragma unroll
             for (int s = 0; s < kStrips; ++s) {
-              const std::uint32_t word = j == 0 ? w[s].x : j == 1 ? w[s].y : j == 2 ? w[s].z : w[s].w;
+              const std::uint32_t word = j == 0 ? wq[d][s].x : j == 1 ? wq[d][s].y : j == 2 ? wq[d][s].z : wq[d][s].w;
               const std::uint32_t frag[4] = {mul2<F16>(upcast_pair<F16, 0>(word), cm[s][0]),
                                              mul2<F16>(upcast_pair<F16, 1>(word), cm[s][1]),
                                              mul2<F16>(upcast_pair<F16, 2>(word), cm[s][0]),
@@ -323,6 +320,10 @@ __global__ void __launch_bounds__(kWarps * 32, TOKENS <= 16 && DEPTH <= 4 ? 2 : 
             }
           }
         }
+        // Slot d is refilled after its last read, so that the load writes its registers directly (loading
+        // before the reads made the compiler load into temporaries and move them into the slot within this
+        // tile, waiting for the load).
+        if (base + d + kDepth < n_atoms) load_tile(d);
         xp += 64;
         kleft -= 64;
       }

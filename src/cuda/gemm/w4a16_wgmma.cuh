@@ -8,8 +8,9 @@
 // k16 step j pairs with k = 2 tq, 2 tq + 1 and 2 tq + 8, 2 tq + 9). Warpgroups 1 and 2 consume, each
 // warp streaming its STRIPS 16-row strips of packed weights straight into registers (the decode
 // kernel's tiles and upcast, PF tiles ahead) and issuing wgmma.m64nBMk16 with the upcast weights as the
-// A operand from registers and the x tile as B from shared memory. The CTA covers 128 * STRIPS rows of W and BM tokens over the whole of K:
-// no split-K, each output one fp32 sum in K order, then the decode kernel's epilogue.
+// A operand from registers and the x tile as B from shared memory. The CTA covers 128 * STRIPS rows of W
+// and BM tokens over the whole of K (each output one fp32 sum in K order) or, with KSPLIT > 1, over one
+// of KSPLIT contiguous ranges of K, the cluster's partial sums added in rank order (below).
 //
 // Exactness is the decode kernel's (w4a16.cuh): the A fragments are code * scale * 2^-d exactly.
 #include <cuda.h>
@@ -82,6 +83,16 @@ __device__ __forceinline__ std::uint64_t smem_desc(const void* p) {
 // (N rows of 16 columns at desc).
 template <int N, bool F16>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc);
+template <> __device__ __forceinline__ void wgmma_rs<32, false>(float (&d)[16], const std::uint32_t (&a)[4], std::uint64_t desc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_rs<32, true>(float (&d)[16], const std::uint32_t (&a)[4], std::uint64_t desc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
 template <> __device__ __forceinline__ void wgmma_rs<64, false>(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t desc) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
@@ -114,20 +125,48 @@ template <> __device__ __forceinline__ void wgmma_rs<256, true>(float (&d)[128],
 }
 #endif  // MXQ_WGMMA_DEVICE
 
-constexpr int kRaw = 3;  // raw x tiles in flight
-template <int BM>
-constexpr int smem_bytes(int stages) {
-  return 1024 /* alignment */ + (stages + kRaw) * BM * kTileBytes + 2 * (stages + kRaw) * 8 + 256 * 4;
+constexpr int kRaw = 3;  // raw x tiles in flight unless the kernel's RAW says otherwise
+// Split K: the fp32 partial tile (BM tokens x 128 * STRIPS rows, rows padded by 4 floats so that the
+// accumulator fragments' stores hit distinct banks) in shared memory for the cluster's reduction.
+template <int BM, int STRIPS>
+constexpr int partial_bytes() { return BM * (128 * STRIPS + 4) * 4; }
+// The tiles' region: the x rings, or the partial tile where that is larger (it is written after the
+// mainloop). The barriers and the multiplier table follow it.
+template <int BM, int STRIPS, int KSPLIT>
+constexpr int region_bytes(int stages, int raw = kRaw) {
+  const int rings = (stages + raw) * BM * kTileBytes;
+  return KSPLIT > 1 && partial_bytes<BM, STRIPS>() > rings ? partial_bytes<BM, STRIPS>() : rings;
 }
+template <int BM, int STRIPS, int KSPLIT>
+constexpr int smem_bytes(int stages, int raw = kRaw) {
+  return 1024 /* alignment */ + region_bytes<BM, STRIPS, KSPLIT>(stages, raw) + 2 * (stages + raw) * 8 + 256 * 4;
+}
+
+#ifdef MXQ_WGMMA_DEVICE
+// 4 floats of CTA `rank`'s shared memory at the address that `local` has in this CTA.
+__device__ __forceinline__ float4 load_rank_f32x4(const float* local, std::uint32_t rank) {
+  std::uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(local)), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+  return v;
+}
+#endif
 
 }  // namespace wg
 
-// BM: tokens per CTA (64, 128, 256); STRIPS: 16-row strips of W per consumer warp (the CTA covers
+// BM: tokens per CTA (32, 64, 128, 256); STRIPS: 16-row strips of W per consumer warp (the CTA covers
 // 128 * STRIPS rows); STAGES: x tiles in flight; PF: weight tiles each consumer warp holds ahead;
 // SMEM_EPI: the outputs go through shared memory (the x tiles' space, free by then) and leave as 16-byte
-// row segments instead of 2-byte stores from the accumulator fragments.
-template <int BM, int STRIPS, int STAGES, int PF, bool NV, bool F16, bool SMEM_EPI = false>
+// row segments instead of 2-byte stores from the accumulator fragments; KSPLIT: CTAs of a cluster
+// (grid.x = tiles along N x KSPLIT) that split K into contiguous ranges. With KSPLIT > 1 each CTA leaves
+// its fp32 partial tile in shared memory, and CTA r of the cluster sums rows r * BM / KSPLIT .. of the
+// partial tiles over the ranks in rank order through distributed shared memory (deterministic, no
+// atomics, no workspace) and writes them as 16-byte row segments.
+template <int BM, int STRIPS, int STAGES, int PF, bool NV, bool F16, bool SMEM_EPI = false, int KSPLIT = 1, int RAW = wg::kRaw, int WAIT = 1>
 __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const LinearArgs a) {
+  static_assert(WAIT >= 1 && WAIT <= 4, "WAIT: k16 groups left in flight, 1 .. 4");
+  static_assert(KSPLIT >= 1 && KSPLIT <= 8 && BM % KSPLIT == 0, "KSPLIT: 1 .. 8 (a portable cluster), dividing the token tile");
 #ifdef MXQ_WGMMA_DEVICE
   extern __shared__ unsigned char smem_raw[];
   // An offset from smem_raw (not an integer round trip) keeps every access below in the shared state space
@@ -135,11 +174,11 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
   unsigned char* smem = smem_raw + ((1024u - (wg::smem_addr(smem_raw) & 1023u)) & 1023u);
   constexpr int kStage = BM * wg::kTileBytes;
   unsigned char* xs = smem;                       // STAGES permuted, swizzled tiles (the wgmma's B)
-  unsigned char* raw = smem + STAGES * kStage;    // kRaw tiles as loaded
-  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(raw + wg::kRaw * kStage);
+  unsigned char* raw = smem + STAGES * kStage;    // RAW tiles as loaded
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + wg::region_bytes<BM, STRIPS, KSPLIT>(STAGES, RAW));
   std::uint64_t* empty = full + STAGES;
   std::uint64_t* raw_full = empty + STAGES;
-  std::uint32_t* lut = reinterpret_cast<std::uint32_t*>(raw_full + wg::kRaw);
+  std::uint32_t* lut = reinterpret_cast<std::uint32_t*>(raw_full + RAW);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   if (tid < 256) lut[tid] = std::uint32_t(scale_multiplier<NV, F16>(tid, a.exp_shift)) * 0x10001u;
@@ -148,11 +187,15 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
       wg::mbar_init(&full[s], 1);
       wg::mbar_init(&empty[s], 8);  // one arrival per consumer warp
     }
-    for (int r = 0; r < wg::kRaw; ++r) wg::mbar_init(&raw_full[r], 1);
+    for (int r = 0; r < RAW; ++r) wg::mbar_init(&raw_full[r], 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  const int katoms = a.katoms;
+  // This CTA's range of K: atoms k_begin .. k_begin + katoms - 1 of the whole K's a.katoms.
+  const int rank = KSPLIT > 1 ? int(ptx::cluster_rank()) : 0;
+  const int k_begin = int(std::int64_t(rank) * a.katoms / KSPLIT);
+  const int katoms = int(std::int64_t(rank + 1) * a.katoms / KSPLIT) - k_begin;
+  const int ntile = int(blockIdx.x) / KSPLIT;
   const int m0 = int(blockIdx.y) * BM;
 
   if (warp < 4) {
@@ -161,21 +204,21 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&xmap)) : "memory");
       asm volatile("griddepcontrol.wait;" ::: "memory");  // x may be the previous kernel's output
-      for (int kt = 0; kt < wg::kRaw - 1 && kt < katoms; ++kt) {
+      for (int kt = 0; kt < RAW - 1 && kt < katoms; ++kt) {
         wg::mbar_expect_tx(&raw_full[kt], kStage);
-        wg::tma_load_2d(raw + kt * kStage, &xmap, &raw_full[kt], kt * 64, m0);
+        wg::tma_load_2d(raw + kt * kStage, &xmap, &raw_full[kt], (k_begin + kt) * 64, m0);
       }
     }
     for (int kt = 0; kt < katoms; ++kt) {
-      // Raw tile kt + kRaw - 1 into the slot that tile kt - 1 left (every producer thread passed the
+      // Raw tile kt + RAW - 1 into the slot that tile kt - 1 left (every producer thread passed the
       // barrier below after reading it).
-      if (tid == 0 && kt + wg::kRaw - 1 < katoms) {
-        const int r = (kt + wg::kRaw - 1) % wg::kRaw;
+      if (tid == 0 && kt + RAW - 1 < katoms) {
+        const int r = (kt + RAW - 1) % RAW;
         wg::mbar_expect_tx(&raw_full[r], kStage);
-        wg::tma_load_2d(raw + r * kStage, &xmap, &raw_full[r], (kt + wg::kRaw - 1) * 64, m0);
+        wg::tma_load_2d(raw + r * kStage, &xmap, &raw_full[r], (k_begin + kt + RAW - 1) * 64, m0);
       }
-      const int r = kt % wg::kRaw, st = kt % STAGES;
-      wg::mbar_wait(&raw_full[r], (kt / wg::kRaw) & 1);
+      const int r = kt % RAW, st = kt % STAGES;
+      wg::mbar_wait(&raw_full[r], (kt / RAW) & 1);
       wg::mbar_wait(&empty[st], ((kt / STAGES) & 1) ^ 1);
       // 16 raw bytes (row, columns 8 q .. 8 q + 7) are four 2-column units; unit u goes to column
       // wgmma_x_column(8 q + 2 u) of the row (core/linear_layout.hpp), in 16-byte chunk (that / 8)
@@ -197,36 +240,39 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
       asm volatile("bar.sync 1, 128;" ::: "memory");
       if (tid == 0) wg::mbar_arrive(&full[st]);
     }
+    if constexpr (KSPLIT > 1) {  // the consumers' two cluster barriers (partial tiles written; read)
+      ptx::cluster_sync();
+      ptx::cluster_sync();
+    }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
     const int cwg = (warp >> 2) - 1, w = warp & 3;  // consumer warpgroup, warp within it
     const std::int64_t nstrips = (a.N + 31) / 32 * 2;
-    const std::int64_t strip_base = std::int64_t(blockIdx.x) * (8 * STRIPS) + cwg * (4 * STRIPS) + w;
+    const std::int64_t strip_base = std::int64_t(ntile) * (8 * STRIPS) + cwg * (4 * STRIPS) + w;
     const int slot = NV ? lane : 2 * g + (tq >> 1);
     constexpr int kScaleStride = scale_bytes<NV>() / 2;  // u16 per tile
+    // A strip past the weight's last one reads strip 0's tiles (its outputs are never written), so that
+    // every load is unconditional.
     const uint4* cp[STRIPS];
     const std::uint16_t* sp[STRIPS];
-    bool live[STRIPS];
 #pragma unroll
     for (int s = 0; s < STRIPS; ++s) {
       const std::int64_t strip = strip_base + 4 * s;
-      live[s] = strip < nstrips;
-      const std::int64_t tile = live[s] ? strip * katoms : 0;
+      const std::int64_t tile = (strip < nstrips ? strip : 0) * a.katoms + k_begin;
       cp[s] = a.codes + tile * 32 + lane;
       sp[s] = reinterpret_cast<const std::uint16_t*>(a.scales + tile * scale_bytes<NV>()) + slot;
     }
+    // The weight ring: tile kt in slot kt % PF. A slot is refilled right after its last read (the upcast of
+    // its last k16 step), so that the load writes the slot's registers directly: with the copy-then-load
+    // order the compiler loaded into temporaries and moved them into the slot within the same tile, which
+    // waited for every load at once.
     uint4 wq[PF][STRIPS];
     std::uint32_t sq[PF][STRIPS];
     const auto load = [&](int d, int kt) {
 #pragma unroll
       for (int s = 0; s < STRIPS; ++s) {
-        if (live[s]) {
-          wq[d][s] = load_stream(cp[s] + std::int64_t(kt) * 32);
-          sq[d][s] = load_stream_u16(sp[s] + std::int64_t(kt) * kScaleStride);
-        } else {
-          wq[d][s] = make_uint4(0, 0, 0, 0);
-          sq[d][s] = 0;
-        }
+        wq[d][s] = load_stream(cp[s] + std::int64_t(kt) * 32);
+        sq[d][s] = load_stream_u16(sp[s] + std::int64_t(kt) * kScaleStride);
       }
     };
 #pragma unroll
@@ -244,15 +290,12 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
       for (int d = 0; d < PF; ++d) {
         const int kt = kt0 + d;
         if (kt < katoms) {
-          uint4 wv[STRIPS];
           std::uint32_t cm[STRIPS][2];
 #pragma unroll
           for (int s = 0; s < STRIPS; ++s) {
-            wv[s] = wq[d][s];
             cm[s][0] = lut[sq[d][s] & 0xFF];
             cm[s][1] = lut[sq[d][s] >> 8];
           }
-          if (kt + PF < katoms) load(d, kt + PF);
           const int st = kt % STAGES;
           wg::mbar_wait(&full[st], (kt / STAGES) & 1);
           const std::uint64_t desc = wg::smem_desc(xs + st * kStage);
@@ -261,19 +304,20 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
             std::uint32_t frag[STRIPS][4];
 #pragma unroll
             for (int s = 0; s < STRIPS; ++s) {
-              const std::uint32_t word = i == 0 ? wv[s].x : i == 1 ? wv[s].y : i == 2 ? wv[s].z : wv[s].w;
+              const std::uint32_t word = i == 0 ? wq[d][s].x : i == 1 ? wq[d][s].y : i == 2 ? wq[d][s].z : wq[d][s].w;
               frag[s][0] = mul2<F16>(upcast_pair<F16, 0>(word), cm[s][0]);
               frag[s][1] = mul2<F16>(upcast_pair<F16, 1>(word), cm[s][1]);
               frag[s][2] = mul2<F16>(upcast_pair<F16, 2>(word), cm[s][0]);
               frag[s][3] = mul2<F16>(upcast_pair<F16, 3>(word), cm[s][1]);
             }
+            if (i == 3 && kt + PF < katoms) load(d, kt + PF);
             wg::wgmma_fence();
 #pragma unroll
             for (int s = 0; s < STRIPS; ++s) wg::wgmma_rs<BM, F16>(acc[s], frag[s], desc + 2 * i);  // + 32 bytes per k16
             wg::wgmma_commit();
-            wg::wgmma_wait<1>();
+            wg::wgmma_wait<WAIT>();
             // The previous tile's last group is done: its x stage goes back to the producer.
-            if (i == 0 && kt > 0 && lane == 0) wg::mbar_arrive(&empty[(kt - 1) % STAGES]);
+            if (i == WAIT - 1 && kt > 0 && lane == 0) wg::mbar_arrive(&empty[(kt - 1) % STAGES]);
           }
         }
       }
@@ -290,10 +334,59 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
       }
       return F16 ? __half_as_ushort(__float2half_rn(o)) : __bfloat16_as_ushort(__float2bfloat16_rn(o));
     };
-    if constexpr (SMEM_EPI) {
+    // Outputs n .. n + 7 of token m (element i in bits 16 (i % 2) of word i / 2): one 16-byte store where
+    // y's rows allow it and all 8 lie below N, else the ones below N one by one.
+    const bool vec = (a.y_stride * 2) % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.y) % 16 == 0;
+    const auto store8 = [&](std::int64_t m, std::int64_t n, const uint4 v) {
+      std::uint16_t* dst = a.y + m * a.y_stride + n;
+      if (vec && n + 8 <= a.N) {
+        *reinterpret_cast<uint4*>(dst) = v;
+      } else {
+        const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        for (int i = 0; i < 8 && n + i < a.N; ++i) dst[i] = std::uint16_t(w[i / 2] >> (16 * (i % 2)));
+      }
+    };
+    if constexpr (KSPLIT > 1) {
+      constexpr int W = 128 * STRIPS, RF = W + 4;  // the tile's rows of W; a token's floats, padded
+      static_assert(wg::partial_bytes<BM, STRIPS>() <= wg::region_bytes<BM, STRIPS, KSPLIT>(STAGES, RAW), "the partial tile fits");
+      float* part = reinterpret_cast<float*>(smem);
+      const std::int64_t n0 = std::int64_t(ntile) * W;
+      const int ctid = tid - 128;
+      asm volatile("bar.sync 2, 256;" ::: "memory");  // both consumer warpgroups are done with the x tiles
+#pragma unroll
+      for (int s = 0; s < STRIPS; ++s) {
+        const int lb = (cwg * 4 * STRIPS + 4 * s + w) * 16 + g;
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) part[(8 * j + 2 * tq + (e & 1)) * RF + lb + (e >= 2 ? 8 : 0)] = acc[s][4 * j + e];
+      }
+      ptx::cluster_sync();  // every rank's partial tile is written
+      constexpr int kRows = BM / KSPLIT;
+      for (int c = ctid; c < kRows * (W / 8); c += 256) {
+        const int lm = rank * kRows + c / (W / 8), ch = c % (W / 8);
+        const std::int64_t m = m0 + lm, n = n0 + 8 * ch;
+        if (m >= a.M || n >= a.N) continue;
+        const float* src = part + lm * RF + 8 * ch;
+        float v[8];
+#pragma unroll
+        for (int r = 0; r < KSPLIT; ++r) {
+          const float4 lo = wg::load_rank_f32x4(src, r), hi = wg::load_rank_f32x4(src + 4, r);
+          const float t[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[i] = r == 0 ? t[i] : __fadd_rn(v[i], t[i]);
+        }
+        std::uint16_t o[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] = n + i < a.N ? value(v[i], n + i) : std::uint16_t(0);
+        store8(m, n, make_uint4(o[0] | std::uint32_t(o[1]) << 16, o[2] | std::uint32_t(o[3]) << 16, o[4] | std::uint32_t(o[5]) << 16,
+                                o[6] | std::uint32_t(o[7]) << 16));
+      }
+      ptx::cluster_sync();  // no CTA leaves while another reads its partial tile
+    } else if constexpr (SMEM_EPI) {
       constexpr int W = 128 * STRIPS, RB = 2 * W + 16;  // the tile's rows of W; a token's bytes, padded
-      static_assert(BM * RB <= (STAGES + wg::kRaw) * kStage, "the output tile fits in the x tiles' space");
-      const std::int64_t n0 = std::int64_t(blockIdx.x) * W;
+      static_assert(BM * RB <= (STAGES + RAW) * kStage, "the output tile fits in the x tiles' space");
+      const std::int64_t n0 = std::int64_t(ntile) * W;
       const int ctid = tid - 128;
       asm volatile("bar.sync 2, 256;" ::: "memory");  // both consumer warpgroups are done with the x tiles
 #pragma unroll
@@ -309,18 +402,11 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
           }
       }
       asm volatile("bar.sync 2, 256;" ::: "memory");
-      const bool vec = (a.y_stride * 2) % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.y) % 16 == 0;
       for (int c = ctid; c < BM * (W / 8); c += 256) {
         const int lm = c / (W / 8), ch = c % (W / 8);
         const std::int64_t m = m0 + lm, n = n0 + 8 * ch;
         if (m >= a.M || n >= a.N) continue;
-        const unsigned char* src = smem + lm * RB + 16 * ch;
-        std::uint16_t* dst = a.y + m * a.y_stride + n;
-        if (vec && n + 8 <= a.N) {
-          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-        } else {
-          for (int i = 0; i < 8 && n + i < a.N; ++i) dst[i] = reinterpret_cast<const std::uint16_t*>(src)[i];
-        }
+        store8(m, n, *reinterpret_cast<const uint4*>(smem + lm * RB + 16 * ch));
       }
     } else {
 #pragma unroll

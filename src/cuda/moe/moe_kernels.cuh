@@ -216,15 +216,12 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_kernel(const GemmArgs a) 
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
       if (base + d < n_atoms) {
-        uint4 w[kStrips];
         std::uint32_t cm[kStrips][2];
 #pragma unroll
         for (int s = 0; s < kStrips; ++s) {
-          w[s] = wq[d][s];
           cm[s][0] = lut[sq[d][s] & 0xFF];
           cm[s][1] = lut[sq[d][s] >> 8];
         }
-        if (base + d + kDepth < n_atoms) load_tile(d);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint4 xv[NT];
@@ -237,7 +234,7 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_kernel(const GemmArgs a) 
             const int j = 2 * h + jj;
 #pragma unroll
             for (int s = 0; s < kStrips; ++s) {
-              const std::uint32_t word = j == 0 ? w[s].x : j == 1 ? w[s].y : j == 2 ? w[s].z : w[s].w;
+              const std::uint32_t word = j == 0 ? wq[d][s].x : j == 1 ? wq[d][s].y : j == 2 ? wq[d][s].z : wq[d][s].w;
               const std::uint32_t frag[4] = {gemm::mul2<F16>(gemm::upcast_pair<F16, 0>(word), cm[s][0]),
                                              gemm::mul2<F16>(gemm::upcast_pair<F16, 1>(word), cm[s][1]),
                                              gemm::mul2<F16>(gemm::upcast_pair<F16, 2>(word), cm[s][0]),
@@ -251,6 +248,7 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_kernel(const GemmArgs a) 
             }
           }
         }
+        if (base + d + kDepth < n_atoms) load_tile(d);  // after slot d's last read (w4a16.cuh)
         xp += 64;
         kleft -= 64;
       }
