@@ -6,7 +6,9 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/codec.hpp"
@@ -434,6 +436,10 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor* bias, const Te
     if (reinterpret_cast<std::uintptr_t>(x.data) % 16 != 0 || (x.stride() * 2) % 16 != 0)
       c.unsupported("x: the CUDA kernel reads x in 16-byte vectors; its data pointer and row stride (" +
                     std::to_string(x.stride()) + " elements) must be 16-byte aligned");
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"w.codes", &w.codes}, {"w.scales", &w.scales}})
+      if (reinterpret_cast<std::uintptr_t>(t->data) % 16 != 0)
+        c.unsupported(std::string(name) + ": the CUDA kernels read the packed weight in 16-byte vectors; its data pointer must be "
+                      "16-byte aligned (prepack's buffers are)");
     return cuda::linear(x, w, bias, y, stream);
   }
 #endif

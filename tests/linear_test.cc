@@ -545,6 +545,32 @@ TEST(LinearCuda, MatchesReferenceOnExactSums) {
   expect_cases_match(cases, {std::begin(kFormats), std::end(kFormats)}, {DType::bf16, DType::f16});
 }
 
+TEST(LinearCuda, UnalignedPackedWeightIsRefused) {
+  TH_REQUIRE_BACKEND(Backend::cuda);
+  const QWeight q = make_weight(Format::mxfp4, 32, 64, 1);
+  const Packed p = pack(q);
+  const HostTensor x = make_x(DType::bf16, 2, 64, 2);
+  const HostTensor y(x.dtype, x.rows, p.w.N);
+  HostTensor codes = p.codes, scales = p.scales;  // 16 spare bytes, so that the views 1 byte in stay inside
+  codes.bytes.resize(codes.bytes.size() + 16);
+  scales.bytes.resize(scales.bytes.size() + 16);
+  th::Placed px(Backend::cuda, x), pc(Backend::cuda, codes), ps(Backend::cuda, scales), py(Backend::cuda, y);
+  for (const char* which : {"w.codes", "w.scales"}) {
+    mxq::PackedWeight w = p.w;
+    w.codes = pc.view();
+    w.scales = ps.view();
+    mxq::Tensor& t = std::string(which) == "w.codes" ? w.codes : w.scales;
+    t.data = static_cast<unsigned char*>(t.data) + 1;
+    try {
+      mxq::linear(px.view(), w, nullptr, py.view(), Backend::cuda);
+      ADD_FAILURE() << which << " 1 byte off 16-byte alignment was accepted";
+    } catch (const mxq::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(which), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("16-byte aligned"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(LinearCuda, RowStrideNanScalesAndDeterminism) {
   TH_REQUIRE_BACKEND(Backend::cuda);
   for (Format f : kFormats) {

@@ -3,7 +3,8 @@
 // weights rotated over copies larger than L2).
 //   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Isrc -Iinclude \
 //        dev/probes/wgmma_probe.cu -lcublas -lcuda -o wgmma_probe
-//   wgmma_probe [reps] [shape index] [M]
+//   wgmma_probe [reps] [shape index] [M] [variant: a name substring, or =name exactly (the reference
+//   variant, the first, always runs)]
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -50,15 +51,15 @@ CUtensorMap x_map(const LinearArgs& a, int bm) {
   return m;
 }
 
-template <int BM, int STRIPS, int STAGES, int PF, bool EPI = false, int KSPLIT = 1, int RAW = wg::kRaw, int WAIT = 1>
+template <int BM, int STRIPS, int STAGES, int PF, bool EPI = false, int KSPLIT = 1, int RAW = wg::kRaw, int WAIT = 1, bool WS = false>
 void launch_wg(const LinearArgs& a, cudaStream_t s) {
-  auto k = w4a16_wgmma_kernel<BM, STRIPS, STAGES, PF, false, false, EPI, KSPLIT, RAW, WAIT>;
-  constexpr int smem = wg::smem_bytes<BM, STRIPS, KSPLIT>(STAGES, RAW);
+  auto k = w4a16_wgmma_kernel<BM, STRIPS, STAGES, PF, false, false, EPI, KSPLIT, RAW, WAIT, WS>;
+  constexpr int smem = wg::smem_bytes<BM, STRIPS, KSPLIT>(STAGES, RAW, WS ? PF : 0);
   static bool once = [&] {
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, k));
-    std::printf("    [wgmma BM%d S%d st%d pf%d epi%d k%d raw%d wait%d: %d registers, %zu local bytes, smem %d]\n", BM, STRIPS, STAGES, PF, int(EPI), KSPLIT, RAW, WAIT, fa.numRegs,
+    std::printf("    [wgmma BM%d S%d st%d pf%d epi%d k%d raw%d wait%d ws%d: %d registers, %zu local bytes, smem %d]\n", BM, STRIPS, STAGES, PF, int(EPI), KSPLIT, RAW, WAIT, int(WS), fa.numRegs,
                 fa.localSizeBytes, smem);
     return true;
   }();
@@ -99,6 +100,7 @@ struct Variant {
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
   const int only_shape = argc > 2 ? std::atoi(argv[2]) : -1, only_m = argc > 3 ? std::atoi(argv[3]) : 0;
+  const std::string only_variant = argc > 4 ? argv[4] : "";
   cudaDriverEntryPointQueryResult q;
   CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&g_encode), 12000, cudaEnableDefault, &q));
   if (!g_encode) return 1;
@@ -189,6 +191,17 @@ int main(int argc, char** argv) {
       vs.push_back({"wgmma n128 s2 pf4 epi w2", launch_wg<128, 2, 4, 4, true, 1, 3, 2>, 65});
       vs.push_back({"wgmma n128 s2 pf4 epi w3", launch_wg<128, 2, 4, 4, true, 1, 3, 3>, 65});
       vs.push_back({"wgmma n128 s2 pf2 epi w3", launch_wg<128, 2, 4, 2, true, 1, 3, 3>, 65});
+      // The weights through a cp.async ring in shared memory (ws), PF slots per warp.
+      vs.push_back({"wgmma n128 s2 pf4 epi ws", launch_wg<128, 2, 4, 4, true, 1, 3, 1, true>, 65});
+      vs.push_back({"wgmma n128 s2 pf6 epi ws", launch_wg<128, 2, 4, 6, true, 1, 3, 1, true>, 65});
+      vs.push_back({"wgmma n128 s2 pf8 epi ws", launch_wg<128, 2, 4, 8, true, 1, 3, 1, true>, 65});
+      vs.push_back({"wgmma n128 s2 pf6 k2 ws", launch_wg<128, 2, 4, 6, false, 2, 3, 1, true>, 65, 1024});
+      vs.push_back({"wgmma n64 s2 pf6 k2 ws", launch_wg<64, 2, 6, 6, false, 2, 3, 1, true>, 33, 128});
+      vs.push_back({"wgmma n128 s1 pf6 k2 ws", launch_wg<128, 1, 4, 6, false, 2, 3, 1, true>, 65, 1024});
+      if (!only_variant.empty())
+        for (std::size_t v = 1; v < vs.size(); ++v)
+          if (only_variant[0] == '=' ? vs[v].name != only_variant.substr(1) : vs[v].name.find(only_variant) == std::string::npos)
+            vs[v].min_m = 1 << 30;
       std::vector<std::uint16_t> r0(std::size_t(M) * N), r1(r0.size());
       a.codes = codes[0];
       a.scales = scales[0];

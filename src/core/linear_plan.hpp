@@ -36,7 +36,9 @@ struct LinearPlan {
 // over 2 CTAs (14336 x 4096 and 28672 x 8192 at M = 64: 1.2-1.25x the x-staged mma.sync tile; 8192^2 at
 // M = 128: 57 against 76 us); 128 x 128 split over 2 for M > 128 and 64 x 128 for M <= 128 where only
 // they give 100 CTAs. Deeper x and weight rings (up to 10 and 8 tiles) and 4-CTA clusters measured no
-// faster.
+// faster. The 64-token tiles take their weights through a 6-slot cp.async ring in shared memory (wsmem:
+// 28672 x 8192 at M = 64 94.5 against 106.1 us, 8192^2 at M = 128 50.1 against 54.8); the 128-token
+// tiles keep the 4-tile register ring (8192^2 at M = 1024 245 us against 257 through shared memory).
 struct WgmmaKernelRow {
   int bm, strips, stages, prefetch;
   bool smem_epilogue;
@@ -44,13 +46,17 @@ struct WgmmaKernelRow {
   std::int64_t min_m, max_m;  // the rows of x it is for
   int raw = 3;            // x tiles the tensor copies keep in flight
   int wait = 1;           // k16 wgmma groups left in flight when the next one is issued
+  bool wsmem = false;     // the weights through a cp.async ring in shared memory (prefetch slots per warp)
   constexpr bool matches(const LinearPlan& p) const {
     return p.wgmma && bm == p.tokens && 4 * strips == p.groups && prefetch == p.depth && ksplit == p.cluster;
   }
 };
 constexpr WgmmaKernelRow kWgmmaKernels[] = {
-    {128, 2, 4, 4, true, 1, 65, INT64_MAX},  {128, 2, 4, 4, false, 2, 65, INT64_MAX}, {64, 2, 6, 4, false, 2, 33, 128},
-    {128, 1, 4, 4, false, 2, 129, INT64_MAX}, {64, 1, 6, 4, false, 2, 33, 128}};
+    {128, 2, 4, 4, true, 1, 65, INT64_MAX},
+    {128, 2, 4, 4, false, 2, 65, INT64_MAX},
+    {64, 2, 6, 6, false, 2, 33, 128, 3, 1, true},
+    {128, 1, 4, 4, false, 2, 129, INT64_MAX},
+    {64, 1, 6, 6, false, 2, 33, 128, 3, 1, true}};
 // Each row is launched by the fields matches() compares: no two rows may share them.
 constexpr bool wgmma_rows_distinct() {
   for (const WgmmaKernelRow& a : kWgmmaKernels)

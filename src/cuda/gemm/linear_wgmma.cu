@@ -49,10 +49,11 @@ CUtensorMap x_map(const LinearArgs& a, bool f16, int bm) {
   return m;
 }
 
-template <int BM, int STRIPS, int STAGES, int PF, bool EPI, int KSPLIT, int RAW, int WAIT, bool NV, bool F16>
+template <int BM, int STRIPS, int STAGES, int PF, bool EPI, int KSPLIT, int RAW, int WAIT, bool WSMEM, bool NV, bool F16>
 void launch_wgmma_one(const LinearArgs& args, const core::LinearPlan& p, cudaStream_t stream) {
-  auto kernel = w4a16_wgmma_kernel<BM, STRIPS, STAGES, PF, NV, F16, EPI, KSPLIT, RAW, WAIT>;
-  constexpr int smem = wg::smem_bytes<BM, STRIPS, KSPLIT>(STAGES, RAW);
+  auto kernel = w4a16_wgmma_kernel<BM, STRIPS, STAGES, PF, NV, F16, EPI, KSPLIT, RAW, WAIT, WSMEM>;
+  constexpr int smem = wg::smem_bytes<BM, STRIPS, KSPLIT>(STAGES, RAW, WSMEM ? PF : 0);
+  static_assert(smem <= 227 * 1024, "the kernel's shared memory fits an sm90 CTA");
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   check(attr, "linear", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   const CUtensorMap map = x_map(args, F16, BM);
@@ -78,7 +79,7 @@ void launch_wgmma_row(const LinearArgs& args, const core::LinearPlan& p, cudaStr
   constexpr auto& rows = core::kWgmmaKernels;
   const bool launched =
       ((rows[I].matches(p) && (launch_wgmma_one<rows[I].bm, rows[I].strips, rows[I].stages, rows[I].prefetch, rows[I].smem_epilogue,
-                                                 rows[I].ksplit, rows[I].raw, rows[I].wait, NV, F16>(args, p, stream),
+                                                 rows[I].ksplit, rows[I].raw, rows[I].wait, rows[I].wsmem, NV, F16>(args, p, stream),
                                true)) ||
        ...);
   if (!launched) core::fail(Error::Code::internal, "linear", "no kernel for the plan: " + core::to_string(p));

@@ -6,11 +6,12 @@
 // warpgroup rewrites each into a STAGES-deep ring of 128-byte-swizzled tiles with the columns in the
 // packed weights' K order (docs/linear.md: a lane's word j holds columns 16 tq + 4 j + 0..3, which the
 // k16 step j pairs with k = 2 tq, 2 tq + 1 and 2 tq + 8, 2 tq + 9). Warpgroups 1 and 2 consume, each
-// warp streaming its STRIPS 16-row strips of packed weights straight into registers (the decode
-// kernel's tiles and upcast, PF tiles ahead) and issuing wgmma.m64nBMk16 with the upcast weights as the
-// A operand from registers and the x tile as B from shared memory. The CTA covers 128 * STRIPS rows of W
-// and BM tokens over the whole of K (each output one fp32 sum in K order) or, with KSPLIT > 1, over one
-// of KSPLIT contiguous ranges of K, the cluster's partial sums added in rank order (below).
+// warp streaming its STRIPS 16-row strips of packed weights PF tiles ahead, straight into registers (the
+// decode kernel's tiles and upcast) or, with WSMEM, through a cp.async ring in shared memory, and
+// issuing wgmma.m64nBMk16 with the upcast weights as the A operand from registers and the x tile as B
+// from shared memory. The CTA covers 128 * STRIPS rows of W and BM tokens over the whole of K (each
+// output one fp32 sum in K order) or, with KSPLIT > 1, over one of KSPLIT contiguous ranges of K, the
+// cluster's partial sums added in rank order (below).
 //
 // Exactness is the decode kernel's (w4a16.cuh): the A fragments are code * scale * 2^-d exactly.
 #include <cuda.h>
@@ -137,9 +138,14 @@ constexpr int region_bytes(int stages, int raw = kRaw) {
   const int rings = (stages + raw) * BM * kTileBytes;
   return KSPLIT > 1 && partial_bytes<BM, STRIPS>() > rings ? partial_bytes<BM, STRIPS>() : rings;
 }
+// With the weights through shared memory: a ring of `pf` slots per consumer warp, each STRIPS tiles of
+// 512 code bytes and up to 64 scale bytes.
+template <int STRIPS>
+constexpr int weight_slot_bytes() { return STRIPS * 576; }
 template <int BM, int STRIPS, int KSPLIT>
-constexpr int smem_bytes(int stages, int raw = kRaw) {
-  return 1024 /* alignment */ + region_bytes<BM, STRIPS, KSPLIT>(stages, raw) + 2 * (stages + raw) * 8 + 256 * 4;
+constexpr int smem_bytes(int stages, int raw = kRaw, int wring_pf = 0) {
+  return 1024 /* alignment */ + region_bytes<BM, STRIPS, KSPLIT>(stages, raw) + 2 * (stages + raw) * 8 + 256 * 4 +
+         (wring_pf ? 16 + 8 * wring_pf * weight_slot_bytes<STRIPS>() : 0);
 }
 
 #ifdef MXQ_WGMMA_DEVICE
@@ -162,10 +168,14 @@ __device__ __forceinline__ float4 load_rank_f32x4(const float* local, std::uint3
 // (grid.x = tiles along N x KSPLIT) that split K into contiguous ranges. With KSPLIT > 1 each CTA leaves
 // its fp32 partial tile in shared memory, and CTA r of the cluster sums rows r * BM / KSPLIT .. of the
 // partial tiles over the ranks in rank order through distributed shared memory (deterministic, no
-// atomics, no workspace) and writes them as 16-byte row segments.
-template <int BM, int STRIPS, int STAGES, int PF, bool NV, bool F16, bool SMEM_EPI = false, int KSPLIT = 1, int RAW = wg::kRaw, int WAIT = 1>
+// atomics, no workspace) and writes them as 16-byte row segments. RAW: x tiles the tensor copies keep in
+// flight; WAIT: k16 wgmma groups left in flight; WSMEM: the weights through shared memory (PF slots per
+// consumer warp, wg::smem_bytes' wring_pf) instead of registers.
+template <int BM, int STRIPS, int STAGES, int PF, bool NV, bool F16, bool SMEM_EPI = false, int KSPLIT = 1, int RAW = wg::kRaw, int WAIT = 1,
+          bool WSMEM = false>
 __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const LinearArgs a) {
   static_assert(WAIT >= 1 && WAIT <= 4, "WAIT: k16 groups left in flight, 1 .. 4");
+  static_assert(BM % 16 == 0, "BM: the producer rewrites 16 rows per step");
   static_assert(KSPLIT >= 1 && KSPLIT <= 8 && BM % KSPLIT == 0, "KSPLIT: 1 .. 8 (a portable cluster), dividing the token tile");
 #ifdef MXQ_WGMMA_DEVICE
   extern __shared__ unsigned char smem_raw[];
@@ -179,6 +189,9 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
   std::uint64_t* empty = full + STAGES;
   std::uint64_t* raw_full = empty + STAGES;
   std::uint32_t* lut = reinterpret_cast<std::uint32_t*>(raw_full + RAW);
+  // The weight rings (WSMEM), 16-byte aligned (the barriers may leave lut 8 bytes off).
+  unsigned char* wring = reinterpret_cast<unsigned char*>(lut + 256);
+  wring += (16u - (wg::smem_addr(wring) & 15u)) & 15u;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   if (tid < 256) lut[tid] = std::uint32_t(scale_multiplier<NV, F16>(tid, a.exp_shift)) * 0x10001u;
@@ -209,6 +222,13 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
         wg::tma_load_2d(raw + kt * kStage, &xmap, &raw_full[kt], (k_begin + kt) * 64, m0);
       }
     }
+    const int x_row = (tid >> 3) * wg::kTileBytes, x_src = x_row + (tid & 7) * 16;
+    int x_off[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int p = core::wgmma_x_column(8 * (tid & 7) + 2 * u);
+      x_off[u] = 16 * ((p >> 3) ^ ((tid >> 3) & 7)) + 2 * (p & 7);
+    }
     for (int kt = 0; kt < katoms; ++kt) {
       // Raw tile kt + RAW - 1 into the slot that tile kt - 1 left (every producer thread passed the
       // barrier below after reading it).
@@ -222,19 +242,19 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
       wg::mbar_wait(&empty[st], ((kt / STAGES) & 1) ^ 1);
       // 16 raw bytes (row, columns 8 q .. 8 q + 7) are four 2-column units; unit u goes to column
       // wgmma_x_column(8 q + 2 u) of the row (core/linear_layout.hpp), in 16-byte chunk (that / 8)
-      // swizzled by row % 8.
-      const unsigned char* src = raw + r * kStage;
-      unsigned char* dst = xs + st * kStage;
-      for (int c = tid; c < BM * 8; c += 128) {
-        const int row = c >> 3, q = c & 7, sw = row & 7;
-        const uint4 v = *reinterpret_cast<const uint4*>(src + row * 128 + q * 16);
-        unsigned char* drow = dst + row * 128;
-        const std::uint32_t u[4] = {v.x, v.y, v.z, v.w};
+      // swizzled by row % 8. Thread tid takes q = tid % 8 of rows tid / 8 + 16 it, so q and row % 8, and
+      // with them the four destination offsets, are the same at every step: one 16-byte load and four
+      // 4-byte stores per step at fixed offsets from the stage.
+      const unsigned char* src = raw + r * kStage + x_src;
+      unsigned char* dst = xs + st * kStage + x_row;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int p = core::wgmma_x_column(8 * q + 2 * k);
-          *reinterpret_cast<std::uint32_t*>(drow + 16 * ((p >> 3) ^ sw) + 2 * (p & 7)) = u[k];
-        }
+      for (int it = 0; it < BM / 16; ++it) {
+        const uint4 v = *reinterpret_cast<const uint4*>(src + it * 16 * wg::kTileBytes);
+        unsigned char* drow = dst + it * 16 * wg::kTileBytes;
+        *reinterpret_cast<std::uint32_t*>(drow + x_off[0]) = v.x;
+        *reinterpret_cast<std::uint32_t*>(drow + x_off[1]) = v.y;
+        *reinterpret_cast<std::uint32_t*>(drow + x_off[2]) = v.z;
+        *reinterpret_cast<std::uint32_t*>(drow + x_off[3]) = v.w;
       }
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the tensor cores read it next
       asm volatile("bar.sync 1, 128;" ::: "memory");
@@ -255,19 +275,43 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
     // every load is unconditional.
     const uint4* cp[STRIPS];
     const std::uint16_t* sp[STRIPS];
+    const unsigned char* sb[STRIPS];  // the strip's first tile's scale bytes
 #pragma unroll
     for (int s = 0; s < STRIPS; ++s) {
       const std::int64_t strip = strip_base + 4 * s;
       const std::int64_t tile = (strip < nstrips ? strip : 0) * a.katoms + k_begin;
       cp[s] = a.codes + tile * 32 + lane;
-      sp[s] = reinterpret_cast<const std::uint16_t*>(a.scales + tile * scale_bytes<NV>()) + slot;
+      sb[s] = a.scales + tile * scale_bytes<NV>();
+      sp[s] = reinterpret_cast<const std::uint16_t*>(sb[s]) + slot;
     }
+    // WSMEM: each warp's tiles go through a PF-slot ring in shared memory by cp.async (16 bytes per lane, the
+    // scales by the first 2 or 4 lanes), tile kt in slot kt % PF, one commit group per tile. Its waits count
+    // groups (cp.async.wait_group), so a tile waits for its own copies only; register loads share one
+    // scoreboard, and the first use of a tile's words also waited for the PF - 1 tiles loaded after it.
+    constexpr int kWSlot = wg::weight_slot_bytes<STRIPS>();
+    unsigned char* wmine = wring + (cwg * 4 + w) * PF * kWSlot;
+    const auto issue = [&](int kt) {
+      if (kt < katoms) {
+        unsigned char* sl = wmine + (kt % PF) * kWSlot;
+#pragma unroll
+        for (int s = 0; s < STRIPS; ++s) {
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(wg::smem_addr(sl + s * 576 + lane * 16)),
+                       "l"(cp[s] + std::int64_t(kt) * 32)
+                       : "memory");
+          if (lane < scale_bytes<NV>() / 16)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(wg::smem_addr(sl + s * 576 + 512 + lane * 16)),
+                         "l"(sb[s] + std::int64_t(kt) * scale_bytes<NV>() + lane * 16)
+                         : "memory");
+        }
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    };
     // The weight ring: tile kt in slot kt % PF. A slot is refilled right after its last read (the upcast of
     // its last k16 step), so that the load writes the slot's registers directly: with the copy-then-load
     // order the compiler loaded into temporaries and moved them into the slot within the same tile, which
     // waited for every load at once.
-    uint4 wq[PF][STRIPS];
-    std::uint32_t sq[PF][STRIPS];
+    uint4 wq[WSMEM ? 1 : PF][STRIPS];
+    std::uint32_t sq[WSMEM ? 1 : PF][STRIPS];
     const auto load = [&](int d, int kt) {
 #pragma unroll
       for (int s = 0; s < STRIPS; ++s) {
@@ -275,9 +319,13 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
         sq[d][s] = load_stream_u16(sp[s] + std::int64_t(kt) * kScaleStride);
       }
     };
+    if constexpr (WSMEM) {
+      for (int d = 0; d < PF - 1; ++d) issue(d);
+    } else {
 #pragma unroll
-    for (int d = 0; d < PF; ++d)
-      if (d < katoms) load(d, d);
+      for (int d = 0; d < PF; ++d)
+        if (d < katoms) load(d, d);
+    }
 
     float acc[STRIPS][BM / 2];
 #pragma unroll
@@ -290,11 +338,25 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
       for (int d = 0; d < PF; ++d) {
         const int kt = kt0 + d;
         if (kt < katoms) {
+          const int dd = WSMEM ? 0 : d;  // the register ring's slot (a constant once unrolled)
           std::uint32_t cm[STRIPS][2];
+          if constexpr (WSMEM) {
+            // Slot (kt - 1) % PF was read (into registers) by every lane in the previous tile.
+            __syncwarp();
+            issue(kt + PF - 1);
+            asm volatile("cp.async.wait_group %0;" ::"n"(PF - 1) : "memory");
+            __syncwarp();  // every lane's copies of tile kt have landed
+            const unsigned char* sl = wmine + d * kWSlot;  // kt % PF == d
+#pragma unroll
+            for (int s = 0; s < STRIPS; ++s) {
+              wq[0][s] = *reinterpret_cast<const uint4*>(sl + s * 576 + lane * 16);
+              sq[0][s] = *reinterpret_cast<const std::uint16_t*>(sl + s * 576 + 512 + 2 * slot);
+            }
+          }
 #pragma unroll
           for (int s = 0; s < STRIPS; ++s) {
-            cm[s][0] = lut[sq[d][s] & 0xFF];
-            cm[s][1] = lut[sq[d][s] >> 8];
+            cm[s][0] = lut[sq[dd][s] & 0xFF];
+            cm[s][1] = lut[sq[dd][s] >> 8];
           }
           const int st = kt % STAGES;
           wg::mbar_wait(&full[st], (kt / STAGES) & 1);
@@ -304,13 +366,14 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
             std::uint32_t frag[STRIPS][4];
 #pragma unroll
             for (int s = 0; s < STRIPS; ++s) {
-              const std::uint32_t word = i == 0 ? wq[d][s].x : i == 1 ? wq[d][s].y : i == 2 ? wq[d][s].z : wq[d][s].w;
+              const std::uint32_t word = i == 0 ? wq[dd][s].x : i == 1 ? wq[dd][s].y : i == 2 ? wq[dd][s].z : wq[dd][s].w;
               frag[s][0] = mul2<F16>(upcast_pair<F16, 0>(word), cm[s][0]);
               frag[s][1] = mul2<F16>(upcast_pair<F16, 1>(word), cm[s][1]);
               frag[s][2] = mul2<F16>(upcast_pair<F16, 2>(word), cm[s][0]);
               frag[s][3] = mul2<F16>(upcast_pair<F16, 3>(word), cm[s][1]);
             }
-            if (i == 3 && kt + PF < katoms) load(d, kt + PF);
+            if constexpr (!WSMEM)
+              if (i == 3 && kt + PF < katoms) load(d, kt + PF);
             wg::wgmma_fence();
 #pragma unroll
             for (int s = 0; s < STRIPS; ++s) wg::wgmma_rs<BM, F16>(acc[s], frag[s], desc + 2 * i);  // + 32 bytes per k16
@@ -323,6 +386,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) w4a16_wgmma_kernel(const __gr
       }
     }
     wg::wgmma_wait<0>();
+    if constexpr (WSMEM) asm volatile("cp.async.wait_all;" ::: "memory");  // the empty groups past K
     asm volatile("griddepcontrol.launch_dependents;");
 
     // Epilogue: acc[s][4j + e] is W row 16 * strip + g + 8 (e >> 1), token m0 + 8 j + 2 tq + (e & 1).
