@@ -423,6 +423,12 @@ TEST(Linear, WgmmaTileChoice) {
   EXPECT_EQ(tile(28672, 8192, 32), "mma");             // M <= 32 never takes it
   EXPECT_EQ(mxq::core::plan_linear(8192, 8192, 1024, 90, false).wgmma, false);
   EXPECT_EQ(mxq::core::plan_linear(8192, 8192, 1024, 89, true).wgmma, false);
+  // The printed plan names the weight ring: registers for the 128-token rows, shared memory for the 64.
+  const std::string big = mxq::core::to_string(mxq::core::plan_linear(8192, 8192, 1024, 90, true));
+  const std::string small = mxq::core::to_string(mxq::core::plan_linear(8192, 8192, 64, 90, true));
+  EXPECT_NE(big.find("tiles in flight 4"), std::string::npos) << big;
+  EXPECT_EQ(big.find("shared-memory ring"), std::string::npos) << big;
+  EXPECT_NE(small.find("weights through a shared-memory ring of 6 tiles"), std::string::npos) << small;
 }
 
 TEST(Linear, ScaleSpanLimit) {

@@ -144,10 +144,16 @@ inline bool has_kernel(const LinearPlan& p) {
 }
 
 inline std::string to_string(const LinearPlan& p) {
-  if (p.wgmma)
+  if (p.wgmma) {
+    bool wsmem = false;  // the row's weight ring: depth slots in shared memory (depth - 1 tiles ahead) or registers
+    for (const WgmmaKernelRow& r : kWgmmaKernels)
+      if (r.matches(p)) wsmem = r.wsmem;
     return "wgmma (sm90a), tokens per tile " + std::to_string(p.tokens) + ", weight rows per tile " + std::to_string(32 * p.groups) +
-           ", tiles in flight " + std::to_string(p.depth) + ", K split over " + std::to_string(p.cluster) + (p.cluster == 1 ? " CTA" : " CTAs") + ", grid " +
-           std::to_string(p.grid_n) + " x " + std::to_string(p.grid_m);
+           (wsmem ? ", weights through a shared-memory ring of " + std::to_string(p.depth) + " tiles"
+                  : ", tiles in flight " + std::to_string(p.depth)) +
+           ", K split over " + std::to_string(p.cluster) + (p.cluster == 1 ? " CTA" : " CTAs") + ", grid " + std::to_string(p.grid_n) +
+           " x " + std::to_string(p.grid_m);
+  }
   return "tokens per tile " + std::to_string(p.tokens) + ", warps " + std::to_string(p.ksplit) + ", row groups " +
          std::to_string(p.groups) + ", cluster " + std::to_string(p.cluster) + ", tiles in flight " + std::to_string(p.depth) +
          ", grid " + std::to_string(p.grid_n) + " x " + std::to_string(p.grid_m);
