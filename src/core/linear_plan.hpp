@@ -132,12 +132,15 @@ constexpr LinearKernelRow kLinearKernels[] = {
     {8, 8, 1, 1, false},  {8, 4, 1, 1, false},  {8, 4, 2, 1, false}, {8, 4, 1, 2, false}, {16, 8, 1, 1, false},
     {16, 4, 1, 1, false}, {16, 4, 2, 1, false}, {32, 4, 1, 1, false}, {32, 4, 2, 1, true}, {32, 4, 4, 1, true},
     {64, 4, 1, 1, false}, {64, 4, 2, 1, true},  {64, 4, 4, 1, true}};
+// The row of kWgmmaKernels a wgmma plan launches, or nullptr.
+inline const WgmmaKernelRow* wgmma_row(const LinearPlan& p) {
+  for (const WgmmaKernelRow& r : kWgmmaKernels)
+    if (r.matches(p)) return &r;
+  return nullptr;
+}
+
 inline bool has_kernel(const LinearPlan& p) {
-  if (p.wgmma) {
-    for (const WgmmaKernelRow& r : kWgmmaKernels)
-      if (r.matches(p)) return true;
-    return false;
-  }
+  if (p.wgmma) return wgmma_row(p) != nullptr;
   for (const LinearKernelRow& r : kLinearKernels)
     if (r.matches(p)) return true;
   return false;
@@ -145,9 +148,8 @@ inline bool has_kernel(const LinearPlan& p) {
 
 inline std::string to_string(const LinearPlan& p) {
   if (p.wgmma) {
-    bool wsmem = false;  // the row's weight ring: depth slots in shared memory (depth - 1 tiles ahead) or registers
-    for (const WgmmaKernelRow& r : kWgmmaKernels)
-      if (r.matches(p)) wsmem = r.wsmem;
+    const WgmmaKernelRow* r = wgmma_row(p);
+    const bool wsmem = r && r->wsmem;  // the weight ring: depth slots in shared memory (depth - 1 tiles ahead), or registers
     return "wgmma (sm90a), tokens per tile " + std::to_string(p.tokens) + ", weight rows per tile " + std::to_string(32 * p.groups) +
            (wsmem ? ", weights through a shared-memory ring of " + std::to_string(p.depth) + " tiles"
                   : ", tiles in flight " + std::to_string(p.depth)) +
